@@ -1,0 +1,33 @@
+# kvserve: `make serve` and `make test` work from a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install serve test test-slow bench clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	# torch first and pinned: the CPU wheel; an unpinned torch would pull a CUDA build.
+	$(BIN)/pip install torch==2.13.0
+
+$(VENV)/.installed: $(BIN)/activate pyproject.toml
+	$(BIN)/pip install -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(BIN)/kvserve serve --host 127.0.0.1 --port 8000
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,15 @@
+"""kvserve: an LLM inference and serving engine.
+
+    from kvserve import LLM, SamplingParams
+    llm = LLM()  # the embedded default model
+    print(llm.generate("def fibonacci(n):", SamplingParams(temperature=0))[0].outputs[0].text)
+"""
+from kvserve.config import EngineArgs
+from kvserve.engine.llm import LLM
+from kvserve.models import default_model_dir
+from kvserve.outputs import CompletionOutput, Logprob, RequestOutput
+from kvserve.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput",
+           "Logprob", "default_model_dir", "__version__"]

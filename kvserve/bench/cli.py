@@ -1,0 +1,123 @@
+"""The ``kvserve bench`` command line: parsers only; handlers live in
+:mod:`kvserve.bench.commands`.
+
+``kvserve/entrypoints/cli.py`` calls :func:`add_bench_parser` on its sub-parsers and
+then ``args.func(args)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvserve.bench import commands
+from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
+
+__all__ = ["add_bench_parser", "main"]
+
+
+def _add_make_model(sub: Any) -> None:
+    from kvserve.bench.models import BENCH_MODELS
+
+    p = sub.add_parser("make-model", help="build a deterministic random-weight bench model",
+                       description="Build bench-30m / bench-100m (shared/BENCHMARKS.md) or a "
+                                   "custom Llama shape, with the embedded model's tokenizer.")
+    p.add_argument("name", choices=[*BENCH_MODELS, "custom"])
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--tokenizer-dir", default=None,
+                   help="copy the tokenizer from here (default: the embedded default model)")
+    p.add_argument("--no-tokenizer", action="store_true", help="weights and config only")
+    for flag in ("--hidden-size", "--num-layers", "--num-heads", "--num-kv-heads",
+                 "--intermediate-size", "--vocab-size"):
+        p.add_argument(flag, type=int, default=None, help="custom shape")
+    p.set_defaults(func=commands.cmd_make_model)
+
+
+def _add_roofline(sub: Any) -> None:
+    p = sub.add_parser("roofline", help="measure fp32 GEMM GFLOP/s and memory bandwidth")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--repeats", type=int, default=5, help="repeats; the median is kept")
+    p.add_argument("--ms", default="1,16,64,256", help="GEMM row counts M (comma list)")
+    p.add_argument("--k", type=int, default=768)
+    p.add_argument("--n", type=int, default=2048)
+    p.add_argument("--cube", type=int, default=2048, help="also an N^3 matmul (0: skip)")
+    p.add_argument("--model", default=None, help="also print the bounds for this model dir")
+    add_output_args(p)
+    p.set_defaults(func=commands.cmd_roofline)
+
+
+def _add_throughput(sub: Any) -> None:
+    p = sub.add_parser("throughput", help="kvserve offline throughput on a workload")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs; the median is kept")
+    add_workload_args(p)
+    add_engine_args(p)
+    add_output_args(p)
+    p.set_defaults(func=commands.cmd_throughput)
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="load a running OpenAI-compatible server (loopback only)")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name for requests (default: the first of /v1/models)")
+    p.add_argument("--model", default=None,
+                   help="model dir to draw prompt ids from (default: the embedded model; "
+                        "or give --vocab-size)")
+    p.add_argument("--request-rate", type=parse_rate, default=float("inf"),
+                   help="Poisson arrivals per second (default inf: all at once)")
+    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, s")
+    p.add_argument("--max-duration", type=float, default=None,
+                   help="start no request after this many seconds")
+    p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
+                   help="SLOs for goodput, e.g. ttft:500 tpot:100 e2el:20000")
+    add_workload_args(p)
+    add_output_args(p)
+    p.set_defaults(func=commands.cmd_serve)
+
+
+def _add_compare(sub: Any) -> None:
+    p = sub.add_parser("compare", help="kvserve vs HF static batching (vs vLLM CPU) in one run")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--against", default="hf", help="comma list of peers: hf, vllm-cpu")
+    p.add_argument("--hf-batch-size", type=int, default=16, help="HF static batch (default 16)")
+    p.add_argument("--hf-sweep", default=None, help="also HF at its best of these batch sizes")
+    p.add_argument("--hf-threads", type=int, default=2, help="torch threads for HF (default 2)")
+    p.add_argument("--vllm-python", default=None, help="python of a venv with vLLM's CPU build")
+    p.add_argument("--vllm-kv-cache-gib", type=float, default=4.0,
+                   help="VLLM_CPU_KVCACHE_SPACE (GiB)")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs each; the median is kept")
+    p.add_argument("--no-roofline", action="store_true", help="skip measuring the roofline")
+    p.add_argument("--roofline-json", default=None,
+                   help="reuse a `kvserve bench roofline --json` result")
+    add_workload_args(p)
+    add_engine_args(p)
+    add_output_args(p)
+    p.set_defaults(func=commands.cmd_compare)
+
+
+def add_bench_parser(subparsers: Any) -> None:
+    """Add ``bench`` with its sub-commands to a ``parser.add_subparsers()`` object."""
+    bench = subparsers.add_parser("bench", help="benchmarks: throughput, serving, comparisons",
+                                  description="kvserve benchmark instruments")
+    sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
+    for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare):
+        add(sub)
+    bench.set_defaults(func=lambda args: bench.print_help() or 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m kvserve.bench.cli ...``)."""
+    parser = argparse.ArgumentParser(prog="kvserve")
+    subparsers = parser.add_subparsers(dest="command")
+    add_bench_parser(subparsers)
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

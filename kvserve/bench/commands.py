@@ -1,0 +1,217 @@
+"""Handlers of the ``kvserve bench`` sub-commands: each reads parsed arguments, runs
+one instrument, prints settings and results, and writes JSON / PNG when asked."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from kvserve.bench import report
+from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
+
+__all__ = ["cmd_make_model", "cmd_roofline", "cmd_throughput", "cmd_serve", "cmd_compare"]
+
+
+def _header(title: str, settings: dict[str, Any]) -> dict[str, Any]:
+    info = report.machine_info()
+    report.print_settings(title, settings)
+    print(report.machine_line(info))
+    return info
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(t) for t in text.split(",") if t.strip()]
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    """``kvserve bench make-model NAME --out DIR``."""
+    from kvserve.bench.models import BenchModelSpec, make_bench_model
+
+    if args.name == "custom":
+        dims = (args.hidden_size, args.num_layers, args.num_heads, args.num_kv_heads,
+                args.intermediate_size)
+        if None in dims:
+            raise SystemExit("custom needs --hidden-size --num-layers --num-heads "
+                             "--num-kv-heads --intermediate-size")
+        name: Any = BenchModelSpec(*dims, vocab_size=args.vocab_size or 8192)
+    else:
+        name = args.name
+    out = make_bench_model(name, args.out, args.tokenizer_dir, copy_tokenizer=not args.no_tokenizer)
+    print(f"wrote {args.name} to {out}")
+    return 0
+
+
+def cmd_roofline(args: argparse.Namespace) -> int:
+    """``kvserve bench roofline``: measure the machine; bounds for ``--model`` if given."""
+    import json
+
+    from kvserve.bench import roofline as rl
+
+    _header("roofline", {"threads": args.threads, "repeats": args.repeats, "ms": args.ms,
+                         "k": args.k, "n": args.n, "cube": args.cube})
+    res = rl.measure_roofline(args.threads, _int_list(args.ms), args.k, args.n, args.cube or None,
+                              args.repeats)
+    rows = [(shape, g) for shape, g in res.gemm_gflops.items()]
+    print(report.format_table(["fp32 GEMM", "GFLOP/s"], rows))
+    print(f"bandwidth: sum {res.sum_bandwidth_gbs:.1f} GB/s, GEMV {res.gemv_bandwidth_gbs:.1f} GB/s")
+    out: dict[str, Any] = {"machine": report.machine_info(), "roofline": res.to_dict()}
+    if args.model:
+        cfg = json.loads((Path(args.model) / "config.json").read_text())
+        cfg = cfg.get("text_config", cfg)
+        params = rl.matmul_params(cfg)
+        floor = rl.decode_bandwidth_floor_s(params * 4, res.bandwidth_gbs)
+        bound = rl.roofline_bound(params, 1, res.peak_gflops)
+        bounds = {"matmul_params": params, "flops_per_token": rl.flops_per_token(params),
+                  "gemm_bound_tok_s": bound["tokens_per_s"],
+                  "batch1_decode_floor_ms": floor * 1e3,
+                  "batch1_decode_ceiling_tok_s": 1.0 / floor if floor > 0 else None}
+        report.print_settings(f"bounds for {args.model}", bounds)
+        out["bounds"] = bounds
+    if args.json:
+        print(f"wrote {report.write_json(args.json, out)}")
+    if args.plot:
+        from kvserve.bench.plots import plot_roofline
+
+        print(f"wrote {plot_roofline(args.plot, res, report.machine_line(out['machine']))}")
+    return 0
+
+
+def cmd_throughput(args: argparse.Namespace) -> int:
+    """``kvserve bench throughput``: kvserve offline throughput on a workload."""
+    from kvserve.bench.throughput import load_llm, run_throughput
+
+    model_dir = resolve_model_dir(args.model)
+    wl = workload_from_args(args, model_dir)
+    engine_args = engine_args_from(args)
+    info = _header("kvserve throughput", {"model": str(model_dir), **wl.describe(),
+                                          "engine_args": engine_args, "repeats": args.repeats})
+    llm, load_s = load_llm(model_dir, engine_args)
+    runs = [run_throughput(model_dir, wl.requests, engine_args, llm=llm) for _ in range(args.repeats)]
+    runs.sort(key=lambda r: r.useful_tok_s)
+    res = runs[(len(runs) - 1) // 2]
+    res.load_s = load_s
+    print(report.format_table(
+        ["wall s", "useful tok/s", "total tok/s", "req/s", "load s"],
+        [(res.wall_s, res.useful_tok_s, res.total_tok_s, res.requests_per_s, load_s)]))
+    out = {"machine": info, "model": str(model_dir), "workload": wl.describe(),
+           "result": res.to_dict(), "repeat_useful_tok_s": [r.useful_tok_s for r in runs]}
+    if args.json:
+        print(f"wrote {report.write_json(args.json, out)}")
+    if args.plot:
+        from kvserve.bench.plots import plot_compare
+
+        row = {"name": "kvserve", **res.to_dict()}
+        print(f"wrote {plot_compare(args.plot, [row], f'kvserve throughput: {wl.name}', report.machine_line(info))}")
+    return 0
+
+
+def _parse_slos(items: list[str] | None) -> dict[str, float] | None:
+    if not items:
+        return None
+    slos = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise SystemExit(f"--goodput wants METRIC:MS (ttft, tpot, e2el), got {item!r}")
+        slos[key.strip().lower()] = float(value)
+    return slos
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``kvserve bench serve``: load a running OpenAI-compatible server."""
+    from kvserve.bench.serve import check_loopback, run_serve
+
+    try:
+        base = check_loopback(args.base_url)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    model_dir = None
+    if args.vocab_size is None or args.model:
+        model_dir = resolve_model_dir(args.model)
+    wl = workload_from_args(args, model_dir)
+    slos = _parse_slos(args.goodput)
+    rate = args.request_rate
+    info = _header("kvserve bench serve", {
+        "base_url": base, "served_model_name": args.served_model_name, **wl.describe(),
+        "request_rate": rate, "max_concurrency": args.max_concurrency,
+        "timeout_s": args.timeout, "max_duration_s": args.max_duration, "slos_ms": slos})
+    res = run_serve(wl.requests, base_url=base, model=args.served_model_name, request_rate=rate,
+                    max_concurrency=args.max_concurrency, timeout_s=args.timeout,
+                    max_duration_s=args.max_duration, seed=args.seed, slos_ms=slos)
+    m = res.metrics
+    report.print_settings("results", {
+        "successful requests": m.completed, "failed requests": m.failed,
+        "skipped (max duration)": res.num_skipped, "duration s": m.duration_s,
+        "input tokens": m.total_input_tokens, "output tokens": m.total_output_tokens,
+        "request throughput req/s": m.request_throughput,
+        "output token throughput tok/s": m.output_throughput,
+        "total token throughput tok/s": m.total_token_throughput,
+        "peak concurrency": m.peak_concurrency,
+        **({"goodput req/s": m.goodput} if m.goodput is not None else {})})
+    rows = [(k.upper(), s["mean"], s["median"], s["p99"]) for k, s in m.latency_ms.items()]
+    print(report.format_table(["ms", "mean", "median", "P99"], rows))
+    if m.failed:
+        print("errors:", "; ".join(sorted({r.error for r in res.records if r.error})[:5]))
+    out = {"machine": info, "workload": wl.describe(), **res.to_dict()}
+    if args.json:
+        print(f"wrote {report.write_json(args.json, out)}")
+    if args.plot:
+        from kvserve.bench.plots import plot_serve
+
+        print(f"wrote {plot_serve(args.plot, m, report.machine_line(info))}")
+    return 0 if m.completed else 1
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``kvserve bench compare``: kvserve vs HF static (vs vLLM CPU) in one run."""
+    import json
+
+    from kvserve.bench.compare import parse_against, run_compare
+    from kvserve.bench.roofline import RooflineResult, measure_roofline
+
+    model_dir = resolve_model_dir(args.model)
+    wl = workload_from_args(args, model_dir)
+    engine_args = engine_args_from(args)
+    try:
+        against = parse_against(args.against)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    sweep = _int_list(args.hf_sweep) if args.hf_sweep else []
+    info = _header("kvserve bench compare", {
+        "model": str(model_dir), **wl.describe(), "engine_args": engine_args,
+        "against": ",".join(against), "hf_batch_size": args.hf_batch_size, "hf_sweep": sweep,
+        "hf_threads": args.hf_threads, "repeats": args.repeats})
+    roof = None
+    if args.roofline_json:
+        d = json.loads(Path(args.roofline_json).read_text())
+        d = d.get("roofline", d)
+        roof = RooflineResult(int(d["threads"]), dict(d["gemm_gflops"]),
+                              float(d["sum_bandwidth_gbs"]), float(d["gemv_bandwidth_gbs"]))
+    elif not args.no_roofline:
+        print("measuring roofline ...")
+        roof = measure_roofline(threads=args.hf_threads, repeats=3)
+    out = run_compare(model_dir, wl.requests, against, engine_args, args.hf_batch_size, sweep,
+                      args.hf_threads, args.vllm_python, args.vllm_kv_cache_gib, roof, args.repeats)
+    rows = out["rows"]
+    print(report.format_table(
+        ["system", "wall s", "useful tok/s", "total tok/s", "req/s", "vs HF static", "roofline"],
+        [(r["name"], r["wall_s"], r["useful_tok_s"], r["total_tok_s"], r["requests_per_s"],
+          "-" if r["vs_hf_static"] is None else f"{r['vs_hf_static']:.2f}x",
+          "-" if r["roofline_share"] is None else f"{100 * r['roofline_share']:.1f}%")
+         for r in rows]))
+    if roof is not None:
+        print(f"roofline: peak GEMM {roof.peak_gflops:.1f} GFLOP/s; workload "
+              f"{out['workload_flops'] / 1e12:.3f} TFLOP -> GEMM-bound {out['gemm_bound_s']:.1f} s")
+    for note in out["notes"]:
+        print("note:", note)
+    full = {"machine": info, "model": str(model_dir), "workload": wl.describe(),
+            "engine_args": engine_args, **out}
+    if args.json:
+        print(f"wrote {report.write_json(args.json, full)}")
+    if args.plot:
+        from kvserve.bench.plots import plot_compare
+
+        title = f"{Path(model_dir).name} / {wl.name}: useful and total tok/s"
+        print(f"wrote {plot_compare(args.plot, rows, title, report.machine_line(info))}")
+    return 0

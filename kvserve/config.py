@@ -1,0 +1,142 @@
+"""EngineArgs: every engine setting in one validated dataclass.
+
+The CLI flags are generated from these fields (``max_num_seqs`` -> ``--max-num-seqs``),
+so the Python and command-line spellings never drift apart.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+               "g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+               "tib": 2**40, "t": 10**12, "tb": 10**12}
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_MANAGER_NAMES = ("paged", "buddy", "contiguous")
+BATCHING_NAMES = ("continuous", "length-bucket", "static")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def parse_size(value: int | float | str) -> int:
+    """Bytes from an int or a string like ``"2GiB"`` / ``"512MB"`` / ``"1.5g"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"a memory size must be bytes or a string like '2GiB', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"a memory size must be positive, got {value}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _SIZE_UNITS:
+        raise ValueError(
+            f"cannot read memory size {value!r}: use bytes or a number with a unit "
+            f"({', '.join(u for u in _SIZE_UNITS if u)}), e.g. '2GiB'")
+    size = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"a memory size must be positive, got {value!r}")
+    return size
+
+
+def _help(text: str, **extra) -> dict:
+    return {"help": text, **extra}
+
+
+@dataclass
+class EngineArgs:
+    """Engine settings (vLLM's names where the concept is the same)."""
+
+    model: str | None = field(default=None, metadata=_help(
+        "model directory in Hugging Face layout (default: the embedded model)"))
+    dtype: str = field(default="auto", metadata=_help(
+        "compute dtype; auto picks float32 on CPUs without bf16 hardware", choices=DTYPES))
+    seed: int = field(default=0, metadata=_help("seed of the global sampling generator"))
+    max_model_len: int | None = field(default=None, metadata=_help(
+        "longest sequence (prompt + output); default: the model's max_position_embeddings"))
+    block_size: int = field(default=16, metadata=_help("token slots per KV block"))
+    kv_cache_memory: int | str | None = field(default=None, metadata=_help(
+        "KV cache size, bytes or e.g. '2GiB' (default: a share of free RAM)"))
+    num_kv_blocks: int | None = field(default=None, metadata=_help(
+        "number of KV blocks; overrides --kv-cache-memory"))
+    max_num_seqs: int = field(default=128, metadata=_help("most requests running at once"))
+    max_num_batched_tokens: int = field(default=512, metadata=_help(
+        "token budget of one engine step (prefill chunks + decodes)"))
+    kv_manager: str = field(default="paged", metadata=_help(
+        "KV memory design", choices=KV_MANAGER_NAMES))
+    batching: str = field(default="continuous", metadata=_help(
+        "batching policy", choices=BATCHING_NAMES))
+    scheduling_policy: str = field(default="fcfs", metadata=_help(
+        "order of admission for continuous batching", choices=SCHEDULING_POLICIES))
+    num_threads: int | None = field(default=None, metadata=_help(
+        "torch threads (default: physical cores)"))
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            _positive_int(name, getattr(self, name))
+        for name in ("max_model_len", "num_kv_blocks", "num_threads"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.kv_cache_memory is not None:
+            parse_size(self.kv_cache_memory)
+        _choice("kv_manager", self.kv_manager, KV_MANAGER_NAMES)
+        _choice("batching", self.batching, BATCHING_NAMES)
+        _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+        """One ``--flag`` per field; defaults stay None so only given flags are passed."""
+        for f in fields(cls):
+            if f.name in skip or not f.metadata:
+                continue
+            kwargs = dict(f.metadata)
+            default = f.default
+            if isinstance(default, bool):
+                flag = "--" + f.name.replace("_", "-")
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                    help=f"{kwargs['help']} (default: {default})")
+                continue
+            kind = _cli_type(f)
+            parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
+                                help=f"{kwargs.pop('help')} (default: {default})", **kwargs)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace, **overrides) -> EngineArgs:
+        given = {f.name: getattr(args, f.name) for f in fields(cls)
+                 if getattr(args, f.name, None) is not None}
+        given.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**given)
+
+    def replace(self, **changes) -> EngineArgs:
+        return dataclasses.replace(self, **changes)
+
+
+def _cli_type(f: dataclasses.Field):
+    if f.name == "kv_cache_memory":
+        return str
+    annotation = str(f.type)
+    if annotation.startswith("int"):
+        return int
+    if annotation.startswith("float"):
+        return float
+    return str
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")

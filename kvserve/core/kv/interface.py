@@ -1,0 +1,105 @@
+"""The contract between the scheduler and KV memory.
+
+Every memory design expresses a request's KV as a block table over one shared pool of
+``num_blocks`` blocks of ``block_size`` token slots, so the model runner and its
+attention code never know which design is in use. A new design is one new file that
+subclasses :class:`KVCacheManager` and registers itself in ``kv/__init__.py``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from kvserve.request import Request
+
+
+@dataclass(frozen=True)
+class KVStats:
+    """A snapshot of KV memory.
+
+    ``used_tokens``: slots that hold a real token of a live request.
+    ``allocated_slots``: slots handed to requests (allocated or reserved).
+    ``unusable_free_blocks``: free blocks that cannot serve the next allocation
+    (e.g. buddy runs too small) — external fragmentation.
+    """
+
+    num_blocks: int
+    block_size: int
+    num_used_blocks: int
+    used_tokens: int
+    allocated_slots: int
+    unusable_free_blocks: int = 0
+    moved_blocks: int = 0
+
+    @property
+    def usage(self) -> float:
+        """Share of blocks not free (vLLM's kv_cache_usage)."""
+        return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @property
+    def utilization(self) -> float:
+        """Share of handed-out slots holding real tokens (1.0 when nothing is handed out)."""
+        return self.used_tokens / self.allocated_slots if self.allocated_slots else 1.0
+
+    @property
+    def internal_fragmentation(self) -> float:
+        """Share of handed-out slots that hold no token."""
+        return 1.0 - self.utilization if self.allocated_slots else 0.0
+
+    @property
+    def external_fragmentation(self) -> float:
+        free = self.num_blocks - self.num_used_blocks
+        return self.unusable_free_blocks / free if free else 0.0
+
+
+class KVCacheManager(ABC):
+    """Owns KV memory accounting; never touches tensors.
+
+    Invariants every implementation keeps:
+    - a block id in any block table is in ``[0, num_blocks)``;
+    - two live requests never share a block unless it is read-only shared (refcounted);
+    - after ``free`` of every request, ``stats().num_used_blocks`` is 0 (cached but
+      unreferenced prefix blocks count as free).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._pending_copies: list[tuple[int, int]] = []
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def max_request_tokens(self) -> int:
+        """The most tokens one request alone can ever hold."""
+        return self.num_blocks * self.block_size
+
+    def get_computed_tokens(self, req: Request) -> int:
+        """Tokens of a new request already in the cache (prefix caching); 0 by default."""
+        return 0
+
+    @abstractmethod
+    def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
+        """Make room for ``num_new_tokens`` after ``req.num_computed_tokens``.
+
+        Returns False, changing nothing, when there is no room.
+        """
+
+    @abstractmethod
+    def free(self, req: Request) -> None:
+        """Release everything ``req`` holds; a no-op for an unknown request."""
+
+    @abstractmethod
+    def block_table(self, req: Request) -> list[int]:
+        """The blocks holding ``req``'s tokens, in token order."""
+
+    @abstractmethod
+    def stats(self) -> KVStats:
+        """Current usage, utilisation and fragmentation."""
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """(src, dst) block copies the runner must do before the next step."""
+        copies, self._pending_copies = self._pending_copies, []
+        return copies

@@ -1,0 +1,190 @@
+"""Iteration-level (continuous) batching with a token budget and chunked prefill.
+
+Each step: running requests first (decodes and unfinished prefill chunks), in
+admission order; then waiting requests while the token budget and ``max_num_seqs``
+allow. When the KV manager has no room, the scheduler preempts by recompute: the
+victim (latest arrival among those not yet scheduled this step, lowest priority
+first under the priority policy) frees all its blocks and returns to the head of the
+waiting queue. A request that could never fit alone is refused at admission, so a
+lone running request always fits and the engine cannot deadlock.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from kvserve.config import EngineArgs
+from kvserve.core.kv import KVCacheManager
+from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest, SchedulerOutput
+from kvserve.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, args: EngineArgs, kv: KVCacheManager) -> None:
+        self.max_num_seqs = args.max_num_seqs
+        self.max_num_batched_tokens = args.max_num_batched_tokens
+        self.priority_first = args.scheduling_policy == "priority"
+        self.kv = kv
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._finished_ids: list[str] = []
+        self.num_preemptions = 0
+
+    # -- requests in and out ---------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        capacity = self.kv.max_request_tokens()
+        if req.max_total_tokens > capacity:
+            raise ValueError(
+                f"request {req.request_id} needs KV room for {req.max_total_tokens} tokens "
+                f"(prompt {req.num_prompt_tokens} + max_tokens {req.max_tokens}) but the KV "
+                f"cache holds at most {capacity} tokens for one request; lower max_tokens or "
+                "raise kv_cache_memory / num_kv_blocks")
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.requests[req.request_id] = req
+        self._enqueue(req)
+
+    def _enqueue(self, req: Request, front: bool = False) -> None:
+        if front:
+            self.waiting.appendleft(req)
+        elif self.priority_first:
+            # keep waiting sorted by (priority, arrival): insert after equals
+            idx = len(self.waiting)
+            for i, other in enumerate(self.waiting):
+                if (req.priority, req.arrival_time) < (other.priority, other.arrival_time):
+                    idx = i
+                    break
+            self.waiting.insert(idx, req)
+        else:
+            self.waiting.append(req)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Remove a request (stop, abort or error) and free its KV blocks at once."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = status
+        req.finished_time = time.monotonic()
+        self._finished_ids.append(request_id)
+        return req
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- one step ----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        now = time.monotonic()
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(req, num_new):
+                victim = self._pick_victim(i)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                scheduled.append(self._scheduled(req, num_new))
+                budget -= num_new
+                i += 1
+
+        while (not preempted and self.waiting and budget > 0
+               and len(self.running) < self.max_num_seqs):
+            req = self.waiting[0]
+            if req.num_computed_tokens == 0 and req.num_preemptions == 0:
+                req.num_computed_tokens = req.num_cached_tokens = self.kv.get_computed_tokens(req)
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.kv.allocate_slots(req, num_new):
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            req.first_scheduled_time = req.first_scheduled_time or now
+            self.running.append(req)
+            scheduled.append(self._scheduled(req, num_new))
+            budget -= num_new
+
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(scheduled=scheduled, preempted=preempted,
+                               block_copies=self.kv.take_block_copies(), finished_ids=finished)
+
+    def _scheduled(self, req: Request, num_new: int) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        ends_prompt = start + num_new == req.num_tokens
+        sampling = SamplingInfo(req.sampling_params, req.prompt_token_ids,
+                                req.output_token_ids, req.eos_token_id) if ends_prompt else None
+        return ScheduledRequest(
+            request_id=req.request_id, token_ids=req.token_slice(start, start + num_new),
+            start_pos=start, block_table=list(self.kv.block_table(req)), sampling=sampling)
+
+    def _pick_victim(self, first_unscheduled: int) -> Request:
+        candidates = self.running[first_unscheduled:]
+        return max(candidates, key=lambda r: (r.priority if self.priority_first else 0,
+                                              r.arrival_time))
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._enqueue(req, front=True)
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance requests by what the step computed; returns those that got a token.
+
+        Token-level stops (EOS, stop_token_ids, max_tokens) finish requests here; stop
+        strings are found by the detokenizer, which calls ``finish_request``.
+        """
+        now = time.monotonic()
+        progressed = []
+        for sr in output.scheduled:
+            req = self.requests.get(sr.request_id)
+            if req is None:  # finished while the step ran
+                continue
+            req.num_computed_tokens += len(sr.token_ids)
+            if sr.request_id not in sampled:
+                continue
+            token = sampled[sr.request_id]
+            req.output_token_ids.append(token)
+            req.first_token_time = req.first_token_time or now
+            progressed.append(req)
+            status = self._stop_status(req, token)
+            if status is not None:
+                self.finish_request(req.request_id, status)
+        return progressed
+
+    @staticmethod
+    def _stop_status(req: Request, token: int) -> RequestStatus | None:
+        sp = req.sampling_params
+        if req.num_output_tokens >= sp.min_tokens:
+            if token == req.eos_token_id and not sp.ignore_eos:
+                req.stop_reason = None
+                return RequestStatus.FINISHED_STOPPED
+            if token in sp.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= req.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None

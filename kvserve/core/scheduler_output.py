@@ -1,0 +1,46 @@
+"""The narrow seam between the scheduler (decides) and the model runner (computes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from kvserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplingInfo:
+    """What the sampler needs of a request; token lists are read-only views."""
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    eos_token_id: int | None
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: list[int]      # the tokens to compute this step
+    start_pos: int            # tokens already in the KV cache
+    block_table: list[int]
+    sampling: SamplingInfo | None  # set when this step ends the prompt or is a decode
+
+    @property
+    def sample(self) -> bool:
+        return self.sampling is not None
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    preempted: list[str] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # done before the step
+    finished_ids: list[str] = field(default_factory=list)  # runner may drop their state
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.block_copies

@@ -1,0 +1,131 @@
+"""From sampled tokens to RequestOutputs: detokenize, find stop strings, group n samples.
+
+A request with ``n > 1`` runs as n child sequences in the scheduler; this module keeps
+their text and logprobs and reports them together under the parent's id.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvserve.model.tokenizer import StreamDecoder, Tokenizer
+from kvserve.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from kvserve.request import Request
+from kvserve.worker.sampler import SampleResult
+
+
+@dataclass
+class SequenceState:
+    """Output-side state of one child sequence."""
+
+    index: int
+    decoder: StreamDecoder
+    text: str = ""
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    stop_string: str | None = None
+
+
+@dataclass
+class ParentState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: dict[str, SequenceState] = field(default_factory=dict)
+    requests: dict[str, Request] = field(default_factory=dict)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.parents: dict[str, ParentState] = {}
+        self.parent_of: dict[str, str] = {}
+
+    def add(self, parent_id: str, prompt: str | None, children: list[Request]) -> None:
+        state = ParentState(parent_id, prompt, children[0].prompt_token_ids)
+        for index, req in enumerate(children):
+            sp = req.sampling_params
+            seq = SequenceState(index, self.tokenizer.decode_stream(
+                req.prompt_token_ids, sp.skip_special_tokens))
+            if sp.logprobs is not None:
+                seq.logprobs, seq.cumulative_logprob = [], 0.0
+            state.children[req.request_id] = seq
+            state.requests[req.request_id] = req
+            self.parent_of[req.request_id] = parent_id
+        self.parents[parent_id] = state
+
+    def child_ids(self, parent_id: str) -> list[str]:
+        state = self.parents.get(parent_id)
+        return list(state.children) if state else []
+
+    def process_tokens(self, progressed: list[Request], results: dict[str, SampleResult]
+                       ) -> list[Request]:
+        """Detokenize each new token; returns requests whose text hit a stop string."""
+        stopped = []
+        for req in progressed:
+            seq = self.parents[self.parent_of[req.request_id]].children[req.request_id]
+            result = results[req.request_id]
+            if seq.logprobs is not None:
+                seq.logprobs.append(self._logprob_entry(result))
+                seq.cumulative_logprob += result.logprob
+            delta = seq.decoder.step(result.token_id)
+            if not delta:
+                continue
+            if self._append_checking_stops(seq, req, delta):
+                stopped.append(req)
+        return stopped
+
+    def _append_checking_stops(self, seq: SequenceState, req: Request, delta: str) -> bool:
+        sp = req.sampling_params
+        if not sp.stop_list:
+            seq.text += delta
+            return False
+        tail_from = max(0, len(seq.text) - max(len(s) for s in sp.stop_list) + 1)
+        seq.text += delta
+        hits = [(seq.text.find(s, tail_from), s) for s in sp.stop_list]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            return False
+        pos, stop = min(hits)
+        seq.text = seq.text[:pos + len(stop)] if sp.include_stop_str_in_output else seq.text[:pos]
+        seq.stop_string = stop
+        req.stop_reason = stop
+        return True
+
+    def _logprob_entry(self, r: SampleResult) -> dict[int, Logprob]:
+        entry = {tid: Logprob(lp, rank + 1, self.tokenizer.id_to_token(tid))
+                 for rank, (tid, lp) in enumerate(r.top_logprobs or [])}
+        if r.token_id not in entry:
+            entry[r.token_id] = Logprob(r.logprob, r.rank, self.tokenizer.id_to_token(r.token_id))
+        return entry
+
+    def make_output(self, parent_id: str) -> RequestOutput:
+        state = self.parents[parent_id]
+        outputs = []
+        for rid, seq in state.children.items():
+            req = state.requests[rid]
+            outputs.append(CompletionOutput(
+                index=seq.index, text=seq.text, token_ids=list(req.output_token_ids),
+                cumulative_logprob=seq.cumulative_logprob, logprobs=seq.logprobs,
+                finish_reason=req.finish_reason, stop_reason=req.stop_reason))
+        first = next(iter(state.requests.values()))
+        finished = all(o.finish_reason is not None for o in outputs)
+        metrics = RequestMetrics(
+            arrival_time=first.arrival_time,
+            first_scheduled_time=min((r.first_scheduled_time for r in state.requests.values()
+                                      if r.first_scheduled_time), default=None),
+            first_token_time=min((r.first_token_time for r in state.requests.values()
+                                  if r.first_token_time), default=None),
+            finished_time=max((r.finished_time or 0 for r in state.requests.values()),
+                              default=None) if finished else None)
+        out = RequestOutput(
+            request_id=parent_id, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
+            outputs=outputs, finished=finished, metrics=metrics,
+            num_cached_tokens=first.num_cached_tokens)
+        if finished:
+            self.remove(parent_id)
+        return out
+
+    def remove(self, parent_id: str) -> None:
+        state = self.parents.pop(parent_id, None)
+        for rid in state.children if state else ():
+            self.parent_of.pop(rid, None)

@@ -1,0 +1,60 @@
+"""The ``kvserve`` command: serve, generate, bench."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from kvserve import LLM, SamplingParams
+    from kvserve.config import EngineArgs
+    engine_args = EngineArgs.from_cli_args(args)
+    llm = LLM(**vars(engine_args))
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.sampling_seed,
+                            stop=args.stop or None, n=args.n)
+    prompts = args.prompt or [sys.stdin.read()]
+    for out in llm.generate(prompts, params, use_tqdm=False):
+        for completion in out.outputs:
+            print(f"{out.prompt}{completion.text}")
+            print(f"[finish_reason={completion.finish_reason}, "
+                  f"{len(completion.token_ids)} tokens]", file=sys.stderr)
+    return 0
+
+
+def _add_generate(subparsers) -> None:
+    from kvserve.config import EngineArgs
+    p = subparsers.add_parser("generate", help="complete prompts offline and print the text")
+    p.add_argument("prompt", nargs="*", help="prompt text (default: read stdin)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--n", type=int, default=1)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--sampling-seed", type=int, default=None)
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(func=_generate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvserve", description="kvserve: LLM inference engine")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_generate(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileNotFoundError) as e:
+        print(f"kvserve: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

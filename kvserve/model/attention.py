@@ -1,0 +1,93 @@
+"""Attention over a paged KV pool, for a flat batch of decodes and prefill chunks.
+
+The flat batch holds decode tokens first (one per request), then the prefill chunks,
+each request's tokens contiguous. Decodes run as one batched SDPA over their gathered
+block tables; prefill chunks run as a second, padded, batched SDPA whose mask is causal
+and offset by the tokens already cached. No Python loop over requests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Tensors describing one step's flat batch (built once per step, shared by layers).
+
+    slot_mapping[t]: flat KV slot where token t's K/V are written.
+    decode_block_tables [D, Bd] / decode_mask [D, 1, 1, Ld]: decodes' blocks and valid keys.
+    prefill_gather [P, Q]: flat index of the q-th token of prefill p (padding repeats).
+    prefill_valid [P, Q]: which padded rows are real tokens.
+    prefill_block_tables [P, Bp] / prefill_mask [P, 1, Q, Lp]: keys each query may see.
+    prefill_from_cache: False when every prefill starts at position 0, so the fresh K/V
+    are used directly instead of gathering them back from the pool.
+    """
+
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    decode_block_tables: torch.Tensor | None
+    decode_mask: torch.Tensor | None
+    num_prefills: int
+    prefill_gather: torch.Tensor | None
+    prefill_valid: torch.Tensor | None
+    prefill_block_tables: torch.Tensor | None
+    prefill_mask: torch.Tensor | None
+    prefill_from_cache: bool
+
+
+class KVCache:
+    """The K and V pools of one layer: [num_blocks, block_size, kv_heads, head_dim] each."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype) -> None:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # Zeros, not empty: masked-out keys are multiplied by 0, which must not meet NaN.
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        kv_heads, head_dim = self.k.shape[2:]
+        self.k.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(self.k.dtype))
+        self.v.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(self.v.dtype))
+
+    def gather(self, block_tables: torch.Tensor, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of each row's blocks as [B, kv_heads, blocks*block_size, head_dim]."""
+        b, n = block_tables.shape
+        _, bs, h, d = self.k.shape
+        k = self.k[block_tables].view(b, n * bs, h, d).transpose(1, 2)
+        v = self.v[block_tables].view(b, n * bs, h, d).transpose(1, 2)
+        return k.to(dtype), v.to(dtype)
+
+    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self.k[dst] = self.k[src]
+        self.v[dst] = self.v[src]
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, H, d], k/v [T, Hkv, d] for the step's tokens -> output [T, H, d]."""
+    cache.write(meta.slot_mapping, k, v)
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != k.shape[1]
+    nd = meta.num_decodes
+    if nd:
+        kd, vd = cache.gather(meta.decode_block_tables, q.dtype)
+        qd = q[:nd].unsqueeze(2)  # [D, H, 1, d]
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
+                                            scale=scale, enable_gqa=gqa)
+        out[:nd] = od.squeeze(2)
+    if meta.num_prefills:
+        qp = q[nd:][meta.prefill_gather].transpose(1, 2)  # [P, H, Q, d]
+        if meta.prefill_from_cache:
+            kp, vp = cache.gather(meta.prefill_block_tables, q.dtype)
+        else:
+            kp = k[nd:][meta.prefill_gather].transpose(1, 2)
+            vp = v[nd:][meta.prefill_gather].transpose(1, 2)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=meta.prefill_mask,
+                                            scale=scale, enable_gqa=gqa)
+        out[nd:] = op.transpose(1, 2)[meta.prefill_valid]
+    return out

@@ -1,0 +1,87 @@
+"""GPT2LMHeadModel: learned positions, LayerNorm, fused c_attn, Conv1D weights."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
+from kvserve.model.config import ModelConfig
+from kvserve.model.layers import activation
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.c_attn = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        t, hidden = x.shape
+        q, k, v = self.c_attn(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)
+        out = paged_attention(q, k, v, cache, meta, self.scale)
+        return self.c_proj(out.reshape(t, hidden))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.c_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.act = activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attn = GPT2Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.mlp = GPT2MLP(cfg)
+
+    def forward(self, x, cache, meta):
+        x = x + self.attn(self.ln_1(x), cache, meta)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.h = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg.num_layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+
+
+class GPT2LMHeadModel(nn.Module):
+    stacked_params: dict[str, tuple[str, int]] = {}
+    # HF stores these as Conv1D ([in, out]); nn.Linear wants [out, in].
+    transposed_params = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.transformer = GPT2Transformer(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+
+    def checkpoint_name(self, name: str) -> str:
+        """Old GPT-2 checkpoints omit the ``transformer.`` prefix."""
+        if name.startswith(("transformer.", "lm_head.")):
+            return name
+        return "transformer." + name
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = self.transformer.wte(tokens) + self.transformer.wpe(positions)
+        for block, cache in zip(self.transformer.h, caches):
+            x = block(x, cache, meta)
+        return self.transformer.ln_f(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

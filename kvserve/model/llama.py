@@ -1,0 +1,106 @@
+"""The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM.
+
+Differences between the three are configuration (GQA, q/k/v bias, sliding window,
+rope scaling), so one implementation serves them. q/k/v and gate/up projections are
+fused into single GEMMs at load time.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
+from kvserve.model.config import ModelConfig
+from kvserve.model.layers import RMSNorm, RotaryEmbedding, activation
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        out = paged_attention(q, k, v, cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x, positions, rotary, cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward(tokens, positions, caches, meta) -> final hidden states [T, hidden]."""
+
+    # checkpoint name fragment -> (our parameter fragment, shard index)
+    stacked_params = {
+        ".q_proj.": (".qkv_proj.", 0), ".k_proj.": (".qkv_proj.", 1), ".v_proj.": (".qkv_proj.", 2),
+        ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1),
+    }
+    transposed_params: tuple[str, ...] = ()
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+
+    def shard_sizes(self, param_name: str) -> list[int]:
+        cfg = self.config
+        if ".qkv_proj." in param_name:
+            return [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+        return [cfg.intermediate_size] * 2
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = self.model.embed_tokens(tokens)
+        for layer, cache in zip(self.model.layers, caches):
+            x = layer(x, positions, self.rotary, cache, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

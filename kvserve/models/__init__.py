@@ -1,0 +1,17 @@
+"""The embedded default model shipped with kvserve.
+
+``kvserve/models/default`` holds a small Llama-architecture code-completion model in
+Hugging Face layout, trained by :mod:`kvserve.models.train_default` on the Python
+standard library's sources. ``LLM()`` with no model argument serves it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["default_model_dir"]
+
+
+def default_model_dir() -> str:
+    """Absolute path of the embedded default model directory (HF layout)."""
+    return str((Path(__file__).resolve().parent / "default"))

@@ -1,0 +1,673 @@
+"""Train kvserve's embedded default model on the Python standard library's sources.
+
+    python -m kvserve.models.train_default --out kvserve/models/default \
+        --work-dir runs/default-model --minutes 55 [--resume]
+
+What it does:
+
+1. Corpus: every ``.py`` file under ``sysconfig.get_paths()["stdlib"]`` of the running
+   interpreter (recursively; ``site-packages``/``dist-packages`` skipped; test
+   directories kept; files that are not UTF-8, empty, or over 512 KB skipped). The
+   sorted list of relative paths is hashed (sha256 of the newline-joined list) and
+   split by file, with a fixed seed, into train and held-out (4 %).
+2. Tokenizer: byte-level BPE (``tokenizers``), vocab 8192, trained on the train files,
+   with special tokens ``<|bos|> <|eos|> <|pad|> <|system|> <|user|> <|assistant|>``.
+   A post-processor prepends ``<|bos|>`` to a plain prompt (like Llama 3).
+3. Model: ``LlamaForCausalLM`` (GQA, tied embeddings), fp32, AdamW, linear warmup then
+   cosine decay over the *time* budget (``--minutes``), documents packed as
+   ``bos + text + eos`` into fixed-length sequences, one epoch = one pass over a fresh
+   permutation of the packed sequences.
+4. Checkpoints (model + optimizer + data position + RNG states) every few minutes to
+   ``--work-dir/ckpt.pt``; ``--resume`` continues from there. ``--minutes`` is the total
+   training time including what earlier runs already spent.
+5. At the end: held-out bits per byte over the held-out files vs ``gzip -9`` on the same
+   bytes, ``training_info.json``, ``loss_curve.png``, and the model in HF layout
+   (``save_pretrained(safe_serialization=True)``) with tokenizer files in ``--out``.
+
+``--probe`` measures training throughput of the size presets for a short while each.
+transformers and matplotlib are dev/bench dependencies: imported inside ``main()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+# Size presets: (hidden, layers, heads, kv_heads, intermediate). head_dim = hidden/heads.
+PRESETS = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=384),
+    "s256x4": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768),
+    "s256x6": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768),
+    "s320x6": dict(hidden_size=320, num_hidden_layers=6, num_attention_heads=5, num_key_value_heads=1, intermediate_size=864),
+    "s384x6": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2, intermediate_size=1024),
+}
+DEFAULT_PRESET = "s256x6"
+
+MAX_FILE_BYTES = 512 * 1024
+HELD_OUT_FRACTION = 0.04
+
+
+# ----------------------------------------------------------------------------- corpus
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def collect_corpus(root: Path) -> dict[str, str]:
+    """relative path -> text for every usable stdlib .py file."""
+    docs: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            path = Path(dirpath) / name
+            try:
+                if path.stat().st_size > MAX_FILE_BYTES:
+                    continue
+                text = path.read_bytes().decode("utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if not text.strip():
+                continue
+            docs[path.relative_to(root).as_posix()] = text
+    return docs
+
+
+def file_list_hash(paths: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(paths)).encode("utf-8")).hexdigest()
+
+
+def split_files(paths: list[str], seed: int, fraction: float = HELD_OUT_FRACTION) -> tuple[list[str], list[str]]:
+    ordered = sorted(paths)
+    shuffled = ordered[:]
+    random.Random(seed).shuffle(shuffled)
+    n_held = max(1, round(fraction * len(ordered)))
+    return sorted(shuffled[n_held:]), sorted(shuffled[:n_held])
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def train_tokenizer(texts, vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return tok
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def fmt_int(n: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(int(n))
+
+
+def atomic_torch_save(obj, path: Path) -> None:
+    import torch
+
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def lr_at(progress: float, step: int, base_lr: float, warmup_steps: int, min_ratio: float = 0.1) -> float:
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    p = min(max(progress, 0.0), 1.0)
+    return base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def build_model(preset: dict, vocab_size: int, ids: dict, max_pos: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        max_position_embeddings=max_pos,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        initializer_range=0.02,
+        head_dim=preset["hidden_size"] // preset["num_attention_heads"],
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
+        **preset,
+    )
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg)
+    model.float()
+    return model
+
+
+def make_optimizer(model, lr: float, weight_decay: float):
+    import torch
+
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def loss_fn(model, x, y):
+    import torch.nn.functional as F
+
+    logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def heldout_bits_per_byte(model, tok, texts: list[str], ids: dict, ctx: int, batch: int = 8) -> dict:
+    """Sum of token NLL (nats) / ln 2 / UTF-8 bytes, each file as bos + text + eos.
+
+    Each file is cut into windows of ``ctx`` inputs overlapping by one token, so every
+    token after bos is predicted exactly once (context resets at window borders).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    total_nll = 0.0
+    total_tokens = 0
+    total_bytes = 0
+    model.eval()
+    full_windows: list[list[int]] = []
+    partial: list[list[int]] = []
+    for text in texts:
+        seq = [ids["bos"]] + tok.encode(text, add_special_tokens=False).ids + [ids["eos"]]
+        total_bytes += len(text.encode("utf-8"))
+        for start in range(0, len(seq) - 1, ctx):
+            w = seq[start : start + ctx + 1]
+            (full_windows if len(w) == ctx + 1 else partial).append(w)
+
+    def run(batch_windows):
+        nonlocal total_nll, total_tokens
+        t = torch.tensor(batch_windows, dtype=torch.long)
+        logits = model(input_ids=t[:, :-1]).logits.float()
+        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), t[:, 1:].reshape(-1), reduction="sum")
+        total_nll += float(nll)
+        total_tokens += t[:, 1:].numel()
+
+    with torch.inference_mode():
+        for i in range(0, len(full_windows), batch):
+            run(full_windows[i : i + batch])
+        for w in partial:
+            run([w])
+    model.train()
+    return {
+        "nll_nats": total_nll,
+        "tokens": total_tokens,
+        "bytes": total_bytes,
+        "loss": total_nll / max(total_tokens, 1),
+        "bits_per_byte": total_nll / math.log(2) / max(total_bytes, 1),
+    }
+
+
+def gzip_bits_per_byte(data: bytes) -> float:
+    return 8.0 * len(gzip.compress(data, 9)) / len(data)
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="kvserve/models/default", help="where the HF-layout model is written")
+    ap.add_argument("--work-dir", default="runs/default-model", help="checkpoints, tokenized corpus, logs")
+    ap.add_argument("--minutes", type=float, default=55.0, help="total training wall time (incl. resumed runs)")
+    ap.add_argument("--resume", action="store_true", help="continue from --work-dir/ckpt.pt")
+    ap.add_argument("--size", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--warmup-steps", type=int, default=150)
+    ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--max-position-embeddings", type=int, default=1024)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    ap.add_argument("--ckpt-minutes", type=float, default=4.0, help="checkpoint interval")
+    ap.add_argument("--eval-minutes", type=float, default=3.0, help="held-out loss interval (loss curve)")
+    ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the periodic loss")
+    ap.add_argument("--heldout-max-bytes", type=int, default=2_000_000, help="cap on the final bpb eval text")
+    ap.add_argument("--probe", default=None, help="comma-separated presets: measure throughput and exit")
+    ap.add_argument("--probe-seconds", type=float, default=45.0)
+    return ap.parse_args(argv)
+
+
+def prepare_data(args, work: Path, log):
+    """Corpus, split, tokenizer and tokenized train stream (cached in the work dir)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    root = stdlib_dir()
+    docs = collect_corpus(root)
+    paths = sorted(docs)
+    flh = file_list_hash(paths)
+    train_files, held_files = split_files(paths, args.seed)
+    log(f"corpus: {len(paths)} files, {fmt_int(sum(len(t.encode()) for t in docs.values()))}B from {root}; "
+        f"train {len(train_files)} / held-out {len(held_files)} files; file-list sha256 {flh[:16]}")
+
+    meta_path = work / "data_meta.json"
+    tok_path = work / "tokenizer.json"
+    stream_path = work / "train_tokens.npy"
+    meta = {"file_list_sha256": flh, "seed": args.seed, "vocab_size": args.vocab_size,
+            "n_files": len(paths), "held_out_fraction": HELD_OUT_FRACTION}
+    cached = (meta_path.exists() and tok_path.exists() and stream_path.exists()
+              and json.loads(meta_path.read_text()) == meta)
+    if cached:
+        tok = Tokenizer.from_file(str(tok_path))
+        stream = np.load(stream_path)
+        log(f"loaded cached tokenizer and {fmt_int(len(stream))} train tokens")
+    else:
+        if args.resume:
+            log("warning: cached data missing or from another corpus; re-tokenizing")
+        t0 = time.time()
+        tok = train_tokenizer((docs[p] for p in train_files), args.vocab_size)
+        log(f"tokenizer trained in {time.time() - t0:.0f}s, vocab {tok.get_vocab_size()}")
+        t0 = time.time()
+        bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+        texts = [docs[p] for p in train_files]
+        encs = tok.encode_batch(texts, add_special_tokens=False)
+        parts = []
+        for e in encs:
+            parts.append(np.asarray([bos] + e.ids + [eos], dtype=np.uint16))
+        stream = np.concatenate(parts)
+        log(f"tokenized train split in {time.time() - t0:.0f}s: {fmt_int(len(stream))} tokens")
+        work.mkdir(parents=True, exist_ok=True)
+        tok.save(str(tok_path))
+        np.save(stream_path, stream)
+        meta_path.write_text(json.dumps(meta, indent=1))
+    ids = {"bos": tok.token_to_id(BOS), "eos": tok.token_to_id(EOS), "pad": tok.token_to_id(PAD)}
+    return {"docs": docs, "paths": paths, "hash": flh, "train_files": train_files, "held_files": held_files,
+            "tok": tok, "stream": stream, "ids": ids}
+
+
+def probe(args, data, log):
+    import torch
+
+    stream = torch.from_numpy(data["stream"][: 200_000].astype("int64"))
+    for name in args.probe.split(","):
+        torch.manual_seed(0)
+        model = build_model(PRESETS[name], data["tok"].get_vocab_size(), data["ids"], args.max_position_embeddings)
+        n_params = sum(p.numel() for p in model.parameters())
+        opt = make_optimizer(model, args.lr, args.weight_decay)
+        step_model = torch.compile(model) if args.compile else model
+        T, B = args.seq_len, args.batch_size
+        n_seq = (len(stream) - 1) // T
+        t_start = time.time()
+        tokens, step, t_first = 0, 0, None
+        while time.time() - t_start < args.probe_seconds:
+            i = step % (n_seq - B)
+            chunk = stream[i * T : (i + B) * T + 1]
+            x = torch.stack([chunk[j * T : (j + 1) * T] for j in range(B)])
+            y = torch.stack([chunk[j * T + 1 : (j + 1) * T + 1] for j in range(B)])
+            loss = loss_fn(step_model, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            if step == 2:
+                t_first, tokens = time.time(), 0
+            elif step > 2:
+                tokens += B * T
+        dt = time.time() - (t_first or t_start)
+        log(f"probe {name}: {fmt_int(n_params)} params, {step} steps, {tokens / max(dt, 1e-9):.0f} tok/s "
+            f"(after 2 warm-up steps; first 2 took {(t_first or time.time()) - t_start:.1f}s), loss {loss.detach().item():.3f}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    torch.set_num_threads(args.threads)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    log_file = open(work / "train_log.txt", "a")
+
+    def log(msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        tqdm.write(line)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    log(f"args: {vars(args)}")
+    data = prepare_data(args, work, log)
+    if args.probe:
+        probe(args, data, log)
+        return 0
+
+    tok, ids = data["tok"], data["ids"]
+    T, B = args.seq_len, args.batch_size
+    stream = torch.from_numpy(data["stream"].astype(np.int64))
+    n_seq = (len(stream) - 1) // T
+    held_texts = [data["docs"][p] for p in data["held_files"]]
+    # periodic held-out loss: a fixed set of packed held-out windows
+    held_stream = []
+    for t in held_texts:
+        held_stream += [ids["bos"]] + tok.encode(t, add_special_tokens=False).ids + [ids["eos"]]
+    held_stream = torch.tensor(held_stream, dtype=torch.long)
+    n_eval = min(args.eval_windows, (len(held_stream) - 1) // T)
+    eval_x = torch.stack([held_stream[i * T : (i + 1) * T] for i in range(n_eval)])
+    eval_y = torch.stack([held_stream[i * T + 1 : (i + 1) * T + 1] for i in range(n_eval)])
+
+    def eval_loss(m) -> float:
+        m.eval()
+        with torch.inference_mode():
+            tot = 0.0
+            for i in range(0, n_eval, 8):
+                tot += float(loss_fn(m, eval_x[i : i + 8], eval_y[i : i + 8])) * len(eval_x[i : i + 8])
+        m.train()
+        return tot / n_eval
+
+    ckpt_path = work / "ckpt.pt"
+    if args.resume and ckpt_path.exists():
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        preset = ck["preset"]
+        model = build_model(preset, tok.get_vocab_size(), ids, ck["max_position_embeddings"])
+        model.load_state_dict(ck["model"])
+        opt = make_optimizer(model, args.lr, args.weight_decay)
+        opt.load_state_dict(ck["optimizer"])
+        st = ck["state"]
+        torch.set_rng_state(ck["torch_rng"])
+        log(f"resumed from step {st['step']} ({fmt_int(st['tokens'])} tokens, {st['train_time'] / 60:.1f} min)")
+        if ck["seq_len"] != T or ck["batch_size"] != B:
+            log("warning: seq-len/batch-size differ from the checkpoint; using the checkpoint's")
+            T, B = ck["seq_len"], ck["batch_size"]
+            n_seq = (len(stream) - 1) // T
+    else:
+        if args.resume:
+            log("no checkpoint found: starting fresh")
+        torch.manual_seed(args.seed)
+        preset = dict(PRESETS[args.size])
+        model = build_model(preset, tok.get_vocab_size(), ids, args.max_position_embeddings)
+        opt = make_optimizer(model, args.lr, args.weight_decay)
+        st = {"step": 0, "tokens": 0, "train_time": 0.0, "epoch": 0, "pos": 0, "history": [],
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_time_total": 0.0}
+
+    n_params = sum(p.numel() for p in model.parameters())
+    n_nonemb = n_params - model.get_input_embeddings().weight.numel()
+    log(f"model: {preset}, {n_params:,} params ({n_nonemb:,} non-embedding), seq {T} x batch {B}, "
+        f"{n_seq} sequences/epoch")
+    step_model = torch.compile(model) if args.compile else model
+    budget = args.minutes * 60.0
+
+    def perm_for(epoch: int):
+        g = torch.Generator().manual_seed(args.seed * 1000 + epoch)
+        return torch.randperm(n_seq, generator=g)
+
+    perm = perm_for(st["epoch"])
+
+    def save_ckpt():
+        atomic_torch_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": st,
+                           "torch_rng": torch.get_rng_state(), "preset": preset, "seq_len": T, "batch_size": B,
+                           "max_position_embeddings": model.config.max_position_embeddings}, ckpt_path)
+
+    model.train()
+    run_start = time.time()
+    wall_at_start = st["wall_time_total"]
+    last_ckpt = last_eval = time.time()
+    ema = None
+    bar = tqdm(total=int(budget), initial=int(min(st["train_time"], budget)), unit="s",
+               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}s [{elapsed}<{remaining}{postfix}]",
+               mininterval=2.0, file=sys.stderr)
+    if not st["history"] or st["history"][-1].get("heldout_loss") is None:
+        st["history"].append({"step": st["step"], "tokens": st["tokens"], "train_loss": None,
+                              "heldout_loss": eval_loss(model)})
+    tok_window_t, tok_window_n = 0.0, 0
+    rate = 0.0
+    while st["train_time"] < budget:
+        t0 = time.time()
+        if st["pos"] + B > n_seq:
+            st["epoch"] += 1
+            st["pos"] = 0
+            perm = perm_for(st["epoch"])
+            log(f"epoch {st['epoch']} begins")
+        idx = perm[st["pos"] : st["pos"] + B]
+        starts = idx * T
+        offs = torch.arange(T + 1)
+        batch = stream[starts[:, None] + offs[None, :]]
+        x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+        lr = lr_at(st["train_time"] / budget, st["step"], args.lr, args.warmup_steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = loss_fn(step_model, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        lv = loss.detach().item()
+        if not math.isfinite(lv):
+            log("non-finite loss: stopping (resume from the last checkpoint with a lower --lr)")
+            return 1
+        ema = lv if ema is None else 0.98 * ema + 0.02 * lv
+        st["step"] += 1
+        st["pos"] += B
+        st["tokens"] += B * T
+        dt = time.time() - t0
+        st["train_time"] += dt
+        tok_window_n += B * T
+        tok_window_t += dt
+        now = time.time()
+        if tok_window_t > 10:
+            rate = tok_window_n / tok_window_t
+            tok_window_t, tok_window_n = 0.0, 0
+        bar.n = int(min(st["train_time"], budget))
+        bar.set_postfix_str(f"step {st['step']} loss {ema:.3f} lr {lr:.2e} {rate:.0f} tok/s "
+                            f"{fmt_int(st['tokens'])} tok", refresh=False)
+        bar.update(0)
+        if st["step"] % 20 == 0:
+            st["history"].append({"step": st["step"], "tokens": st["tokens"], "train_loss": ema})
+        if now - last_eval > args.eval_minutes * 60:
+            hl = eval_loss(model)
+            st["history"].append({"step": st["step"], "tokens": st["tokens"], "train_loss": ema, "heldout_loss": hl})
+            log(f"step {st['step']} tokens {fmt_int(st['tokens'])} train {ema:.4f} held-out {hl:.4f} "
+                f"lr {lr:.2e} {rate:.0f} tok/s")
+            last_eval = time.time()
+        if now - last_ckpt > args.ckpt_minutes * 60:
+            st["wall_time_total"] = wall_at_start + (time.time() - run_start)
+            save_ckpt()
+            last_ckpt = time.time()
+    bar.close()
+    hl = eval_loss(model)
+    st["history"].append({"step": st["step"], "tokens": st["tokens"], "train_loss": ema, "heldout_loss": hl})
+    st["wall_time_total"] = wall_at_start + (time.time() - run_start)
+    save_ckpt()
+    log(f"training done: step {st['step']}, {fmt_int(st['tokens'])} tokens, train loss {ema:.4f}, "
+        f"held-out loss {hl:.4f}, {st['train_time'] / 60:.1f} min of training")
+
+    # ---- final evaluation on the held-out files
+    t0 = time.time()
+    eval_files, nbytes = [], 0
+    for p in data["held_files"]:
+        if nbytes >= args.heldout_max_bytes:
+            break
+        eval_files.append(p)
+        nbytes += len(data["docs"][p].encode("utf-8"))
+    eval_texts = [data["docs"][p] for p in eval_files]
+    res = heldout_bits_per_byte(model, tok, eval_texts, ids, ctx=T)
+    raw = b"".join(t.encode("utf-8") for t in eval_texts)
+    gz = gzip_bits_per_byte(raw)
+    log(f"held-out: {len(eval_files)} files, {fmt_int(res['bytes'])}B, {fmt_int(res['tokens'])} tokens: "
+        f"loss {res['loss']:.4f}, {res['bits_per_byte']:.4f} bits/byte vs gzip -9 {gz:.4f} "
+        f"({time.time() - t0:.0f}s)")
+    # train loss measured the same way on a same-size slice of train files (no dropout: comparable)
+    train_eval_files, nb = [], 0
+    for p in data["train_files"][:: max(1, len(data["train_files"]) // 200)]:
+        if nb >= min(nbytes, 300_000):
+            break
+        train_eval_files.append(p)
+        nb += len(data["docs"][p].encode("utf-8"))
+    tres = heldout_bits_per_byte(model, tok, [data["docs"][p] for p in train_eval_files], ids, ctx=T)
+
+    # ---- write the model directory
+    import transformers
+    from transformers import GenerationConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    for child in out.iterdir():  # only our own outputs live here: start clean
+        if child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    model.config.bos_token_id = ids["bos"]
+    model.config.eos_token_id = ids["eos"]
+    model.config.pad_token_id = ids["pad"]
+    model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+                                               pad_token_id=ids["pad"], do_sample=False)
+    model.to(torch.float32).save_pretrained(out, safe_serialization=True)
+    tok.save(str(out / "tokenizer.json"))
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": None,
+        "model_max_length": model.config.max_position_embeddings,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
+
+    held_sha = hashlib.sha256("\n".join(data["held_files"]).encode()).hexdigest()
+    info = {
+        "description": "kvserve embedded default model: a small Llama-architecture code-completion LM "
+                       "trained from scratch on the Python standard library's .py sources",
+        "corpus": {
+            "source": "Python standard library .py files (sysconfig stdlib path), test dirs included; "
+                      "site-packages, non-UTF-8, empty and >512KB files skipped",
+            "python_version": sys.version.split()[0],
+            "python_implementation": sys.implementation.name,
+            "n_files": len(data["paths"]),
+            "n_train_files": len(data["train_files"]),
+            "n_heldout_files": len(data["held_files"]),
+            "file_list_sha256": data["hash"],
+            "heldout_file_list_sha256": held_sha,
+            "split_seed": args.seed,
+            "heldout_fraction": HELD_OUT_FRACTION,
+            "train_tokens_per_epoch": int(len(stream)),
+            "heldout_files": data["held_files"],
+        },
+        "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": tok.get_vocab_size(),
+                      "special_tokens": SPECIAL_TOKENS,
+                      "heldout_bytes_per_token": None},
+        "model": {"architecture": "LlamaForCausalLM", **preset,
+                  "head_dim": model.config.head_dim,
+                  "max_position_embeddings": model.config.max_position_embeddings,
+                  "tie_word_embeddings": True, "params": n_params, "non_embedding_params": n_nonemb},
+        "training": {
+            "seq_len": T, "batch_size": B, "tokens_per_step": B * T, "lr": args.lr,
+            "schedule": f"linear warmup {args.warmup_steps} steps, cosine over training time to 10%",
+            "optimizer": "AdamW(0.9, 0.95), weight decay %.2f on matrices, grad clip 1.0" % args.weight_decay,
+            "dtype": "float32", "threads": args.threads, "compiled": bool(args.compile),
+            "steps": st["step"], "tokens_seen": st["tokens"], "epochs": st["tokens"] / len(stream),
+            "train_time_s": round(st["train_time"], 1), "wall_time_s": round(st["wall_time_total"], 1),
+            "tokens_per_s": round(st["tokens"] / max(st["train_time"], 1e-9), 1),
+            "started": st["started"], "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+        },
+        "final": {
+            "train_loss_ema": ema,
+            "train_loss": tres["loss"],
+            "train_bits_per_byte": tres["bits_per_byte"],
+            "heldout_loss": res["loss"],
+            "heldout_bits_per_byte": res["bits_per_byte"],
+            "gzip9_bits_per_byte": gz,
+            "heldout_eval_files": len(eval_files),
+            "heldout_eval_bytes": res["bytes"],
+            "heldout_eval_tokens": res["tokens"],
+            "heldout_eval_context": T,
+            "bits_per_byte_method": "sum of token NLL (nats) / ln 2 / UTF-8 bytes; each file bos+text+eos, "
+                                    f"windows of {T} tokens; gzip: 8*len(gzip.compress(concat, 9))/len(concat)",
+        },
+        "history": st["history"],
+    }
+    info["tokenizer"]["heldout_bytes_per_token"] = round(res["bytes"] / max(res["tokens"], 1), 3)
+    (out / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
+    plot_loss_curve(st["history"], out / "loss_curve.png", gz_loss=None, title=
+                    f"{fmt_int(n_params)}-param Llama on the Python stdlib: held-out "
+                    f"{res['bits_per_byte']:.3f} bits/byte (gzip -9: {gz:.3f})")
+    size = (out / "model.safetensors").stat().st_size
+    log(f"wrote {out}: model.safetensors {size / 1e6:.1f} MB; files: {sorted(c.name for c in out.iterdir())}")
+    return 0
+
+
+def plot_loss_curve(history, path: Path, gz_loss=None, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tr = [(h["tokens"], h["train_loss"]) for h in history if h.get("train_loss") is not None]
+    he = [(h["tokens"], h["heldout_loss"]) for h in history if h.get("heldout_loss") is not None]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    if tr:
+        ax.plot([t / 1e6 for t, _ in tr], [v for _, v in tr], label="train (EMA)", lw=1.2)
+    if he:
+        ax.plot([t / 1e6 for t, _ in he], [v for _, v in he], "o-", label="held-out", lw=1.5, ms=4)
+    ax.set_xlabel("tokens seen (millions)")
+    ax.set_ylabel("loss (nats/token)")
+    lo = min([v for _, v in tr + he] or [0])
+    ax.set_ylim(max(0.0, lo - 0.2), min(10.0, lo + 4.0))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

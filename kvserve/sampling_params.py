@@ -1,0 +1,106 @@
+"""Sampling parameters, named and validated as in vLLM."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+_MAX_STOP_STRINGS = 16
+_MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    ``temperature == 0`` means greedy. Every field is checked in ``__post_init__``;
+    an invalid value raises ``ValueError`` naming the field and the allowed range.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stop_list: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.stop_list = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        _check_int("n", self.n, low=1)
+        _check_number("temperature", self.temperature, low=0.0, high=None)
+        _check_number("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        _check_int("top_k", self.top_k, low=0, hint="-1 or 0 (disabled) or a positive integer")
+        _check_number("min_p", self.min_p, low=0.0, high=1.0)
+        _check_number("repetition_penalty", self.repetition_penalty, low=0.0, high=None, low_open=True)
+        _check_number("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
+        _check_number("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, low=0, high=2**63 - 1)
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("min_tokens", self.min_tokens, low=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, low=0, high=_MAX_LOGPROBS)
+        if len(self.stop_list) > _MAX_STOP_STRINGS:
+            raise ValueError(
+                f"stop may hold at most {_MAX_STOP_STRINGS} strings, got {len(self.stop_list)}")
+        for s in self.stop_list:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must be a list of non-empty strings, got {s!r}")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, low=0)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    def for_child(self, index: int) -> SamplingParams:
+        """Parameters of the ``index``-th of ``n`` samples: n=1 and a distinct seed."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed, stop=list(self.stop_list))
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None,
+               hint: str | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        allowed = hint or (f">= {low}" if high is None else f"in [{low}, {high}]")
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+
+
+def _check_number(name: str, value: object, low: float, high: float | None,
+                  low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    too_low = value <= low if low_open else value < low
+    if too_low or (high is not None and value > high):
+        left = "(" if low_open else "["
+        right = f"{high}]" if high is not None else "inf)"
+        raise ValueError(f"{name} must be in {left}{low}, {right}, got {value}")

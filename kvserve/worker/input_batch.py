@@ -1,0 +1,97 @@
+"""Turn a SchedulerOutput into the step's flat input tensors and attention metadata."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvserve.core.scheduler_output import ScheduledRequest
+from kvserve.model.attention import AttentionMetadata
+
+
+@dataclass
+class StepInputs:
+    tokens: torch.Tensor           # [T]
+    positions: torch.Tensor        # [T]
+    meta: AttentionMetadata
+    order: list[ScheduledRequest]  # decodes first, then prefill chunks
+    sample_rows: torch.Tensor      # flat index of each sampling request's last token
+    sample_order: list[ScheduledRequest]
+
+
+def _pad_tables(tables: list[list[int]], width: int) -> np.ndarray:
+    out = np.zeros((len(tables), max(width, 1)), dtype=np.int64)
+    for row, table in enumerate(tables):
+        out[row, :len(table)] = table
+    return out
+
+
+def _window_ok(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    if window is None:
+        return torch.ones((), dtype=torch.bool)
+    return key_pos > query_pos - window
+
+
+def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
+                 sliding_window: int | None) -> StepInputs:
+    decodes = [s for s in scheduled if len(s.token_ids) == 1]
+    prefills = [s for s in scheduled if len(s.token_ids) > 1]
+    order = decodes + prefills
+    q_lens = np.array([len(s.token_ids) for s in order], dtype=np.int64)
+    starts = np.array([s.start_pos for s in order], dtype=np.int64)
+    tokens = np.fromiter((t for s in order for t in s.token_ids), dtype=np.int64,
+                         count=int(q_lens.sum()))
+    seq_ids = np.repeat(np.arange(len(order)), q_lens)
+    offsets = np.arange(len(tokens)) - np.repeat(np.cumsum(q_lens) - q_lens, q_lens)
+    positions = starts[seq_ids] + offsets
+    tables = _pad_tables([s.block_table for s in order],
+                         max(len(s.block_table) for s in order))
+    slots = tables[seq_ids, positions // block_size] * block_size + positions % block_size
+
+    nd = len(decodes)
+    meta = AttentionMetadata(
+        slot_mapping=torch.from_numpy(slots), num_decodes=nd, decode_block_tables=None,
+        decode_mask=None, num_prefills=len(prefills), prefill_gather=None, prefill_valid=None,
+        prefill_block_tables=None, prefill_mask=None, prefill_from_cache=False)
+    if nd:
+        _decode_meta(meta, tables[:nd], starts[:nd], block_size, sliding_window)
+    if prefills:
+        _prefill_meta(meta, tables[nd:], starts[nd:], q_lens[nd:], block_size, sliding_window)
+
+    ends = np.cumsum(q_lens) - 1
+    sample_idx = [i for i, s in enumerate(order) if s.sample]
+    return StepInputs(
+        tokens=torch.from_numpy(tokens), positions=torch.from_numpy(positions), meta=meta,
+        order=order, sample_rows=torch.from_numpy(ends[sample_idx]),
+        sample_order=[order[i] for i in sample_idx])
+
+
+def _decode_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray,
+                 block_size: int, window: int | None) -> None:
+    width = int(starts.max()) // block_size + 1
+    meta.decode_block_tables = torch.from_numpy(np.ascontiguousarray(tables[:, :width]))
+    key_pos = torch.arange(width * block_size)[None, :]
+    query_pos = torch.from_numpy(starts)[:, None]
+    mask = (key_pos <= query_pos) & _window_ok(key_pos, query_pos, window)
+    meta.decode_mask = mask[:, None, None, :]
+
+
+def _prefill_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray,
+                  q_lens: np.ndarray, block_size: int, window: int | None) -> None:
+    num, max_q = len(q_lens), int(q_lens.max())
+    first = np.cumsum(q_lens) - q_lens
+    rows = np.arange(max_q)[None, :]
+    valid = rows < q_lens[:, None]
+    meta.prefill_gather = torch.from_numpy(first[:, None] + np.minimum(rows, q_lens[:, None] - 1))
+    meta.prefill_valid = torch.from_numpy(valid)
+    meta.prefill_from_cache = bool(starts.any())
+    query_pos = torch.from_numpy(starts[:, None] + rows)[:, :, None]  # [P, Q, 1]
+    if meta.prefill_from_cache:
+        width = int((starts + q_lens).max() - 1) // block_size + 1
+        meta.prefill_block_tables = torch.from_numpy(np.ascontiguousarray(tables[:, :width]))
+        key_pos = torch.arange(width * block_size)[None, None, :]
+    else:
+        key_pos = torch.arange(max_q)[None, None, :]
+    mask = (key_pos <= query_pos) & _window_ok(key_pos, query_pos, window)
+    meta.prefill_mask = mask[:, None, :, :]

@@ -1,0 +1,47 @@
+"""The model runner: owns the weights, the KV pool tensors and the sampler."""
+from __future__ import annotations
+
+import torch
+
+from kvserve.core.scheduler_output import SchedulerOutput
+from kvserve.model.attention import KVCache
+from kvserve.model.config import ModelConfig
+from kvserve.worker.input_batch import build_inputs
+from kvserve.worker.sampler import Sampler, SampleResult
+
+
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
+                 block_size: int, kv_dtype: torch.dtype, seed: int) -> None:
+        self.model = model
+        self.config = model_config
+        self.block_size = block_size
+        self.caches = [KVCache(num_blocks, block_size, model_config.num_kv_heads,
+                               model_config.head_dim, kv_dtype)
+                       for _ in range(model_config.num_layers)]
+        self.sampler = Sampler(seed)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[str, SampleResult]:
+        """Run one step; returns the sampled token of every request that samples."""
+        self.sampler.drop(out.finished_ids)
+        if out.block_copies:
+            src = torch.tensor([s for s, _ in out.block_copies])
+            dst = torch.tensor([d for _, d in out.block_copies])
+            for cache in self.caches:
+                cache.copy_blocks(src, dst)
+        if not out.scheduled:
+            return {}
+        inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window)
+        hidden = self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta)
+        if not inputs.sample_order:
+            return {}
+        logits = self.model.compute_logits(hidden[inputs.sample_rows])
+        ids = [s.request_id for s in inputs.sample_order]
+        results = self.sampler(logits, ids, [s.sampling for s in inputs.sample_order])
+        return dict(zip(ids, results))

@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny random Hugging Face models saved to temp dirs, and the oracle."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+from tests.helpers import build_tiny_model  # noqa: E402
+
+ARCHS = ["llama", "llama3-tied", "qwen2", "mistral", "gpt2"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    from tests.helpers import build_tokenizer
+    return build_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory, tokenizer_dir):
+    """arch name -> directory of a tiny random model in HF layout."""
+    cache: dict[str, str] = {}
+
+    def get(arch: str) -> str:
+        if arch not in cache:
+            cache[arch] = build_tiny_model(arch, tmp_path_factory.mktemp(arch), tokenizer_dir)
+        return cache[arch]
+    return get
+
+
+@pytest.fixture(scope="session")
+def llama_dir(model_dirs):
+    return model_dirs("llama")

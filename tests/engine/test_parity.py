@@ -1,0 +1,65 @@
+"""Greedy tokens are identical to transformers', in every configuration of the engine."""
+from __future__ import annotations
+
+import pytest
+
+from kvserve import LLM, SamplingParams
+from tests.conftest import ARCHS
+from tests.helpers import hf_greedy, prompts_of_lengths
+
+LENGTHS = [1, 3, 7, 16, 17, 31, 64, 100, 5, 47]
+MAX_NEW = 12
+
+
+def _kvserve_greedy(model_dir: str, prompts, **engine_args) -> list[list[int]]:
+    llm = LLM(model_dir, **engine_args)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    stats = llm.engine.kv.stats()
+    assert stats.num_used_blocks == 0, "blocks leaked after generate"
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def oracle(model_dirs):
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            cache[arch] = hf_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), MAX_NEW)
+        return cache[arch]
+    return get
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_parity_default_settings(arch, model_dirs, oracle):
+    got = _kvserve_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS))
+    assert got == oracle(arch)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2"])
+@pytest.mark.parametrize("engine_args", [
+    {"block_size": 4},
+    {"max_num_batched_tokens": 8, "block_size": 4},  # every prompt of length > 8 is chunked
+    {"num_kv_blocks": 14, "block_size": 8},          # forces preemption by recompute
+    {"max_num_seqs": 2},
+], ids=["block4", "chunked", "preempt", "two-seqs"])
+def test_parity_engine_settings(arch, engine_args, model_dirs, oracle):
+    llm_args = dict(engine_args)
+    got = _kvserve_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), **llm_args)
+    assert got == oracle(arch)
+
+
+def test_preemption_really_happens(llama_dir):
+    llm = LLM(llama_dir, num_kv_blocks=14, block_size=8)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts_of_lengths(LENGTHS)], params,
+                 use_tqdm=False)
+    assert llm.engine.scheduler.num_preemptions > 0
+
+
+def test_linear_rope_scaling(model_dirs, tmp_path_factory, tokenizer_dir):
+    from tests.helpers import build_tiny_model
+    d = build_tiny_model("llama-linear", tmp_path_factory.mktemp("lin"), tokenizer_dir)
+    prompts = prompts_of_lengths([5, 40, 90])
+    assert _kvserve_greedy(d, prompts) == hf_greedy(d, prompts, MAX_NEW)

@@ -1,0 +1,108 @@
+"""Test helpers: build tiny models with transformers, and greedy decoding with HF as oracle."""
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import torch
+
+VOCAB = 512
+SPECIALS = ["<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def build_tokenizer(out: Path) -> str:
+    """A small byte-level BPE trained on a few stdlib files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(stdlib / name).read_text() for name in ("textwrap.py", "string.py", "bisect.py")]
+    tok.train_from_iterator(texts, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A", special_tokens=[("<|bos|>", tok.token_to_id("<|bos|>"))])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>",
+        "eos_token": "<|eos|>", "model_max_length": 512, "chat_template": CHAT_TEMPLATE}))
+    return str(out)
+
+
+def _config(arch: str):
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=0, eos_token_id=1)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "llama3-tied":
+        return LlamaConfig(**{**common, "tie_word_embeddings": True, "rope_scaling": {
+            "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})
+    if arch == "llama-linear":
+        return LlamaConfig(**{**common, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    if arch == "mistral":
+        return MistralConfig(**{**common, "sliding_window": 24})
+    if arch == "gpt2":
+        return GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+                          bos_token_id=0, eos_token_id=1)
+    raise ValueError(arch)
+
+
+def build_tiny_model(arch: str, out: Path, tokenizer_dir: str) -> str:
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_config(arch))
+    with torch.no_grad():  # wider weights than HF's init: peaked logits, fewer near-ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.25)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tokenizer_dir) / name, out / name)
+    return str(out)
+
+
+def prompts_of_lengths(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+@torch.inference_mode()
+def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """The oracle: transformers' own forward with its KV cache, argmax each step."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    outs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        past, new = None, []
+        for _ in range(max_new_tokens):
+            out = model(input_ids=ids, use_cache=True, **{cache_arg: past})
+            past = getattr(out, cache_arg, None) or out.past_key_values
+            token = int(out.logits[0, -1].argmax())
+            new.append(token)
+            ids = torch.tensor([[token]])
+        outs.append(new)
+    return outs
+
+
+@torch.inference_mode()
+def hf_logprobs(model_dir: str, prompt: list[int], continuation: list[int]) -> torch.Tensor:
+    """log-softmax of the next-token distribution at each continuation position."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt + continuation])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1:len(prompt) + len(continuation) - 1]
+    return logits.float().log_softmax(-1)
