@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvserve", description="kvserve: LLM inference engine")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate(subparsers)
+    from kvserve.bench.cli import add_bench_parser
+    add_bench_parser(subparsers)
     return parser
 
 
