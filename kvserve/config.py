@@ -68,7 +68,18 @@ class EngineArgs:
     batching: str = field(default="continuous", metadata=_help(
         "batching policy", choices=BATCHING_NAMES))
     scheduling_policy: str = field(default="fcfs", metadata=_help(
-        "order of admission for continuous batching", choices=SCHEDULING_POLICIES))
+        "order of admission for continuous batching; priority: lower value first, "
+        "preempting lower-priority running requests, ties first come first served",
+        choices=SCHEDULING_POLICIES))
+    max_batch_size: int = field(default=16, metadata=_help(
+        "requests per batch of static batching and per released length-bucket batch"))
+    bucket_window_s: float = field(default=0.1, metadata=_help(
+        "length-bucket batching: release a bucket once its oldest request has waited "
+        "this long, even if it holds fewer than max_batch_size requests"))
+    memory_pool_ratio: float = field(default=1.0, metadata=_help(
+        "buddy kv_manager: share of the KV blocks pre-allocated as the buddy memory pool"))
+    enable_prefix_caching: bool = field(default=True, metadata=_help(
+        "reuse the KV of full blocks shared with earlier prompts (paged kv_manager)"))
     num_threads: int | None = field(default=None, metadata=_help(
         "torch threads (default: physical cores)"))
 
@@ -88,6 +99,13 @@ class EngineArgs:
         _choice("kv_manager", self.kv_manager, KV_MANAGER_NAMES)
         _choice("batching", self.batching, BATCHING_NAMES)
         _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.scheduling_policy == "priority" and self.batching != "continuous":
+            raise ValueError("scheduling_policy 'priority' applies to continuous batching; "
+                             f"batching is {self.batching!r}")
+        _positive_int("max_batch_size", self.max_batch_size)
+        _number("bucket_window_s", self.bucket_window_s, low=0.0)
+        _number("memory_pool_ratio", self.memory_pool_ratio, low=0.0, high=1.0,
+                low_open=True)
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -135,6 +153,15 @@ def _cli_type(f: dataclasses.Field):
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _number(name: str, value: object, low: float, high: float = float("inf"),
+            low_open: bool = False) -> None:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and (value > low if low_open else value >= low) and value <= high)
+    if not ok:
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be a number in {bounds}, got {value!r}")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

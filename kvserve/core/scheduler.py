@@ -5,18 +5,29 @@ admission order; then waiting requests while the token budget and ``max_num_seqs
 allow. When the KV manager has no room, the scheduler preempts by recompute: the
 victim (latest arrival among those not yet scheduled this step, lowest priority
 first under the priority policy) frees all its blocks and returns to the head of the
-waiting queue. A request that could never fit alone is refused at admission, so a
-lone running request always fits and the engine cannot deadlock.
+waiting queue (to its priority's place under the priority policy). A request that
+could never fit alone is refused at admission, so a lone running request always fits
+and the engine cannot deadlock.
+
+Which waiting requests may be admitted is the batching policy's call
+(:mod:`kvserve.core.batching`: continuous, length-bucket, static). Under the priority
+policy a waiting request that outranks a running one is admitted before the running
+requests are scheduled, preempting the lowest-priority running requests until it fits.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 
 from kvserve.config import EngineArgs
-from kvserve.core.kv import KVCacheManager
+from kvserve.core.batching import create_batching_policy
+from kvserve.core.kv import KVCacheManager, KVStats
 from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest, SchedulerOutput
+from kvserve.logger import init_logger
 from kvserve.request import Request, RequestStatus
+
+logger = init_logger(__name__)
 
 
 class Scheduler:
@@ -29,7 +40,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._finished_ids: list[str] = []
+        self.batching = create_batching_policy(args)
         self.num_preemptions = 0
+        self.peak_running = 0                       # most requests running in one step
+        self.last_kv_stats: KVStats = kv.stats()    # taken as each non-empty step is scheduled
 
     # -- requests in and out ---------------------------------------------------------
 
@@ -47,7 +61,7 @@ class Scheduler:
         self._enqueue(req)
 
     def _enqueue(self, req: Request, front: bool = False) -> None:
-        if front:
+        if front and not self.priority_first:
             self.waiting.appendleft(req)
         elif self.priority_first:
             # keep waiting sorted by (priority, arrival): insert after equals
@@ -95,6 +109,9 @@ class Scheduler:
         now = time.monotonic()
 
         i = 0
+        if self.priority_first:
+            i, budget = self._admit_outranking(budget, now, scheduled, preempted)
+        num_priority_preempted = len(preempted)
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -109,24 +126,73 @@ class Scheduler:
                 budget -= num_new
                 i += 1
 
-        while (not preempted and self.waiting and budget > 0
-               and len(self.running) < self.max_num_seqs):
-            req = self.waiting[0]
-            if req.num_computed_tokens == 0 and req.num_preemptions == 0:
-                req.num_computed_tokens = req.num_cached_tokens = self.kv.get_computed_tokens(req)
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.kv.allocate_slots(req, num_new):
-                break
-            self.waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            req.first_scheduled_time = req.first_scheduled_time or now
-            self.running.append(req)
-            scheduled.append(self._scheduled(req, num_new))
-            budget -= num_new
+        if len(preempted) == num_priority_preempted:  # no memory pressure this step
+            for req in self.batching.admissible(self.waiting, now):
+                num_new = self._try_admit(req, budget, now, scheduled) if budget > 0 else 0
+                if not num_new:
+                    break
+                budget -= num_new
 
+        if scheduled:
+            self._record_step()
         finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(scheduled=scheduled, preempted=preempted,
                                block_copies=self.kv.take_block_copies(), finished_ids=finished)
+
+    def _try_admit(self, req: Request, budget: int, now: float,
+                   scheduled: list[ScheduledRequest]) -> int:
+        """Admit a waiting request if max_num_seqs and the KV allow; returns the tokens
+        scheduled for it (0: not admitted, nothing changed)."""
+        if req.num_computed_tokens == 0:  # new or preempted: reuse cached prefix blocks
+            req.num_computed_tokens = self.kv.get_computed_tokens(req)
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = req.num_computed_tokens
+        num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+        if len(self.running) >= self.max_num_seqs or not self.kv.allocate_slots(req, num_new):
+            self.kv.free(req)  # drop the prefix hits it took; retried next step
+            req.num_computed_tokens = 0
+            return 0
+        self.waiting.remove(req)
+        req.status = RequestStatus.RUNNING
+        req.first_scheduled_time = req.first_scheduled_time or now
+        self.running.append(req)
+        scheduled.append(self._scheduled(req, num_new))
+        return num_new
+
+    def _admit_outranking(self, budget: int, now: float, scheduled: list[ScheduledRequest],
+                          preempted: list[str]) -> tuple[int, int]:
+        """Priority policy, before running requests are scheduled: admit waiting requests
+        that outrank a running one, preempting the lowest-priority running request (latest
+        arrival among equals) until each fits. Admitted requests move to the front of
+        ``running``; returns (how many, budget left)."""
+        n = 0
+        while self.waiting and budget > 0:
+            req = self.waiting[0]
+            lower = [r for r in self.running[n:] if r.priority > req.priority]
+            if not lower:
+                break
+            num_new = self._try_admit(req, budget, now, scheduled)
+            if num_new:
+                self.running.insert(n, self.running.pop())
+                n += 1
+                budget -= num_new
+                continue
+            victim = max(lower, key=lambda r: (r.priority, r.arrival_time))
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+        return n, budget
+
+    def _record_step(self) -> None:
+        self.peak_running = max(self.peak_running, len(self.running))
+        self.last_kv_stats = stats = self.kv.stats()
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("step: %d running, %d waiting; KV %d/%d blocks, utilisation %.1f%%, "
+                         "fragmentation internal %.1f%% external %.1f%%; preemptions %d, "
+                         "moved blocks %d", len(self.running), len(self.waiting),
+                         stats.num_used_blocks, stats.num_blocks, 100 * stats.utilization,
+                         100 * stats.internal_fragmentation,
+                         100 * stats.external_fragmentation, self.num_preemptions,
+                         stats.moved_blocks)
 
     def _scheduled(self, req: Request, num_new: int) -> ScheduledRequest:
         start = req.num_computed_tokens

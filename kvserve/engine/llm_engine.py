@@ -57,7 +57,7 @@ class LLMEngine:
         start = time.perf_counter()
         model = load_model(self.model_dir, self.model_config, self.dtype)
         self.num_kv_blocks = self._num_kv_blocks()
-        self.kv = create_kv_manager(args.kv_manager, self.num_kv_blocks, args.block_size)
+        self.kv = create_kv_manager(args, self.num_kv_blocks)
         self.scheduler = Scheduler(args, self.kv)
         self.runner = ModelRunner(model, self.model_config, self.num_kv_blocks,
                                   args.block_size, self.dtype, args.seed)
@@ -193,6 +193,7 @@ class LLMEngine:
             results = self.runner.execute(sched)
         except Exception:  # a failing step fails its requests, not the engine
             logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
+            self.kv.reset_prefix_cache()  # blocks registered for this step were never written
             return self._fail([s.request_id for s in sched.scheduled])
         progressed = self.scheduler.update(sched, {k: r.token_id for k, r in results.items()})
         for req in self.outputs.process_tokens(progressed, results):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from kvserve.config import EngineArgs
 from kvserve.request import Request
 
 
@@ -30,6 +31,8 @@ class KVStats:
     allocated_slots: int
     unusable_free_blocks: int = 0
     moved_blocks: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, cumulative
+    prefix_hits: int = 0     # of which were found cached
 
     @property
     def usage(self) -> float:
@@ -68,6 +71,14 @@ class KVCacheManager(ABC):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._pending_copies: list[tuple[int, int]] = []
+
+    @classmethod
+    def from_args(cls, args: EngineArgs, num_blocks: int) -> KVCacheManager:
+        """Build from the engine settings; designs with options of their own override this."""
+        return cls(num_blocks, args.block_size)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached KV contents (after a failed step may have left blocks unwritten)."""
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
