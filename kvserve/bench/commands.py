@@ -20,6 +20,11 @@ def _header(title: str, settings: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
+def _wl_settings(wl: Any) -> dict[str, Any]:
+    d = wl.describe()
+    return {"workload": d.pop("name"), **d}
+
+
 def _int_list(text: str) -> list[int]:
     return [int(t) for t in text.split(",") if t.strip()]
 
@@ -84,9 +89,12 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(args.model)
     wl = workload_from_args(args, model_dir)
     engine_args = engine_args_from(args)
-    info = _header("kvserve throughput", {"model": str(model_dir), **wl.describe(),
+    info = _header("kvserve throughput", {"model": str(model_dir), **_wl_settings(wl),
                                           "engine_args": engine_args, "repeats": args.repeats})
-    llm, load_s = load_llm(model_dir, engine_args)
+    try:
+        llm, load_s = load_llm(model_dir, engine_args)
+    except TypeError as exc:  # an engine argument the engine does not know
+        raise SystemExit(f"kvserve: error: {exc}") from None
     runs = [run_throughput(model_dir, wl.requests, engine_args, llm=llm) for _ in range(args.repeats)]
     runs.sort(key=lambda r: r.useful_tok_s)
     res = runs[(len(runs) - 1) // 2]
@@ -133,7 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     slos = _parse_slos(args.goodput)
     rate = args.request_rate
     info = _header("kvserve bench serve", {
-        "base_url": base, "served_model_name": args.served_model_name, **wl.describe(),
+        "base_url": base, "served_model_name": args.served_model_name, **_wl_settings(wl),
         "request_rate": rate, "max_concurrency": args.max_concurrency,
         "timeout_s": args.timeout, "max_duration_s": args.max_duration, "slos_ms": slos})
     res = run_serve(wl.requests, base_url=base, model=args.served_model_name, request_rate=rate,
@@ -179,7 +187,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     sweep = _int_list(args.hf_sweep) if args.hf_sweep else []
     info = _header("kvserve bench compare", {
-        "model": str(model_dir), **wl.describe(), "engine_args": engine_args,
+        "model": str(model_dir), **_wl_settings(wl), "engine_args": engine_args,
         "against": ",".join(against), "hf_batch_size": args.hf_batch_size, "hf_sweep": sweep,
         "hf_threads": args.hf_threads, "repeats": args.repeats})
     roof = None
@@ -191,8 +199,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     elif not args.no_roofline:
         print("measuring roofline ...")
         roof = measure_roofline(threads=args.hf_threads, repeats=3)
-    out = run_compare(model_dir, wl.requests, against, engine_args, args.hf_batch_size, sweep,
-                      args.hf_threads, args.vllm_python, args.vllm_kv_cache_gib, roof, args.repeats)
+    try:
+        out = run_compare(model_dir, wl.requests, against, engine_args, args.hf_batch_size, sweep,
+                          args.hf_threads, args.vllm_python, args.vllm_kv_cache_gib, roof,
+                          args.repeats)
+    except TypeError as exc:  # an engine argument the engine does not know
+        if "engine argument" not in str(exc):
+            raise
+        raise SystemExit(f"kvserve: error: {exc}") from None
     rows = out["rows"]
     print(report.format_table(
         ["system", "wall s", "useful tok/s", "total tok/s", "req/s", "vs HF static", "roofline"],
@@ -202,7 +216,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
          for r in rows]))
     if roof is not None:
         print(f"roofline: peak GEMM {roof.peak_gflops:.1f} GFLOP/s; workload "
-              f"{out['workload_flops'] / 1e12:.3f} TFLOP -> GEMM-bound {out['gemm_bound_s']:.1f} s")
+              f"{out['workload_flops'] / 1e12:.4g} TFLOP -> GEMM-bound {out['gemm_bound_s']:.3g} s")
     for note in out["notes"]:
         print("note:", note)
     full = {"machine": info, "model": str(model_dir), "workload": wl.describe(),

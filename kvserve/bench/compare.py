@@ -76,7 +76,7 @@ def run_compare(
     engine_args: dict[str, Any] | None = None,
     hf_batch_size: int = 16,
     hf_sweep: Sequence[int] = (),
-    hf_threads: int = 2,
+    hf_threads: int | None = 2,
     vllm_python: str | None = None,
     vllm_kv_cache_gib: float = 4.0,
     roofline: RooflineResult | None = None,

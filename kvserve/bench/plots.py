@@ -3,6 +3,7 @@ part of the ``bench`` extra, not a core dependency)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +22,10 @@ def _pyplot() -> Any:
     return plt
 
 
+def _label(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def plot_grouped_bars(
     path: str | Path,
     groups: Sequence[str],
@@ -33,15 +38,16 @@ def plot_grouped_bars(
     plt = _pyplot()
     n = max(1, len(series))
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(groups) * n), 4.5))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.7 * len(groups) * n + 2)), 4.8))
     for i, (name, values) in enumerate(series.items()):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
         bars = ax.bar(xs, values, width, label=name)
-        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], fontsize=8, padding=2)
+        ax.bar_label(bars, labels=[_label(v) for v in values], fontsize=8, padding=2)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=15 if len(groups) > 4 else 0)
     ax.set_ylabel(ylabel)
-    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    sub = "\n".join(textwrap.fill(line, 100) for line in subtitle.splitlines())
+    ax.set_title(title + (f"\n{sub}" if sub else ""), fontsize=9)
     if len(series) > 1:
         ax.legend(fontsize=8)
     ax.margins(y=0.15)
@@ -57,10 +63,14 @@ def plot_compare(
     path: str | Path, rows: Sequence[Mapping[str, Any]], title: str, subtitle: str = ""
 ) -> Path:
     """Useful and total tok/s per system; ``rows`` have ``name``, ``useful_tok_s``,
-    ``total_tok_s``."""
+    ``total_tok_s`` and optionally ``vs_hf_static`` (shown under the name)."""
+    names = [
+        str(r["name"]) + (f"\n{r['vs_hf_static']:.2f}x HF static" if r.get("vs_hf_static") else "")
+        for r in rows
+    ]
     return plot_grouped_bars(
         path,
-        [str(r["name"]) for r in rows],
+        names,
         {
             "useful output tok/s": [float(r["useful_tok_s"]) for r in rows],
             "total tok/s": [float(r["total_tok_s"]) for r in rows],
@@ -89,14 +99,28 @@ def plot_roofline(path: str | Path, result: Any, subtitle: str = "") -> Path:
 
 
 def plot_serve(path: str | Path, metrics: Any, subtitle: str = "") -> Path:
-    """Mean / median / P99 of TTFT, TPOT, ITL and E2EL (ms) from ServeMetrics."""
-    names = ["ttft", "tpot", "itl", "e2el"]
-    lat = metrics.latency_ms
-    series = {
-        stat: [float(lat[m].get(stat, 0.0)) for m in names] for stat in ("mean", "median", "p99")
-    }
+    """Mean / median / P99 of TTFT, TPOT, ITL and E2EL (ms) from ServeMetrics, one
+    panel per metric (their scales differ by orders of magnitude)."""
+    plt = _pyplot()
+    stats = ("mean", "median", "p99")
+    fig, axes = plt.subplots(1, 4, figsize=(12.0, 4.2))
+    for ax, name in zip(axes, ("ttft", "tpot", "itl", "e2el")):
+        values = [float(metrics.latency_ms[name].get(s, 0.0)) for s in stats]
+        bars = ax.bar(stats, values, color=["C0", "C1", "C2"])
+        ax.bar_label(bars, labels=[_label(v) for v in values], fontsize=8, padding=2)
+        ax.set_title(name.upper(), fontsize=9)
+        ax.set_ylabel("ms")
+        ax.margins(y=0.15)
     title = (
-        f"serving: {metrics.completed} ok, {metrics.request_throughput:.2f} req/s, "
-        f"{metrics.output_throughput:.1f} out tok/s"
+        f"serving: {metrics.completed} ok, {metrics.failed} failed, "
+        f"{metrics.request_throughput:.2f} req/s, {metrics.output_throughput:.1f} out tok/s, "
+        f"peak concurrency {metrics.peak_concurrency}"
     )
-    return plot_grouped_bars(path, [n.upper() for n in names], series, title, "ms", subtitle)
+    sub = "\n".join(textwrap.fill(line, 120) for line in subtitle.splitlines())
+    fig.suptitle(title + (f"\n{sub}" if sub else ""), fontsize=9)
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return p

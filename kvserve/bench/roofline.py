@@ -72,7 +72,7 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def _median_time(fn: Callable[[], object], repeats: int, min_time: float = 0.02) -> float:
+def _median_time(fn: Callable[[], object], repeats: int, min_time: float = 0.05) -> float:
     """Median seconds per call; each sample loops until ``min_time`` has passed."""
     fn()  # warm-up
     samples = []

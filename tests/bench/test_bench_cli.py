@@ -1,0 +1,164 @@
+"""The bench CLI, compare (with a stand-in engine), report/plots and the vLLM runner
+(against a fake ``vllm`` package)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvserve.bench import report
+from kvserve.bench.bench_args import engine_args_from, workload_from_args
+from kvserve.bench.cli import add_bench_parser, main
+from kvserve.bench.compare import compare_rows, parse_against, run_compare
+from kvserve.bench.roofline import RooflineResult
+from kvserve.bench.throughput import ThroughputResult, count_output_tokens
+from kvserve.bench.workloads import BenchRequest
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvserve")
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_engine_args_only_given() -> None:
+    args = _parse(["bench", "throughput", "--max-num-seqs", "8", "--kv-manager", "buddy",
+                   "--kv-cache-memory", "1GiB", "--engine-arg", "enable_prefix_caching=true",
+                   "--engine-arg", "swap-space=2.5"])
+    assert engine_args_from(args) == {"max_num_seqs": 8, "kv_manager": "buddy",
+                                      "kv_cache_memory": "1GiB", "enable_prefix_caching": True,
+                                      "swap_space": 2.5}
+    assert engine_args_from(_parse(["bench", "compare"])) == {}
+    assert callable(args.func)
+    for cmd in ("make-model", "roofline", "serve", "compare"):
+        extra = ["custom", "--out", "x"] if cmd == "make-model" else []
+        assert callable(_parse(["bench", cmd, *extra]).func)
+
+
+def test_workload_from_args(tiny_model_dir: Path) -> None:
+    args = _parse(["bench", "throughput", "--num-prompts", "3", "--input-len", "5"])
+    wl = workload_from_args(args, tiny_model_dir)
+    assert wl.name == "random" and len(wl) == 3 and wl.requests[0].prompt_len == 5
+    assert all(2 <= t < 62 for r in wl.requests for t in r.prompt_token_ids)
+    args = _parse(["bench", "serve", "--vocab-size", "50", "--num-prompts", "2"])
+    assert workload_from_args(args, None).name == "mixed"
+    with pytest.raises(SystemExit):
+        workload_from_args(_parse(["bench", "serve", "--workload", "mixed", "--input-len", "3"]),
+                           tiny_model_dir)
+
+
+def test_make_model_cli(tmp_path: Path, tiny_tokenizer_dir: Path) -> None:
+    out = tmp_path / "m"
+    rc = main(["bench", "make-model", "custom", "--out", str(out), "--hidden-size", "16",
+               "--num-layers", "1", "--num-heads", "2", "--num-kv-heads", "1",
+               "--intermediate-size", "32", "--vocab-size", "64",
+               "--tokenizer-dir", str(tiny_tokenizer_dir)])
+    assert rc == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["hidden_size"] == 16 and cfg["vocab_size"] == 64 and cfg["eos_token_id"] == 0
+    with pytest.raises(SystemExit):
+        main(["bench", "make-model", "custom", "--out", str(out)])
+
+
+def test_compare_rows_and_against() -> None:
+    kv = ThroughputResult(2.0, 4, 100, 40, 40)
+    hf = ThroughputResult(8.0, 4, 100, 40, 60)
+    rows = compare_rows([("kvserve", kv), ("hf", hf)], "hf", flops=1e10, peak_gflops=100)
+    assert rows[0]["vs_hf_static"] == pytest.approx(4.0) and rows[1]["vs_hf_static"] == 1.0
+    assert rows[0]["useful_tok_s"] == 20 and rows[0]["total_tok_s"] == 70
+    assert rows[0]["roofline_share"] == pytest.approx(0.05)
+    assert compare_rows([("kvserve", kv)], None, 1.0, 0.0)[0]["roofline_share"] is None
+    assert parse_against("hf, vllm-cpu") == ["hf", "vllm-cpu"]
+    with pytest.raises(ValueError):
+        parse_against("hf,llama")
+
+
+class _FakeLLM:
+    """Stands in for kvserve.LLM: returns max_tokens zeros per prompt."""
+
+    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool = False) -> list[Any]:
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[0] * (p.max_tokens + 1))])
+                for p in params]
+
+
+def test_run_compare_with_stub_engine(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvserve.bench import throughput
+
+    monkeypatch.setattr(throughput, "load_llm", lambda model_dir, engine_args: (_FakeLLM(), 0.1))
+    monkeypatch.setattr(throughput, "_sampling_params", lambda n: SimpleNamespace(max_tokens=n))
+    reqs = [BenchRequest([3, 4, 5], 2), BenchRequest([6, 7], 3)]
+    roof = RooflineResult(2, {"x": 50.0}, 30.0, 15.0)
+    out = run_compare(tiny_model_dir, reqs, ["hf", "vllm-cpu"], {}, hf_batch_size=2,
+                      hf_sweep=[1, 2], hf_threads=None, roofline=roof, log=lambda s: None)
+    names = [r["name"] for r in out["rows"]]
+    assert names[0] == "kvserve" and names[1] == "hf-static-2" and names[2].startswith("hf-best-")
+    assert out["results"]["kvserve"]["useful_output_tokens"] == 5  # capped at max_tokens
+    assert out["results"]["kvserve"]["generated_tokens"] == 7
+    assert out["rows"][1]["vs_hf_static"] == 1.0
+    assert out["notes"] == ["vllm-cpu skipped: no --vllm-python given"]
+    assert out["gemm_bound_s"] > 0 and out["roofline"]["peak_gflops"] == 50.0
+    assert count_output_tokens(reqs, _FakeLLM().generate([], [SimpleNamespace(max_tokens=2)] * 2)) == (2 + 3, 6)
+
+
+def test_report_and_plot(tmp_path: Path) -> None:
+    table = report.format_table(["a", "bb"], [(1, 2.5), ("x", math.inf)])
+    assert table.splitlines()[0].split() == ["a", "bb"] and "inf" in table
+    p = report.write_json(tmp_path / "r" / "out.json", {"x": math.inf, "p": tmp_path,
+                                                        "r": ThroughputResult(1.0, 1, 2, 3, 3)})
+    data = json.loads(p.read_text())
+    assert data["x"] == "inf" and data["r"]["useful_tok_s"] == 3.0
+    info = report.machine_info()
+    assert info["logical_cores"] and "torch" in report.machine_line(info)
+    from kvserve.bench.plots import plot_compare
+
+    from kvserve.bench.plots import plot_roofline, plot_serve
+    from kvserve.bench.serve_metrics import RequestRecord, compute_serve_metrics
+
+    rows = [{"name": "a", "useful_tok_s": 1, "total_tok_s": 2, "vs_hf_static": 1.5}]
+    metrics = compute_serve_metrics([RequestRecord(0.0, 0.4, [0.1, 0.4], 3, 2, True)])
+    pngs = [
+        plot_compare(tmp_path / "c.png", rows, "t", "machine"),
+        plot_roofline(tmp_path / "r.png", RooflineResult(2, {"1x8x8": 3.0}, 30.0, 15.0)),
+        plot_serve(tmp_path / "s.png", metrics),
+    ]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+FAKE_VLLM = '''
+from types import SimpleNamespace
+class SamplingParams:
+    def __init__(self, temperature, max_tokens, ignore_eos):
+        assert ignore_eos and temperature == 0.0
+        self.max_tokens = max_tokens
+class LLM:
+    def __init__(self, model, dtype, seed, **kw):
+        assert dtype == "float32"
+    def generate(self, prompts, params, use_tqdm=False):
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1] * p.max_tokens)]) for p in params]
+'''
+
+
+def test_vllm_runner_with_fake_vllm(tmp_path: Path, tiny_model_dir: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvserve.bench import vllm_runner
+
+    pkg = tmp_path / "fake" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_VLLM)
+    (pkg / "inputs.py").write_text("def TokensPrompt(prompt_token_ids):\n"
+                                   "    return {'prompt_token_ids': prompt_token_ids}\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    assert vllm_runner.vllm_importable(sys.executable)
+    reqs = [BenchRequest([3, 4, 5], 2), BenchRequest([6, 7], 3)]
+    res = vllm_runner.run_vllm_throughput(sys.executable, tiny_model_dir, reqs, kv_cache_gib=1)
+    assert res.useful_output_tokens == 5 and res.generated_tokens == 5 and res.wall_s >= 0
+    assert res.engine_args["kv_cache_gib"] == 1
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert not vllm_runner.vllm_importable(sys.executable)
