@@ -18,6 +18,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_MANAGER_NAMES = ("paged", "buddy", "contiguous")
 BATCHING_NAMES = ("continuous", "length-bucket", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 def parse_size(value: int | float | str) -> int:
@@ -80,6 +81,18 @@ class EngineArgs:
         "buddy kv_manager: share of the KV blocks pre-allocated as the buddy memory pool"))
     enable_prefix_caching: bool = field(default=True, metadata=_help(
         "reuse the KV of full blocks shared with earlier prompts (paged kv_manager)"))
+    preemption_mode: str = field(default="recompute", metadata=_help(
+        "what preemption does with a victim's KV: recompute it later, or swap it to host "
+        "memory and back (paged kv_manager)", choices=PREEMPTION_MODES))
+    swap_space: float = field(default=4.0, metadata=_help(
+        "GiB of host memory for swapped-out KV blocks (preemption_mode swap)"))
+    kv_offload_dir: str | None = field(default=None, metadata=_help(
+        "directory of a file that keeps prefix-cache blocks evicted from memory (disk tier)"))
+    kv_offload_size: int | str = field(default="4GiB", metadata=_help(
+        "size of the disk tier file, bytes or e.g. '8GiB'"))
+    warmup_prompts: str | None = field(default=None, metadata=_help(
+        "file of prompts (one per line, or JSONL with 'prompt') whose KV is computed at "
+        "start and pinned in the prefix cache"))
     num_threads: int | None = field(default=None, metadata=_help(
         "torch threads (default: physical cores)"))
 
@@ -102,6 +115,16 @@ class EngineArgs:
         if self.scheduling_policy == "priority" and self.batching != "continuous":
             raise ValueError("scheduling_policy 'priority' applies to continuous batching; "
                              f"batching is {self.batching!r}")
+        _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _number("swap_space", self.swap_space, low=0.0)
+        parse_size(self.kv_offload_size)
+        tiered = self.preemption_mode == "swap" or self.kv_offload_dir or self.warmup_prompts
+        if tiered and self.kv_manager != "paged":
+            raise ValueError("preemption_mode swap, kv_offload_dir and warmup_prompts need "
+                             f"kv_manager 'paged', got {self.kv_manager!r}")
+        if (self.kv_offload_dir or self.warmup_prompts) and not self.enable_prefix_caching:
+            raise ValueError("kv_offload_dir and warmup_prompts work through the prefix cache: "
+                             "enable_prefix_caching must be on")
         _positive_int("max_batch_size", self.max_batch_size)
         _number("bucket_window_s", self.bucket_window_s, low=0.0)
         _number("memory_pool_ratio", self.memory_pool_ratio, low=0.0, high=1.0,
@@ -140,8 +163,8 @@ class EngineArgs:
 
 
 def _cli_type(f: dataclasses.Field):
-    if f.name == "kv_cache_memory":
-        return str
+    if f.name in ("kv_cache_memory", "kv_offload_size"):
+        return str  # sizes with units
     annotation = str(f.type)
     if annotation.startswith("int"):
         return int

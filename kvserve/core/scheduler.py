@@ -35,6 +35,7 @@ class Scheduler:
         self.max_num_seqs = args.max_num_seqs
         self.max_num_batched_tokens = args.max_num_batched_tokens
         self.priority_first = args.scheduling_policy == "priority"
+        self.swap_mode = args.preemption_mode == "swap"
         self.kv = kv
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -43,6 +44,7 @@ class Scheduler:
         self.batching = create_batching_policy(args)
         self.num_preemptions = 0
         self.peak_running = 0                       # most requests running in one step
+        self.num_steps = 0                          # steps that scheduled something
         self.last_kv_stats: KVStats = kv.stats()    # taken as each non-empty step is scheduled
 
     # -- requests in and out ---------------------------------------------------------
@@ -137,21 +139,28 @@ class Scheduler:
             self._record_step()
         finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(scheduled=scheduled, preempted=preempted,
-                               block_copies=self.kv.take_block_copies(), finished_ids=finished)
+                               block_copies=self.kv.take_block_copies(),
+                               kv_transfers=self.kv.take_transfers(), finished_ids=finished)
 
     def _try_admit(self, req: Request, budget: int, now: float,
                    scheduled: list[ScheduledRequest]) -> int:
         """Admit a waiting request if max_num_seqs and the KV allow; returns the tokens
         scheduled for it (0: not admitted, nothing changed)."""
-        if req.num_computed_tokens == 0:  # new or preempted: reuse cached prefix blocks
-            req.num_computed_tokens = self.kv.get_computed_tokens(req)
-            if req.num_preemptions == 0:
-                req.num_cached_tokens = req.num_computed_tokens
-        num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-        if len(self.running) >= self.max_num_seqs or not self.kv.allocate_slots(req, num_new):
-            self.kv.free(req)  # drop the prefix hits it took; retried next step
-            req.num_computed_tokens = 0
-            return 0
+        if self.kv.is_swapped(req):  # its KV comes back from swap space
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if len(self.running) >= self.max_num_seqs or not self.kv.swap_in(req, num_new):
+                return 0
+        else:
+            if req.num_computed_tokens == 0:  # new or preempted: reuse cached prefix blocks
+                req.num_computed_tokens = self.kv.get_computed_tokens(req)
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = req.num_computed_tokens
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if (len(self.running) >= self.max_num_seqs
+                    or not self.kv.allocate_slots(req, num_new)):
+                self.kv.free(req)  # drop the prefix hits it took; retried next step
+                req.num_computed_tokens = 0
+                return 0
         self.waiting.remove(req)
         req.status = RequestStatus.RUNNING
         req.first_scheduled_time = req.first_scheduled_time or now
@@ -183,6 +192,7 @@ class Scheduler:
         return n, budget
 
     def _record_step(self) -> None:
+        self.num_steps += 1
         self.peak_running = max(self.peak_running, len(self.running))
         self.last_kv_stats = stats = self.kv.stats()
         if logger.isEnabledFor(logging.DEBUG):
@@ -209,9 +219,11 @@ class Scheduler:
                                               r.arrival_time))
 
     def _preempt(self, req: Request) -> None:
+        """Swap the victim's KV out when configured and there is room, else drop it."""
         self.running.remove(req)
-        self.kv.free(req)
-        req.num_computed_tokens = 0
+        if not (self.swap_mode and self.kv.swap_out(req)):
+            self.kv.free(req)
+            req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from kvserve.core.kv.tiers import KVTransfer
 from kvserve.sampling_params import SamplingParams
 
 
@@ -35,6 +36,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     preempted: list[str] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # done before the step
+    kv_transfers: list[KVTransfer] = field(default_factory=list)  # swap / disk, before copies
     finished_ids: list[str] = field(default_factory=list)  # runner may drop their state
 
     @property
@@ -43,4 +45,4 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.block_copies
+        return not self.scheduled and not self.block_copies and not self.kv_transfers

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -34,6 +35,22 @@ PromptType = str | list[int] | dict
 _DEFAULT_KV_SHARE = 0.4  # of available RAM: the rest is headroom for weights and activations
 
 
+def read_prompt_file(path: str) -> list[str | dict]:
+    """Prompts, one per line: plain text, or JSON objects with 'prompt' or
+    'prompt_token_ids' (JSONL). Blank lines are skipped."""
+    prompts: list[str | dict] = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            prompts.append(json.loads(line))
+        else:
+            prompts.append(line.replace("\\n", "\n"))
+    if not prompts:
+        raise ValueError(f"warm-up prompt file {path} holds no prompt")
+    return prompts
+
+
 def resolve_model_dir(model: str | None) -> Path:
     if model is None:
         from kvserve.models import default_model_dir
@@ -57,16 +74,23 @@ class LLMEngine:
         start = time.perf_counter()
         model = load_model(self.model_dir, self.model_config, self.dtype)
         self.num_kv_blocks = self._num_kv_blocks()
-        self.kv = create_kv_manager(args, self.num_kv_blocks)
+        swap_slots, disk_slots = self._tier_slots()
+        self.kv = create_kv_manager(args, self.num_kv_blocks, swap_slots=swap_slots,
+                                    disk_slots=disk_slots)
         self.scheduler = Scheduler(args, self.kv)
+        disk_path = (Path(args.kv_offload_dir) / f"kvserve-kv-{os.getpid()}.bin"
+                     if disk_slots else None)
         self.runner = ModelRunner(model, self.model_config, self.num_kv_blocks,
-                                  args.block_size, self.dtype, args.seed)
+                                  args.block_size, self.dtype, args.seed, swap_slots,
+                                  disk_slots, disk_path)
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_id, self.extra_stop_ids = self._eos_ids()
         self._ids = itertools.count()
         logger.info("loaded %s (%s, %s, %d threads) in %.1fs; max_model_len %d",
                     self.model_dir, self.model_config.architecture, self.dtype,
                     torch.get_num_threads(), time.perf_counter() - start, self.max_model_len)
+        if args.warmup_prompts:
+            self.warm_up(args.warmup_prompts)
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -99,6 +123,33 @@ class LLMEngine:
         logger.info("KV cache: %d blocks x %d tokens = %.1f MiB (%s)", num, args.block_size,
                     num * per_block / 2**20, source)
         return num
+
+    def _tier_slots(self) -> tuple[int, int]:
+        args = self.args
+        per_block = kv_bytes_per_block(self.model_config, args.block_size, self.dtype)
+        swap = int(args.swap_space * 2**30) // per_block if args.preemption_mode == "swap" else 0
+        disk = parse_size(args.kv_offload_size) // per_block if args.kv_offload_dir else 0
+        if args.preemption_mode == "swap" and swap < 1:
+            raise ValueError(f"swap_space {args.swap_space} GiB holds no KV block "
+                             f"({per_block} bytes); raise it or use preemption_mode recompute")
+        if args.kv_offload_dir and disk < 1:
+            raise ValueError(f"kv_offload_size {args.kv_offload_size} holds no KV block "
+                             f"({per_block} bytes)")
+        for name, slots in (("swap space", swap), ("disk tier", disk)):
+            if slots:
+                logger.info("%s: %d blocks (%.1f MiB)", name, slots, slots * per_block / 2**20)
+        return swap, disk
+
+    def warm_up(self, path: str) -> None:
+        """Compute the KV of each prompt in ``path`` and pin it in the prefix cache."""
+        prompts = read_prompt_file(path)
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        ids = [self.add_request(f"warmup-{i}", p, params) for i, p in enumerate(prompts)]
+        while self.has_unfinished_requests():
+            self.step()
+        pinned = sum(self.kv.pin_prefix(self.tokenize_prompt(p)[1]) for p in prompts)
+        logger.info("warm-up: %d prompts, %d tokens of KV pinned in the prefix cache",
+                    len(ids), pinned)
 
     def _eos_ids(self) -> tuple[int | None, list[int]]:
         ids = list(self.model_config.eos_token_ids)

@@ -1,12 +1,15 @@
 """The model runner: owns the weights, the KV pool tensors and the sampler."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.model.attention import KVCache
 from kvserve.model.config import ModelConfig
 from kvserve.worker.input_batch import build_inputs
+from kvserve.worker.kv_tiers import BlockStore, TierMover
 from kvserve.worker.sampler import Sampler, SampleResult
 
 
@@ -17,7 +20,8 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
-                 block_size: int, kv_dtype: torch.dtype, seed: int) -> None:
+                 block_size: int, kv_dtype: torch.dtype, seed: int, swap_slots: int = 0,
+                 disk_slots: int = 0, disk_path: Path | None = None) -> None:
         self.model = model
         self.config = model_config
         self.block_size = block_size
@@ -25,11 +29,20 @@ class ModelRunner:
                                model_config.head_dim, kv_dtype)
                        for _ in range(model_config.num_layers)]
         self.sampler = Sampler(seed)
+        self.swap = BlockStore(swap_slots, self.caches) if swap_slots else None
+        self.disk = BlockStore(disk_slots, self.caches, disk_path) if disk_slots else None
+        self.mover = TierMover(self.caches, self.swap, self.disk)
+
+    def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, SampleResult]:
         """Run one step; returns the sampled token of every request that samples."""
         self.sampler.drop(out.finished_ids)
+        if out.kv_transfers:
+            self.mover.run(out.kv_transfers)
         if out.block_copies:
             src = torch.tensor([s for s, _ in out.block_copies])
             dst = torch.tensor([d for _, d in out.block_copies])

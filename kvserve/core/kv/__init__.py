@@ -5,8 +5,8 @@
   pre-allocated pool (xLLM memory pool).
 - ``contiguous``: prompt + max_tokens reserved up front per request (HF static baseline).
 
-A manager class may define ``from_args(args, num_blocks)`` to read its options from
-:class:`~kvserve.config.EngineArgs`; otherwise it is built as ``cls(num_blocks,
+A manager class may override ``from_args(args, num_blocks)`` to read its options from
+:class:`~kvserve.config.EngineArgs`; by default it is built as ``cls(num_blocks,
 block_size)``.
 """
 from __future__ import annotations
@@ -28,17 +28,18 @@ KV_MANAGERS: dict[str, type[KVCacheManager]] = {
 }
 
 
-def create_kv_manager(args: EngineArgs, num_blocks: int) -> KVCacheManager:
-    """The manager ``args.kv_manager`` names, over ``num_blocks`` blocks."""
+def create_kv_manager(args: EngineArgs, num_blocks: int, **tier_slots: int) -> KVCacheManager:
+    """The manager ``args.kv_manager`` names, over ``num_blocks`` blocks.
+
+    ``tier_slots`` (swap_slots, disk_slots) size the slower tiers; only paged has them.
+    """
     try:
         cls = KV_MANAGERS[args.kv_manager]
     except KeyError:
         raise ValueError(f"kv_manager must be one of {sorted(KV_MANAGERS)}, "
                          f"got {args.kv_manager!r}") from None
-    from_args = getattr(cls, "from_args", None)
-    if from_args is not None:
-        return from_args(args, num_blocks)
-    return cls(num_blocks, args.block_size)
+    tiers = {k: v for k, v in tier_slots.items() if v}
+    return cls.from_args(args, num_blocks, **tiers)
 
 
 __all__ = ["KVCacheManager", "KVStats", "create_kv_manager", "KV_MANAGERS",

@@ -28,7 +28,7 @@ from kvserve.request import Request
 
 def order_for(num_blocks: int) -> int:
     """The smallest k with 2^k >= num_blocks (0 for 0 or 1)."""
-    return max(0, (num_blocks - 1).bit_length())
+    return max(0, num_blocks - 1).bit_length()
 
 
 class BuddyAllocator:

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from kvserve.config import EngineArgs
+from kvserve.core.kv.tiers import KVTransfer
 from kvserve.request import Request
 
 
@@ -109,6 +110,22 @@ class KVCacheManager(ABC):
     @abstractmethod
     def stats(self) -> KVStats:
         """Current usage, utilisation and fragmentation."""
+
+    def swap_out(self, req: Request) -> bool:
+        """Move a preempted request's KV to swap space; False: not supported or no room."""
+        return False
+
+    def is_swapped(self, req: Request) -> bool:
+        return False
+
+    def swap_in(self, req: Request, num_new_tokens: int) -> bool:
+        """Bring a swapped request's KV back with room for ``num_new_tokens`` more;
+        False, changing nothing, when there is no room yet."""
+        return False
+
+    def take_transfers(self) -> list[KVTransfer]:
+        """Moves between the pool and slower tiers (swap, disk) for this step."""
+        return []
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         """(src, dst) block copies the runner must do before the next step."""

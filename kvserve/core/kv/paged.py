@@ -1,10 +1,17 @@
-"""vLLM's PagedAttention memory: any free block serves any request, shared by prefix."""
+"""vLLM's PagedAttention memory: any free block serves any request, shared by prefix.
+
+Below the pool sit two optional tiers: swap space (a preempted request's blocks are
+copied out and back in instead of recomputed) and a disk tier (prefix-cache blocks
+evicted from the pool are written to a file and read back on a later hit).
+"""
 from __future__ import annotations
 
 from kvserve.config import EngineArgs
 from kvserve.core.kv.block_pool import BlockPool
 from kvserve.core.kv.interface import KVCacheManager, KVStats
 from kvserve.core.kv.prefix_cache import PrefixCache, chain_hashes
+from kvserve.core.kv.tiers import (OFFLOAD, ONLOAD, SWAP_IN, SWAP_OUT, DiskTier, KVTransfer,
+                                   SwapSpace)
 from kvserve.request import Request
 
 
@@ -19,19 +26,31 @@ class PagedKVCacheManager(KVCacheManager):
     attention of that step reads them, so a hit in the same step reads valid KV.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
-                 ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 swap_slots: int = 0, disk_slots: int = 0) -> None:
         super().__init__(num_blocks, block_size)
         self.pool = BlockPool(num_blocks)
         self.cache = PrefixCache() if enable_prefix_caching else None
+        self.swap = SwapSpace(swap_slots) if swap_slots else None
+        self.disk = DiskTier(disk_slots) if disk_slots and self.cache is not None else None
         self._tables: dict[str, list[int]] = {}
         self._tokens: dict[str, int] = {}
         self._hashes: dict[str, list[int]] = {}  # hashes of each request's full blocks
         self._registered: dict[str, int] = {}  # how many of its blocks are in the cache
+        self._swapped: dict[str, list[int]] = {}  # request -> swap slots, in block order
+        self._transfers: list[KVTransfer] = []
+        self._slots_released: list[int] = []  # swap slots read by this step's copies
+        self._released_last_step: list[int] = []  # ... and by the previous step's: free now
+        self._pinned: list[int] = []
+        self.moved = {SWAP_OUT: 0, SWAP_IN: 0, OFFLOAD: 0, ONLOAD: 0}  # blocks, cumulative
 
     @classmethod
-    def from_args(cls, args: EngineArgs, num_blocks: int) -> PagedKVCacheManager:
-        return cls(num_blocks, args.block_size, args.enable_prefix_caching)
+    def from_args(cls, args: EngineArgs, num_blocks: int, swap_slots: int = 0,
+                  disk_slots: int = 0) -> PagedKVCacheManager:
+        return cls(num_blocks, args.block_size, args.enable_prefix_caching, swap_slots,
+                   disk_slots)
+
+    # -- prefix cache ------------------------------------------------------------------
 
     def reset_prefix_cache(self) -> None:
         if self.cache is not None:
@@ -50,11 +69,13 @@ class PagedKVCacheManager(KVCacheManager):
         hit_blocks = []
         for h in hashes:
             block = self.cache.lookup(h)
-            if block is None:
-                break
+            if block is not None:
+                self.pool.incref(block)
+            else:
+                block = self._onload(h)
+                if block is None:
+                    break
             hit_blocks.append(block)
-        for block in hit_blocks:
-            self.pool.incref(block)
         self._tables[req.request_id] = hit_blocks
         self._registered[req.request_id] = len(hit_blocks)
         computed = len(hit_blocks) * self.block_size
@@ -64,6 +85,49 @@ class PagedKVCacheManager(KVCacheManager):
             self.cache.hits += computed
         return computed
 
+    def _onload(self, block_hash: int) -> int | None:
+        """Bring a block back from disk into a fresh pool block (refcount 1)."""
+        if self.disk is None or self.pool.num_free == 0:
+            return None
+        slot = self.disk.lookup(block_hash)
+        if slot is None:
+            return None
+        block = self._take_blocks(1)[0]
+        self._transfers.append(KVTransfer(ONLOAD, block, slot))
+        self.moved[ONLOAD] += 1
+        self.cache.register(block_hash, block)
+        return block
+
+    def pin_prefix(self, token_ids: list[int]) -> int:
+        """Hold the cached full blocks of ``token_ids`` forever (KV warm-up); returns tokens."""
+        if self.cache is None:
+            return 0
+        full = len(token_ids) // self.block_size
+        pinned = 0
+        for h in chain_hashes(token_ids, self.block_size, full, []):
+            block = self.cache.lookup(h)
+            if block is None:
+                break
+            self.pool.incref(block)
+            self._pinned.append(block)
+            pinned += self.block_size
+        return pinned
+
+    # -- allocation --------------------------------------------------------------------
+
+    def _take_blocks(self, n: int) -> list[int]:
+        blocks = self.pool.allocate(n)
+        if self.cache is not None:
+            for block in blocks:
+                block_hash = self.cache.hash_of(block)
+                if block_hash is not None and self.disk is not None:
+                    slot = self.disk.store(block_hash)
+                    if slot >= 0:
+                        self._transfers.append(KVTransfer(OFFLOAD, block, slot))
+                        self.moved[OFFLOAD] += 1
+                self.cache.evict(block)
+        return blocks
+
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         rid = req.request_id
         table = self._tables.get(rid, [])
@@ -72,11 +136,7 @@ class PagedKVCacheManager(KVCacheManager):
         if need > self.pool.num_free:
             return False
         if need > 0:
-            new = self.pool.allocate(need)
-            if self.cache is not None:
-                for block in new:
-                    self.cache.evict(block)
-            table = table + new
+            table = table + self._take_blocks(need)
         self._tables[rid] = table
         self._tokens[rid] = total
         if self.cache is not None:
@@ -105,6 +165,55 @@ class PagedKVCacheManager(KVCacheManager):
         self._tokens.pop(req.request_id, None)
         self._hashes.pop(req.request_id, None)
         self._registered.pop(req.request_id, None)
+        slots = self._swapped.pop(req.request_id, None)
+        if slots:
+            self._slots_released.extend(slots)
+
+    # -- swap --------------------------------------------------------------------------
+
+    def swap_out(self, req: Request) -> bool:
+        """Copy a preempted request's blocks to swap space and free them; False if no room."""
+        table = self._tables.get(req.request_id, [])
+        slots = self.swap.allocate(len(table)) if self.swap is not None and table else None
+        if slots is None:
+            return False
+        self._transfers += [KVTransfer(SWAP_OUT, b, s) for b, s in zip(table, slots)]
+        self.moved[SWAP_OUT] += len(slots)
+        self.free(req)
+        self._swapped[req.request_id] = slots
+        return True
+
+    def is_swapped(self, req: Request) -> bool:
+        return req.request_id in self._swapped
+
+    def swap_in(self, req: Request, num_new_tokens: int) -> bool:
+        """Bring a swapped-out request's blocks back into the pool, with room for
+        ``num_new_tokens`` more; False, changing nothing, if the pool lacks room."""
+        slots = self._swapped.get(req.request_id)
+        total = req.num_computed_tokens + num_new_tokens
+        if slots is None or self.blocks_for(total) > self.pool.num_free:
+            return False
+        del self._swapped[req.request_id]
+        blocks = self._take_blocks(self.blocks_for(total))
+        self._transfers += [KVTransfer(SWAP_IN, b, s) for b, s in zip(blocks, slots)]
+        self.moved[SWAP_IN] += len(slots)
+        self._slots_released.extend(slots)
+        self._tables[req.request_id] = blocks
+        self._tokens[req.request_id] = total
+        self._registered[req.request_id] = 0
+        if self.cache is not None:
+            self._register_full_blocks(req, total)
+        return True
+
+    def take_transfers(self) -> list[KVTransfer]:
+        """This step's moves between tiers; swap slots read by the previous step are free."""
+        if self.swap is not None:
+            self.swap.release(self._released_last_step)
+        self._released_last_step, self._slots_released = self._slots_released, []
+        transfers, self._transfers = self._transfers, []
+        return transfers
+
+    # -- views -------------------------------------------------------------------------
 
     def block_table(self, req: Request) -> list[int]:
         return self._tables.get(req.request_id, [])

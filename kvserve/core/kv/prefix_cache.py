@@ -49,5 +49,5 @@ class PrefixCache:
         if h is not None:
             del self._block_of[h]
 
-    def is_cached(self, block: int) -> bool:
-        return block in self._hash_of
+    def hash_of(self, block: int) -> int | None:
+        return self._hash_of.get(block)
