@@ -19,6 +19,7 @@ KV_MANAGER_NAMES = ("paged", "buddy", "contiguous")
 BATCHING_NAMES = ("continuous", "length-bucket", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap")
+ATTENTION_BACKENDS = ("auto", "torch")
 
 
 def parse_size(value: int | float | str) -> int:
@@ -93,6 +94,9 @@ class EngineArgs:
     warmup_prompts: str | None = field(default=None, metadata=_help(
         "file of prompts (one per line, or JSONL with 'prompt') whose KV is computed at "
         "start and pinned in the prefix cache"))
+    attention_backend: str = field(default="auto", metadata=_help(
+        "decode attention: auto (the native kernel when it builds and the KV is float32) "
+        "or torch (gather + SDPA)", choices=ATTENTION_BACKENDS))
     num_threads: int | None = field(default=None, metadata=_help(
         "torch threads (default: physical cores)"))
 
@@ -116,6 +120,7 @@ class EngineArgs:
             raise ValueError("scheduling_policy 'priority' applies to continuous batching; "
                              f"batching is {self.batching!r}")
         _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _number("swap_space", self.swap_space, low=0.0)
         parse_size(self.kv_offload_size)
         tiered = self.preemption_mode == "swap" or self.kv_offload_dir or self.warmup_prompts

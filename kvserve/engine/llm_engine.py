@@ -82,7 +82,7 @@ class LLMEngine:
                      if disk_slots else None)
         self.runner = ModelRunner(model, self.model_config, self.num_kv_blocks,
                                   args.block_size, self.dtype, args.seed, swap_slots,
-                                  disk_slots, disk_path)
+                                  disk_slots, disk_path, args.attention_backend == "auto")
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_id, self.extra_stop_ids = self._eos_ids()
         self._ids = itertools.count()

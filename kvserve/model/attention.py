@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvserve.kernels import Kernels
+
 
 @dataclass
 class AttentionMetadata:
@@ -36,6 +38,9 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None
     prefill_mask: torch.Tensor | None
     prefill_from_cache: bool
+    decode_seq_lens: torch.Tensor | None = None  # [D] keys per decode (native kernel)
+    native: Kernels | None = None  # native decode kernel, when built and the dtype fits
+    sliding_window: int = 0
 
 
 class KVCache:
@@ -74,7 +79,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     out = torch.empty_like(q)
     gqa = q.shape[1] != k.shape[1]
     nd = meta.num_decodes
-    if nd:
+    if nd and meta.native is not None:
+        meta.native.paged_decode_attention(q[:nd], cache.k, cache.v, meta.decode_block_tables,
+                                           meta.decode_seq_lens, out[:nd], scale,
+                                           meta.sliding_window)
+    elif nd:
         kd, vd = cache.gather(meta.decode_block_tables, q.dtype)
         qd = q[:nd].unsqueeze(2)  # [D, H, 1, d]
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,

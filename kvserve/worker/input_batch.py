@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from kvserve.core.scheduler_output import ScheduledRequest
+from kvserve.kernels import Kernels
 from kvserve.model.attention import AttentionMetadata
 
 
@@ -34,7 +35,8 @@ def _window_ok(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | Non
 
 
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
-                 sliding_window: int | None) -> StepInputs:
+                 sliding_window: int | None, native: Kernels | None = None) -> StepInputs:
+    """``native``: decode attention by the native kernel (no gathered copy, no mask)."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     prefills = [s for s in scheduled if len(s.token_ids) > 1]
     order = decodes + prefills
@@ -54,7 +56,12 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
         slot_mapping=torch.from_numpy(slots), num_decodes=nd, decode_block_tables=None,
         decode_mask=None, num_prefills=len(prefills), prefill_gather=None, prefill_valid=None,
         prefill_block_tables=None, prefill_mask=None, prefill_from_cache=False)
-    if nd:
+    if nd and native is not None:
+        width = int(starts[:nd].max()) // block_size + 1
+        meta.decode_block_tables = torch.from_numpy(np.ascontiguousarray(tables[:nd, :width]))
+        meta.decode_seq_lens = torch.from_numpy(starts[:nd] + 1)
+        meta.native, meta.sliding_window = native, sliding_window or 0
+    elif nd:
         _decode_meta(meta, tables[:nd], starts[:nd], block_size, sliding_window)
     if prefills:
         _prefill_meta(meta, tables[nd:], starts[nd:], q_lens[nd:], block_size, sliding_window)

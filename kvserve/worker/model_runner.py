@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from kvserve.core.scheduler_output import SchedulerOutput
+from kvserve.kernels import load_kernels
 from kvserve.model.attention import KVCache
 from kvserve.model.config import ModelConfig
 from kvserve.worker.input_batch import build_inputs
@@ -21,7 +22,8 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
                  block_size: int, kv_dtype: torch.dtype, seed: int, swap_slots: int = 0,
-                 disk_slots: int = 0, disk_path: Path | None = None) -> None:
+                 disk_slots: int = 0, disk_path: Path | None = None,
+                 native_kernels: bool = True) -> None:
         self.model = model
         self.config = model_config
         self.block_size = block_size
@@ -32,6 +34,10 @@ class ModelRunner:
         self.swap = BlockStore(swap_slots, self.caches) if swap_slots else None
         self.disk = BlockStore(disk_slots, self.caches, disk_path) if disk_slots else None
         self.mover = TierMover(self.caches, self.swap, self.disk)
+        self.native = None
+        if native_kernels and kv_dtype == torch.float32:
+            kernels = load_kernels()
+            self.native = kernels if kernels.available else None
 
     def close(self) -> None:
         if self.disk is not None:
@@ -50,7 +56,8 @@ class ModelRunner:
                 cache.copy_blocks(src, dst)
         if not out.scheduled:
             return {}
-        inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window)
+        inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
+                              self.native)
         hidden = self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta)
         if not inputs.sample_order:
             return {}

@@ -43,7 +43,8 @@ def test_parity_default_settings(arch, model_dirs, oracle):
     {"max_num_batched_tokens": 8, "block_size": 4},  # every prompt of length > 8 is chunked
     {"num_kv_blocks": 14, "block_size": 8},          # forces preemption by recompute
     {"max_num_seqs": 2},
-], ids=["block4", "chunked", "preempt", "two-seqs"])
+    {"attention_backend": "torch", "block_size": 8},
+], ids=["block4", "chunked", "preempt", "two-seqs", "torch-attention"])
 def test_parity_engine_settings(arch, engine_args, model_dirs, oracle):
     llm_args = dict(engine_args)
     got = _kvserve_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), **llm_args)

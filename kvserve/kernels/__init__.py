@@ -1,0 +1,83 @@
+"""Small native kernels, compiled with the system C compiler on first use.
+
+Plain C through ctypes (no torch headers): a build takes about a second and is
+cached by source hash. Without a compiler kvserve falls back to its torch paths.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from kvserve.logger import init_logger
+
+logger = init_logger(__name__)
+
+_SOURCE = Path(__file__).with_name("paged_attention.c")
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("KVSERVE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvserve")
+    return Path(base) / "kernels"
+
+
+def _build(source: Path) -> Path:
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = _cache_dir() / f"{source.stem}-{digest}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc/gcc) found")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+               str(source), "-o", str(out), "-lm"]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.replace(out, target)  # atomic: concurrent builders never see half a file
+    return target
+
+
+class Kernels:
+    """Loaded native kernels; ``available`` is False when they could not be built."""
+
+    def __init__(self) -> None:
+        self.available = False
+        self.reason = ""
+        try:
+            lib = ctypes.CDLL(str(_build(_SOURCE)))
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
+            detail = getattr(e, "stderr", "") or str(e)
+            self.reason = detail.strip().splitlines()[-1] if detail.strip() else repr(e)
+            logger.warning("native kernels unavailable (%s); using torch attention", self.reason)
+            return
+        fn = lib.paged_decode_attention
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64,
+                       ctypes.c_float, i64]
+        fn.restype = None
+        self._decode = fn
+        self.available = True
+
+    def paged_decode_attention(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
+                               window: int) -> None:
+        """q/out [S, H, D] float32 contiguous; pools [B, bs, KVH, D]; tables/seq_lens int64."""
+        q = q.contiguous()
+        s, h, d = q.shape
+        _, bs, kvh, _ = k_pool.shape
+        self._decode(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
+                     tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs,
+                     scale, window)
+
+
+@functools.cache
+def load_kernels() -> Kernels:
+    """The process's kernels, built on first call."""
+    return Kernels()
