@@ -21,6 +21,9 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 install: $(VENV)/.installed
 
 serve: install
+	@echo "kvserve: starting the OpenAI-compatible server on http://127.0.0.1:8000 (Ctrl-C stops it). Once it is up:"
+	@echo "  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\": \"def fibonacci(n):\", \"max_tokens\": 32, \"temperature\": 0}'"
+	@echo "  or any OpenAI client with base_url=http://127.0.0.1:8000/v1 (model: kvserve-default)"
 	$(BIN)/kvserve serve --host 127.0.0.1 --port 8000
 
 test: install

@@ -40,9 +40,42 @@ def _add_generate(subparsers) -> None:
     p.set_defaults(func=_generate)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from kvserve.entrypoints.openai.api_server import run_server
+    return run_server(args)
+
+
+def _add_serve(subparsers) -> None:
+    from kvserve.config import EngineArgs
+    p = subparsers.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory in Hugging Face layout (default: the embedded model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 and tokenize routes "
+                        "(default: $KVSERVE_API_KEY, else no key)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model id clients use (default: the model directory's name)")
+    p.add_argument("--max-waiting", type=int, default=1024,
+                   help="answer 429 while this many requests wait (default: 1024)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 2**20,
+                   help="largest request body; larger ones get 413 (default: 8 MiB)")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between throughput log lines; 0 disables (default: 10)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds to let in-flight requests finish before "
+                        "aborting them (default: 30)")
+    p.add_argument("--disable-access-log", action="store_true",
+                   help="do not log one line per HTTP request")
+    EngineArgs.add_cli_args(p, skip=("model",))
+    p.set_defaults(func=_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvserve", description="kvserve: LLM inference engine")
     subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_serve(subparsers)
     _add_generate(subparsers)
     from kvserve.bench.cli import add_bench_parser
     add_bench_parser(subparsers)

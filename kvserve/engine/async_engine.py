@@ -1,0 +1,351 @@
+"""AsyncLLMEngine: the synchronous LLMEngine driven from one thread, for asyncio servers.
+
+The engine is not thread-safe, so exactly one thread (``kvserve-engine``) touches it.
+That thread loops ``step()`` while requests exist and sleeps on a condition otherwise;
+adds and aborts reach it through a command list applied between steps. Each step's
+outputs go back to the event loop with ``call_soon_threadsafe`` into one
+:class:`RequestStream` per request. Outputs are cumulative, so a stream keeps only
+the latest one: a slow reader never makes memory grow, it just gets bigger deltas.
+
+Overlap: while the engine thread runs a step (torch releases the GIL during compute),
+the event loop parses and validates requests, renders chat templates, tokenizes
+prompts, turns outputs into deltas and serializes the JSON / SSE of the previous step.
+Outputs are posted without waiting, so the next step starts at once.
+
+An abort (client gone) is applied before the next step, which frees the request's KV
+blocks at once. A failing step fails the requests in it (the engine reports
+``error``); an unexpected exception in the loop fails every in-flight request and the
+loop goes on, so one bad request never takes the server down.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from kvserve.engine.llm_engine import LLMEngine, PromptType
+from kvserve.logger import init_logger
+from kvserve.metrics import EngineSnapshot, ServerMetrics, StatsRecorder
+from kvserve.outputs import RequestOutput
+from kvserve.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
+
+
+class EngineRequestError(RuntimeError):
+    """The request failed inside the engine (500) or was aborted by the server (503)."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop is not running (shut down or crashed)."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: PromptType
+    params: SamplingParams
+    priority: int
+    arrival_time: float
+    future: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+class RequestStream:
+    """The outputs of one request, read on the event loop. Keeps only the latest."""
+
+    __slots__ = ("request_id", "finished", "_latest", "_error", "_status", "_event")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self._latest: RequestOutput | None = None
+        self._error: str | None = None
+        self._status = 500
+        self._event = asyncio.Event()
+
+    def put(self, out: RequestOutput) -> None:
+        self._latest = out
+        self._event.set()
+
+    def fail(self, message: str, status: int = 500) -> None:
+        self._error, self._status = message, status
+        self._event.set()
+
+    async def get(self) -> RequestOutput:
+        await self._event.wait()
+        if self._latest is None:
+            raise EngineRequestError(self._error or "request failed", self._status)
+        out, self._latest = self._latest, None
+        if self._error is None:
+            self._event.clear()
+        return out
+
+
+def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
+    if not fut.done():
+        fut.set_exception(exc) if exc is not None else fut.set_result(None)
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None,
+                 log_stats_interval: float = 10.0) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.metrics = metrics
+        self.snapshot = EngineSnapshot()
+        self._stats = StatsRecorder(metrics, log_stats_interval)
+        self._idle_wait = min(log_stats_interval, 1.0) if log_stats_interval > 0 else 1.0
+        self._cv = threading.Condition()
+        self._cmds: list[_Add | _Abort] = []
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, RequestStream] = {}  # event-loop side
+        self._pending_adds = 0  # event-loop side
+        self._live: set[str] = set()  # engine-thread side
+        self.dead_error: str | None = None
+
+    # -- lifecycle (event loop) ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will read the streams."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return (self._thread is not None and self._thread.is_alive() and not self._stop
+                and self.dead_error is None)
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort whatever is still in flight and stop the engine thread."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None and self._thread.is_alive():
+            await asyncio.to_thread(self._thread.join, timeout)
+        self._fail_streams(list(self._streams), "the server is shutting down", 503)
+
+    # -- requests (event loop) -----------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running: the scheduler's waiting queue plus adds in transit."""
+        return self.snapshot.num_waiting + self._pending_adds
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                          priority: int = 0, arrival_time: float | None = None
+                          ) -> RequestStream:
+        """Queue a request; raises ValueError (bad prompt / params) as the engine does."""
+        if not self.is_running:
+            raise EngineDeadError(self.dead_error or "the engine is not running")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = self._streams[request_id] = RequestStream(request_id)
+        fut = self._loop.create_future()
+        self._pending_adds += 1
+        self._send(_Add(request_id, prompt, params, priority,
+                        arrival_time or time.monotonic(), fut))
+        try:
+            await fut
+        except BaseException as e:
+            self._streams.pop(request_id, None)
+            if isinstance(e, asyncio.CancelledError):  # the add may still land: undo it
+                self._send(_Abort([request_id]))
+            raise
+        finally:
+            self._pending_adds -= 1
+        return stream
+
+    async def stream_outputs(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+        """Cumulative outputs until finished; leaving early aborts the request."""
+        try:
+            while True:
+                out = await stream.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            self.abort(stream.request_id)
+
+    async def generate(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        stream = await self.add_request(request_id, prompt, params, priority)
+        async for out in self.stream_outputs(stream):
+            yield out
+
+    def abort(self, request_ids: str | list[str]) -> None:
+        """Abort unfinished requests (a no-op for finished or unknown ones)."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        live = [r for r in ids if r in self._streams]
+        for rid in live:
+            self._streams.pop(rid).finished = True
+        if live:
+            self._send(_Abort(live))
+
+    def abort_all(self, message: str = "the server is shutting down") -> None:
+        """Abort every in-flight request; their readers get a 503 EngineRequestError."""
+        ids = list(self._streams)
+        if ids:
+            self._send(_Abort(ids))
+            self._fail_streams(ids, message, 503)
+
+    def _send(self, cmd: _Add | _Abort) -> None:
+        with self._cv:
+            self._cmds.append(cmd)
+            self._cv.notify()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:  # aborted meanwhile
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+                stream.finished = True
+            if out.error:
+                stream.fail(out.error)
+            else:
+                stream.put(out)
+
+    def _fail_streams(self, request_ids: list[str], message: str, status: int = 500) -> None:
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream.finished = True
+                stream.fail(message, status)
+
+    # -- the engine thread ---------------------------------------------------------------
+
+    def _post(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    def _run(self) -> None:
+        busy, failures = False, 0
+        while True:
+            try:
+                busy, stop = self._iteration(busy)
+                failures = 0
+                if stop:
+                    return
+            except Exception as e:  # a bug outside the model step: fail what is in flight
+                failures += 1
+                logger.exception("engine loop iteration failed; failing in-flight requests")
+                if failures >= 3:
+                    self.dead_error = f"the engine loop died: {type(e).__name__}: {e}"
+                    self._post(self._fail_streams, list(self._live), self.dead_error)
+                    return
+                try:
+                    self._abort_all("internal error in the engine loop")
+                except Exception:  # noqa: BLE001 - the next iteration reports it
+                    logger.exception("aborting in-flight requests failed")
+                busy = False
+
+    def _iteration(self, busy: bool) -> tuple[bool, bool]:
+        with self._cv:
+            if not self._cmds and not busy and not self._stop:
+                self._cv.wait(timeout=self._idle_wait)
+            cmds, self._cmds = self._cmds, []
+            stop = self._stop
+        if cmds:
+            resolved = []
+            try:
+                resolved = [self._apply(cmd) for cmd in cmds]
+                self._publish()  # before answering adds, so backpressure sees them
+            finally:
+                done = {id(r[0]) for r in resolved if r is not None}
+                for r in resolved:
+                    if r is not None:
+                        self._post(_resolve, *r)
+                for cmd in cmds:  # never leave an add unanswered, whatever failed
+                    if isinstance(cmd, _Add) and id(cmd.future) not in done:
+                        self._post(_resolve, cmd.future, RuntimeError("engine loop failed"))
+        if stop:
+            self._abort_all("the server is shutting down")
+            return False, True
+        if self.engine.has_unfinished_requests():
+            self._step()
+        self._stats.maybe_log(self.snapshot)
+        return self.engine.has_unfinished_requests(), False
+
+    def _apply(self, cmd: _Add | _Abort):
+        if isinstance(cmd, _Abort):
+            live = [r for r in cmd.request_ids if r in self._live]
+            if live:
+                for rid in live:
+                    self._live.discard(rid)
+                    self._stats.on_abort(rid)
+                self.engine.abort_request(live)
+            return None
+        if cmd.future.cancelled():
+            return None
+        try:
+            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
+                                    arrival_time=cmd.arrival_time, priority=cmd.priority)
+        except Exception as e:  # ValueError: the client's mistake; others: ours
+            return cmd.future, e
+        self._live.add(cmd.request_id)
+        return cmd.future, None
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception:
+            logger.exception("engine step failed; failing the %d in-flight requests",
+                             len(self._live))
+            self._abort_all("internal error while running the engine step")
+            return
+        self._stats.on_outputs(outputs, time.monotonic())
+        for out in outputs:
+            if out.finished:
+                self._live.discard(out.request_id)
+        self._publish()
+        if outputs:
+            self._post(self._deliver, outputs)
+        elif self.snapshot.num_running == 0:  # nothing admitted (e.g. a batching window):
+            with self._cv:                    # don't spin, but wake at once for commands
+                if not self._cmds and not self._stop:
+                    self._cv.wait(0.002)
+
+    def _abort_all(self, message: str) -> None:
+        ids = list(self._live)
+        try:
+            if ids:
+                self.engine.abort_request(ids)
+        finally:
+            for rid in ids:
+                self._stats.on_abort(rid)
+            self._live.clear()
+            self._publish()
+            self._post(self._fail_streams, ids, message)
+
+    def _publish(self) -> None:
+        sched = self.engine.scheduler
+        kv = self.engine.kv.stats()
+        queries = getattr(kv, "prefix_queries", 0)
+        snap = EngineSnapshot(
+            num_running=sched.num_running, num_waiting=sched.num_waiting, kv_usage=kv.usage,
+            num_preemptions=sched.num_preemptions,
+            prefix_hit_rate=getattr(kv, "prefix_hits", 0) / queries if queries else None)
+        self.snapshot = snap
+        self._stats.on_state(snap)

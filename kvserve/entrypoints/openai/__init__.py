@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (`kvserve serve`): FastAPI app, protocol models, handlers."""

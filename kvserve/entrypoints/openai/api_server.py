@@ -1,0 +1,260 @@
+"""The OpenAI-compatible HTTP server: ``build_app(...)`` (FastAPI) and ``run_server(args)``.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+GET /v1/models/{id}, GET /health, GET /version, GET /metrics, POST /tokenize,
+POST /detokenize. Every error is OpenAI's ``{"error": {...}}`` body; a client mistake
+is a 4xx, an internal failure a 500 for that request only.
+
+SIGTERM / SIGINT: uvicorn stops accepting connections and lets in-flight responses
+finish; shortly before ``--shutdown-timeout`` the requests still running are aborted
+(streams end with an error event and ``[DONE]``, others get a 503); the engine thread
+then stops and the process exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import os
+import signal
+from contextlib import asynccontextmanager
+from functools import wraps
+from pathlib import Path
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from kvserve.engine.async_engine import AsyncLLMEngine
+from kvserve.entrypoints.openai.errors import (APIError, bad_request, http_status_error,
+                                               internal_error)
+from kvserve.entrypoints.openai.protocol import (DetokenizeRequest, ModelCard, ModelList,
+                                                 TokenizeRequest)
+from kvserve.entrypoints.openai.serving_chat import create_chat_completion, render_chat
+from kvserve.entrypoints.openai.serving_completions import create_completion
+from kvserve.entrypoints.openai.serving_utils import ServerContext, parse_request
+from kvserve.logger import init_logger
+
+logger = init_logger(__name__)
+
+DEFAULT_MAX_WAITING = 1024
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+DEFAULT_MODEL_NAME = "kvserve-default"
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize")
+
+
+class _APIKeyMiddleware:
+    """Pure ASGI (no body buffering, streaming untouched): Bearer key on /v1 and tokenize."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.key = api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(_PROTECTED):
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            token = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(token, self.key):  # constant time
+                msg = ("Incorrect API key provided." if token else
+                       "Missing API key: send it as 'Authorization: Bearer <key>'.")
+                await APIError(msg, 401, code="invalid_api_key").response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _endpoint(fn):
+    """Turn APIErrors into OpenAI bodies and any other exception into a logged 500."""
+    @wraps(fn)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except APIError as e:
+            return e.response()
+        except Exception:  # noqa: BLE001 - one failed request, not a dead server
+            logger.exception("%s %s failed", request.method, request.url.path)
+            return internal_error().response()
+    return wrapper
+
+
+def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None,
+              max_waiting: int = DEFAULT_MAX_WAITING,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    from kvserve import __version__
+    ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes)
+    tok = engine.tokenizer
+    vocab = max(tok.vocab_size, engine.engine.model_config.vocab_size)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title="kvserve", version=__version__, lifespan=lifespan)
+    app.state.ctx = ctx
+    if api_key:
+        app.add_middleware(_APIKeyMiddleware, api_key=api_key)
+
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return http_status_error(exc.status_code, None if exc.status_code in (404, 405)
+                                 else str(exc.detail)).response()
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+
+    def route(path: str, method: str):
+        def register(fn):
+            app.add_route(path, _endpoint(fn), methods=[method], include_in_schema=False)
+            return fn
+        return register
+
+    def model_card() -> ModelCard:
+        return ModelCard(id=served_model_name, max_model_len=engine.max_model_len)
+
+    @route("/health", "GET")
+    async def health(request: Request) -> Response:
+        if not engine.is_running:
+            raise APIError(engine.dead_error or "the engine is not running", 503)
+        return Response(status_code=200)
+
+    @route("/version", "GET")
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
+    @route("/metrics", "GET")
+    async def metrics(request: Request) -> Response:
+        if engine.metrics is None:
+            raise APIError("metrics are disabled", 404)
+        body, ctype = engine.metrics.render()
+        return Response(body, media_type=ctype)
+
+    @route("/v1/models", "GET")
+    async def list_models(request: Request) -> Response:
+        return Response(ModelList(data=[model_card()]).model_dump_json(),
+                        media_type="application/json")
+
+    @route("/v1/models/{model:path}", "GET")
+    async def get_model(request: Request) -> Response:
+        ctx.check_model(request.path_params["model"])
+        return Response(model_card().model_dump_json(), media_type="application/json")
+
+    @route("/v1/completions", "POST")
+    async def completions(request: Request) -> Response:
+        return await create_completion(request, ctx)
+
+    @route("/v1/chat/completions", "POST")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(request, ctx)
+
+    @route("/tokenize", "POST")
+    async def tokenize(request: Request) -> Response:
+        req = await parse_request(request, TokenizeRequest, max_body_bytes)
+        ctx.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("give exactly one of 'prompt' or 'messages'")
+        if req.prompt is not None:
+            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            _, ids = await render_chat(ctx, req.messages, req.add_generation_prompt)
+        return JSONResponse({"count": len(ids), "max_model_len": engine.max_model_len,
+                             "tokens": ids, "token_strs": None})
+
+    @route("/detokenize", "POST")
+    async def detokenize(request: Request) -> Response:
+        req = await parse_request(request, DetokenizeRequest, max_body_bytes)
+        ctx.check_model(req.model)
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(f"token ids must be in [0, {vocab}); got {bad[:5]}", "tokens")
+        return JSONResponse({"prompt": tok.decode(req.tokens)})
+
+    return app
+
+
+def served_name(args: argparse.Namespace) -> str:
+    if getattr(args, "served_model_name", None):
+        return args.served_model_name
+    if getattr(args, "model", None) is None:
+        return DEFAULT_MODEL_NAME
+    return Path(args.model).resolve().name
+
+
+def _check_server_args(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    for name in ("max_waiting", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("log_stats_interval", "shutdown_timeout"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+
+
+def _usage_hint(host: str, port: int, name: str, api_key: bool) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{port}"
+    auth = ' -H "Authorization: Bearer $KVSERVE_API_KEY"' if api_key else ""
+    return (f"kvserve is serving '{name}' at {base}/v1 (OpenAI-compatible). Try:\n"
+            f"  curl {base}/v1/completions -H 'Content-Type: application/json'{auth} "
+            f"-d '{{\"model\": \"{name}\", \"prompt\": \"def fibonacci(n):\", "
+            f"\"max_tokens\": 32, \"temperature\": 0}}'\n"
+            f"  or: OpenAI(base_url=\"{base}/v1\", api_key=\"...\")  "
+            f"(metrics: {base}/metrics)")
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """``kvserve serve``: load the model, then serve until SIGTERM / SIGINT (exit 0)."""
+    import uvicorn
+
+    from kvserve.config import EngineArgs
+    from kvserve.engine.llm_engine import LLMEngine
+    from kvserve.metrics import ServerMetrics
+
+    _check_server_args(args)
+    engine_args = EngineArgs.from_cli_args(args)
+    name = served_name(args)
+    api_key = args.api_key or os.environ.get("KVSERVE_API_KEY") or None
+    metrics = ServerMetrics(name)
+    engine = AsyncLLMEngine(LLMEngine(engine_args), metrics, args.log_stats_interval)
+    app = build_app(engine, name, api_key=api_key, max_waiting=args.max_waiting,
+                    max_body_bytes=args.max_body_bytes)
+    hint = _usage_hint(args.host, args.port, name, bool(api_key))
+
+    timeout = args.shutdown_timeout
+    drain_after = timeout - min(0.5, timeout * 0.2)
+
+    async def drain() -> None:  # abort cleanly (error event + [DONE]) before uvicorn cancels
+        await asyncio.sleep(drain_after)
+        if engine.num_in_flight:
+            logger.info("aborting %d in-flight requests after %.1fs of graceful shutdown",
+                        engine.num_in_flight, drain_after)
+            engine.abort_all("the server is shutting down")
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                print(hint, flush=True)
+
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM / SIGINT, on the loop's thread
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first and self.started:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    return
+                loop.call_soon_threadsafe(self._start_drain, loop)
+
+        def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+            self._drain_task = loop.create_task(drain())
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                            access_log=not args.disable_access_log,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    server = _Server(config)
+    # uvicorn handles SIGTERM/SIGINT gracefully, then restores the previous handlers and
+    # re-raises the signal; a no-op handler there makes the graceful exit status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,158 @@
+"""POST /v1/chat/completions: messages through the model's chat template."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kvserve.engine.async_engine import EngineRequestError
+from kvserve.entrypoints.openai.errors import (APIError, bad_request, engine_error,
+                                               internal_error)
+from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,
+                                                 ChatCompletionChunk, ChatCompletionRequest,
+                                                 ChatCompletionResponse, ChatMessage,
+                                                 ChatResponseMessage, ChatStreamChoice,
+                                                 ChatTokenLogprob, ChatTopLogprob,
+                                                 DeltaMessage, UsageInfo)
+from kvserve.entrypoints.openai.serving_utils import (SSE_DONE, ChoiceState, SSEResponse,
+                                                      ServerContext, TokenTexts, add_all,
+                                                      check_prompt, final_outputs, hold_back,
+                                                      iterate_streams, make_sampling_params,
+                                                      parse_request, random_id, sse,
+                                                      unless_disconnected)
+from kvserve.logger import init_logger
+
+logger = init_logger(__name__)
+_LONG_TEXT = 4096
+
+
+async def render_chat(ctx: ServerContext, messages: list[ChatMessage],
+                      add_generation_prompt: bool) -> tuple[str, list[int]]:
+    """Chat template -> (text, token ids), as LLM.chat does."""
+    tok = ctx.engine.tokenizer
+    conversation = [{"role": m.role, "content": m.text(),
+                     **({"name": m.name} if m.name else {})} for m in messages]
+    try:
+        text = tok.apply_chat_template(conversation, add_generation_prompt)
+    except ValueError as e:
+        raise bad_request(str(e), "messages") from None
+    if len(text) > _LONG_TEXT:
+        ids = await asyncio.to_thread(tok.encode, text, False)
+    else:
+        ids = tok.encode(text, add_special_tokens=False)
+    return text, ids
+
+
+def chat_logprobs(token_ids: list[int], entries: list[dict], texts: TokenTexts,
+                  top_n: int) -> list[ChatTokenLogprob]:
+    content = []
+    for tid, entry in zip(token_ids, entries):
+        token = texts(tid)
+        chosen = entry.get(tid)
+        tops = [ChatTopLogprob(token=texts(k), logprob=v.logprob, bytes=texts.bytes(k))
+                for k, v in sorted(entry.items(), key=lambda kv: kv[1].rank)][:top_n]
+        content.append(ChatTokenLogprob(
+            token=token, logprob=chosen.logprob if chosen is not None else float("-inf"),
+            bytes=texts.bytes(tid), top_logprobs=tops))
+    return content
+
+
+async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
+    arrival = time.monotonic()
+    req = await parse_request(request, ChatCompletionRequest, ctx.max_body_bytes)
+    ctx.check_model(req.model)
+    if req.top_logprobs and not req.logprobs:
+        raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+    text, ids = await render_chat(ctx, req.messages, req.add_generation_prompt)
+    max_tokens = req.max_completion_tokens or req.max_tokens  # None: up to max_model_len
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = make_sampling_params(req, max_tokens, logprobs)
+    check_prompt(ctx, ids, params)
+    ctx.check_capacity(req.n)
+    request_id = random_id("chatcmpl")
+    streams = await add_all(ctx, request_id, [{"prompt": text, "prompt_token_ids": ids}],
+                            [params], req.priority, arrival)
+    if req.stream:
+        gen = _stream(ctx, req, request_id, streams, hold_back(params))
+        return SSEResponse(gen, ctx.engine, streams)
+    try:
+        finals = await unless_disconnected(request, final_outputs(ctx.engine, streams))
+    except EngineRequestError as e:
+        raise engine_error(e) from None
+    finally:
+        ctx.engine.abort([s.request_id for s in streams])
+    out = finals[0]
+    texts = TokenTexts(ctx.engine.tokenizer)
+    choices = []
+    usage = UsageInfo(prompt_tokens=len(out.prompt_token_ids))
+    for o in out.outputs:
+        usage.completion_tokens += len(o.token_ids)
+        lp = None
+        if req.logprobs:
+            lp = ChatChoiceLogprobs(content=chat_logprobs(o.token_ids, o.logprobs or [], texts,
+                                                          req.top_logprobs or 0))
+        choices.append(ChatChoice(index=o.index, message=ChatResponseMessage(content=o.text),
+                                  logprobs=lp, finish_reason=o.finish_reason,
+                                  stop_reason=o.stop_reason))
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    body = ChatCompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
+                                  usage=usage)
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: str, streams,
+                  hold: int) -> AsyncIterator[str]:
+    created = int(time.time())
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    exclude = None if include_usage else {"usage"}
+    texts = TokenTexts(ctx.engine.tokenizer)
+
+    def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+        return sse(ChatCompletionChunk(id=request_id, created=created, model=ctx.model_name,
+                                       choices=choices, usage=usage),
+                   None if usage is not None else exclude)
+
+    states = {j: ChoiceState(hold) for j in range(req.n)}
+    usage = UsageInfo()
+    try:
+        for j in range(req.n):  # OpenAI opens each choice with the role
+            yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant",
+                                                                      content=""))])
+        async for _, out in iterate_streams(ctx.engine, streams):
+            for o in out.outputs:
+                state = states[o.index]
+                if state.done:
+                    continue
+                text, ids, lps = state.advance(o)
+                if not text and not state.done and not (lps and ids):
+                    continue
+                logprobs = None
+                if req.logprobs:
+                    logprobs = ChatChoiceLogprobs(content=chat_logprobs(
+                        ids, lps or [], texts, req.top_logprobs or 0))
+                delta = DeltaMessage(content=text) if text or not state.done else DeltaMessage()
+                yield chunk([ChatStreamChoice(
+                    index=o.index, delta=delta, logprobs=logprobs,
+                    finish_reason=o.finish_reason if state.done else None,
+                    stop_reason=o.stop_reason if state.done else None)])
+            if out.finished:
+                usage.prompt_tokens = len(out.prompt_token_ids)
+                usage.completion_tokens = sum(len(o.token_ids) for o in out.outputs)
+        if include_usage:
+            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            yield chunk([], usage)
+    except EngineRequestError as e:
+        yield engine_error(e).sse()
+    except APIError as e:
+        yield e.sse()
+    except Exception:  # noqa: BLE001 - fail this stream only
+        logger.exception("chat stream %s failed", request_id)
+        yield internal_error().sse()
+    finally:
+        ctx.engine.abort([s.request_id for s in streams])
+    yield SSE_DONE

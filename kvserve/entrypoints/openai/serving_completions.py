@@ -1,0 +1,190 @@
+"""POST /v1/completions: prompt(s) in, choices (prompt i, sample j -> index i*n+j) out."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kvserve.engine.async_engine import EngineRequestError
+from kvserve.entrypoints.openai.errors import (APIError, bad_request, engine_error,
+                                               internal_error)
+from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
+                                                 CompletionLogprobs, CompletionRequest,
+                                                 CompletionResponse, UsageInfo)
+from kvserve.entrypoints.openai.serving_utils import (SSE_DONE, ChoiceState, SSEResponse,
+                                                      ServerContext, TokenTexts, add_all,
+                                                      check_prompt, final_outputs, hold_back,
+                                                      iterate_streams, make_sampling_params,
+                                                      parse_request, random_id, sse,
+                                                      unless_disconnected)
+from kvserve.logger import init_logger
+
+logger = init_logger(__name__)
+_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+_LONG_TEXT = 4096  # prompts longer than this are tokenized off the event loop
+
+
+async def _tokenize_prompts(ctx: ServerContext, prompt) -> list[tuple[str | None, list[int]]]:
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}",
+                          "prompt")
+    encode = ctx.engine.tokenizer.encode
+    out = []
+    for p in prompt:
+        if not p:
+            raise bad_request("prompt must not be empty", "prompt")
+        if isinstance(p, str):
+            ids = await asyncio.to_thread(encode, p) if len(p) > _LONG_TEXT else encode(p)
+            out.append((p, ids))
+        else:
+            out.append((None, list(p)))
+    return out
+
+
+def completion_logprobs(token_ids: list[int], entries: list[dict], texts: TokenTexts,
+                        offset: int, prompt_ids: list[int] | None = None
+                        ) -> tuple[CompletionLogprobs, int]:
+    """OpenAI's {tokens, token_logprobs, top_logprobs, text_offset}; echoed prompt tokens
+    carry null logprobs. Returns the offset after the last token (for streaming)."""
+    lp = CompletionLogprobs()
+    for tid in prompt_ids or ():
+        text = texts(tid)
+        lp.tokens.append(text)
+        lp.token_logprobs.append(None)
+        lp.top_logprobs.append(None)
+        lp.text_offset.append(offset)
+        offset += len(text)
+    for tid, entry in zip(token_ids, entries):
+        text = texts(tid)
+        chosen = entry.get(tid)
+        lp.tokens.append(text)
+        lp.token_logprobs.append(chosen.logprob if chosen is not None else None)
+        lp.top_logprobs.append({texts(k): v.logprob for k, v in
+                                sorted(entry.items(), key=lambda kv: kv[1].rank)})
+        lp.text_offset.append(offset)
+        offset += len(text)
+    return lp, offset
+
+
+async def create_completion(request: Request, ctx: ServerContext) -> Response:
+    arrival = time.monotonic()
+    req = await parse_request(request, CompletionRequest, ctx.max_body_bytes)
+    ctx.check_model(req.model)
+    if req.suffix:
+        raise bad_request("suffix is not supported", "suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request("best_of must equal n (or be omitted) on this server", "best_of")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+    prompts = await _tokenize_prompts(ctx, req.prompt)
+    params = []
+    for _, ids in prompts:
+        room = ctx.engine.max_model_len - len(ids)
+        max_tokens = req.max_tokens or max(1, min(_DEFAULT_MAX_TOKENS, room))
+        sp = make_sampling_params(req, max_tokens, req.logprobs)
+        check_prompt(ctx, ids, sp)
+        params.append(sp)
+    tok = ctx.engine.tokenizer
+    texts = [t if t is not None else tok.decode(ids) for t, ids in prompts] if req.echo else []
+    ctx.check_capacity(len(prompts) * req.n)
+    request_id = random_id("cmpl")
+    streams = await add_all(ctx, request_id, [{"prompt": t, "prompt_token_ids": ids}
+                                              for t, ids in prompts], params,
+                            req.priority, arrival)
+    if req.stream:
+        gen = _stream(ctx, req, request_id, streams, prompts, texts, hold_back(params[0]))
+        return SSEResponse(gen, ctx.engine, streams)
+    try:
+        finals = await unless_disconnected(request, final_outputs(ctx.engine, streams))
+    except EngineRequestError as e:
+        raise engine_error(e) from None
+    finally:
+        ctx.engine.abort([s.request_id for s in streams])
+    return _response(ctx, req, request_id, finals, prompts, texts)
+
+
+def _response(ctx, req, request_id, finals, prompts, echo_texts) -> Response:
+    token_texts = TokenTexts(ctx.engine.tokenizer)
+    choices, usage = [], UsageInfo()
+    for i, out in enumerate(finals):
+        usage.prompt_tokens += len(out.prompt_token_ids)
+        prefix = echo_texts[i] if req.echo else ""
+        for o in out.outputs:
+            usage.completion_tokens += len(o.token_ids)
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs, _ = completion_logprobs(
+                    o.token_ids, o.logprobs or [], token_texts, 0,
+                    prompts[i][1] if req.echo else None)
+            choices.append(CompletionChoice(index=i * req.n + o.index, text=prefix + o.text,
+                                            logprobs=logprobs, finish_reason=o.finish_reason,
+                                            stop_reason=o.stop_reason))
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    choices.sort(key=lambda c: c.index)
+    body = CompletionResponse(id=request_id, model=ctx.model_name, choices=choices, usage=usage)
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+async def _stream(ctx: ServerContext, req: CompletionRequest, request_id: str, streams,
+                  prompts, echo_texts, hold: int) -> AsyncIterator[str]:
+    created = int(time.time())
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    exclude = None if include_usage else {"usage"}
+    token_texts = TokenTexts(ctx.engine.tokenizer)
+    states: dict[int, ChoiceState] = {}
+    offsets: dict[int, int] = {}
+    usage = UsageInfo()
+    try:
+        async for i, out in iterate_streams(ctx.engine, streams):
+            for o in out.outputs:
+                index = i * req.n + o.index
+                state = states.get(index)
+                first = state is None
+                if first:
+                    state = states[index] = ChoiceState(hold)
+                elif state.done:
+                    continue
+                text, ids, lps = state.advance(o)
+                if first and req.echo:
+                    text = echo_texts[i] + text
+                if not text and not state.done and not (lps and ids):
+                    continue
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs, offsets[index] = completion_logprobs(
+                        ids, lps or [], token_texts, offsets.get(index, 0),
+                        prompts[i][1] if first and req.echo else None)
+                choice = CompletionChoice(
+                    index=index, text=text, logprobs=logprobs,
+                    finish_reason=o.finish_reason if state.done else None,
+                    stop_reason=o.stop_reason if state.done else None)
+                yield sse(CompletionStreamChunk(id=request_id, created=created,
+                                                model=ctx.model_name, choices=[choice]),
+                          exclude)
+            if out.finished:
+                usage.prompt_tokens += len(out.prompt_token_ids)
+                usage.completion_tokens += sum(len(o.token_ids) for o in out.outputs)
+        if include_usage:
+            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            yield sse(CompletionStreamChunk(id=request_id, created=created,
+                                            model=ctx.model_name, choices=[], usage=usage))
+    except EngineRequestError as e:
+        yield engine_error(e).sse()
+    except APIError as e:
+        yield e.sse()
+    except Exception:  # noqa: BLE001 - fail this stream only
+        logger.exception("completion stream %s failed", request_id)
+        yield internal_error().sse()
+    finally:
+        ctx.engine.abort([s.request_id for s in streams])
+    yield SSE_DONE
+
+
+CompletionStreamChunk = CompletionResponse  # same shape; usage stays null until the end
