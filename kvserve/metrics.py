@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
                                Histogram, generate_latest)
@@ -25,6 +25,7 @@ _ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
 _REQUEST_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
                     20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 FINISH_REASONS = ("stop", "length", "abort", "error")
+TRANSFER_KINDS = ("swap_out", "swap_in", "offload", "onload")
 
 
 class ServerMetrics:
@@ -75,6 +76,16 @@ class ServerMetrics:
         self.request_decode_time = histogram("request_decode_time_seconds",
                                              "Time spent in decode, in seconds.",
                                              _REQUEST_BUCKETS)
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter(
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        moved = Counter("kvserve:kv_transfer_bytes", "KV bytes moved between tiers, by kind "
+                        "(swap_out, swap_in, offload, onload).", labels + ["kind"], registry=r)
+        seconds = Counter("kvserve:kv_transfer_seconds", "Time spent moving KV between tiers, "
+                          "by kind.", labels + ["kind"], registry=r)
+        self.kv_transfer_bytes = {k: moved.labels(model_name, k) for k in TRANSFER_KINDS}
+        self.kv_transfer_seconds = {k: seconds.labels(model_name, k) for k in TRANSFER_KINDS}
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
@@ -90,6 +101,10 @@ class EngineSnapshot:
     kv_usage: float = 0.0
     num_preemptions: int = 0
     prefix_hit_rate: float | None = None
+    prefix_queries: int = 0  # cumulative tokens
+    prefix_hits: int = 0
+    transfer_bytes: dict = field(default_factory=dict)    # kind -> cumulative bytes
+    transfer_seconds: dict = field(default_factory=dict)  # kind -> cumulative seconds
 
 
 @dataclass
@@ -108,6 +123,7 @@ class StatsRecorder:
         self.log = log or logger
         self._live: dict[str, _Live] = {}
         self._preemptions = 0
+        self._totals: dict[str, float] = {}
         self._last_log = time.monotonic()
         self._prompt_since_log = 0
         self._gen_since_log = 0
@@ -171,7 +187,21 @@ class StatsRecorder:
             m.kv_cache_usage_perc.set(snap.kv_usage)
             if snap.num_preemptions > self._preemptions:
                 m.num_preemptions.inc(snap.num_preemptions - self._preemptions)
+            self._add_delta(m.prefix_cache_queries, "queries", snap.prefix_queries)
+            self._add_delta(m.prefix_cache_hits, "hits", snap.prefix_hits)
+            for kind in TRANSFER_KINDS:
+                self._add_delta(m.kv_transfer_bytes[kind], f"bytes:{kind}",
+                                snap.transfer_bytes.get(kind, 0))
+                self._add_delta(m.kv_transfer_seconds[kind], f"seconds:{kind}",
+                                snap.transfer_seconds.get(kind, 0.0))
         self._preemptions = snap.num_preemptions
+
+    def _add_delta(self, counter, key: str, cumulative: float) -> None:
+        """Counters follow the engine's cumulative totals."""
+        last = self._totals.get(key, 0)
+        if cumulative > last:
+            counter.inc(cumulative - last)
+        self._totals[key] = cumulative
 
     def maybe_log(self, snap: EngineSnapshot, now: float | None = None) -> bool:
         """Logs the throughput line once per interval while busy; True if it logged."""

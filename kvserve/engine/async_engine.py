@@ -342,10 +342,12 @@ class AsyncLLMEngine:
     def _publish(self) -> None:
         sched = self.engine.scheduler
         kv = self.engine.kv.stats()
-        queries = getattr(kv, "prefix_queries", 0)
+        mover = self.engine.runner.mover
         snap = EngineSnapshot(
             num_running=sched.num_running, num_waiting=sched.num_waiting, kv_usage=kv.usage,
             num_preemptions=sched.num_preemptions,
-            prefix_hit_rate=getattr(kv, "prefix_hits", 0) / queries if queries else None)
+            prefix_hit_rate=kv.prefix_hits / kv.prefix_queries if kv.prefix_queries else None,
+            prefix_queries=kv.prefix_queries, prefix_hits=kv.prefix_hits,
+            transfer_bytes=dict(mover.bytes_moved), transfer_seconds=dict(mover.seconds))
         self.snapshot = snap
         self._stats.on_state(snap)

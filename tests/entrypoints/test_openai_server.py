@@ -17,7 +17,9 @@ REQUIRED_METRICS = [
     "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
     "request_success_total", "time_to_first_token_seconds", "inter_token_latency_seconds",
     "e2e_request_latency_seconds", "request_queue_time_seconds",
-    "request_prefill_time_seconds", "request_decode_time_seconds"]
+    "request_prefill_time_seconds", "request_decode_time_seconds",
+    "prefix_cache_queries_total", "prefix_cache_hits_total", "kv_transfer_bytes_total",
+    "kv_transfer_seconds_total"]
 
 
 @pytest.fixture(scope="module")
@@ -323,6 +325,7 @@ def test_metrics_and_stats_log(server):
     assert m["kvserve:time_to_first_token_seconds_count"] >= 64
     assert m["kvserve:e2e_request_latency_seconds_count"] >= 64
     assert m["kvserve:inter_token_latency_seconds_count"] > 0
+    assert m["kvserve:prefix_cache_queries_total"] >= m["kvserve:prompt_tokens_total"] > 0
     deadline = time.monotonic() + 5
     while "Avg generation throughput" not in server.log() and time.monotonic() < deadline:
         time.sleep(0.2)
