@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kvserve.bench.decode import measure_decode
 from kvserve.bench.roofline import RooflineResult, matmul_params, workload_flops
 
 __all__ = ["PEERS", "run_compare", "compare_rows", "parse_against"]
@@ -100,6 +101,8 @@ def run_compare(
     kv.load_s = load_s
     results.append(("kvserve", kv))
     raw["kvserve"] = {**kv.to_dict(), "repeat_useful_tok_s": kv_rates}
+    log("measuring kvserve single-stream decode ...")
+    decode = measure_decode(llm, list(requests[0].prompt_token_ids[:16]))
     del llm
     gc.collect()
 
@@ -146,8 +149,15 @@ def run_compare(
     flops = workload_flops([(r.prompt_len, r.max_tokens) for r in requests], params, layers, hidden)
     peak = roofline.peak_gflops if roofline is not None else 0.0
     rows = compare_rows(results, hf_name, flops, peak)
+    decode_info = decode.to_dict()
+    if roofline is not None:
+        decode_info["gemv_floor_s"] = decode.weight_bytes / (roofline.gemv_bandwidth_gbs * 1e9)
+        decode_info["vs_gemv_floor"] = decode.vs_floor(roofline.gemv_bandwidth_gbs)
+        decode_info["stream_floor_s"] = decode.weight_bytes / (roofline.sum_bandwidth_gbs * 1e9)
+        decode_info["vs_stream_floor"] = decode.vs_floor(roofline.sum_bandwidth_gbs)
     return {
         "rows": rows,
+        "decode": decode_info,
         "results": raw,
         "notes": notes,
         "workload_flops": flops,

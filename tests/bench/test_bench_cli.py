@@ -93,6 +93,9 @@ def test_run_compare_with_stub_engine(tiny_model_dir: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(throughput, "load_llm", lambda model_dir, engine_args: (_FakeLLM(), 0.1))
     monkeypatch.setattr(throughput, "_sampling_params", lambda n: SimpleNamespace(max_tokens=n))
+    from kvserve.bench import compare
+    from kvserve.bench.decode import DecodeResult
+    monkeypatch.setattr(compare, "measure_decode", lambda llm, ids: DecodeResult(5, 0.02, 3e8))
     reqs = [BenchRequest([3, 4, 5], 2), BenchRequest([6, 7], 3)]
     roof = RooflineResult(2, {"x": 50.0}, 30.0, 15.0)
     out = run_compare(tiny_model_dir, reqs, ["hf", "vllm-cpu"], {}, hf_batch_size=2,
@@ -104,6 +107,9 @@ def test_run_compare_with_stub_engine(tiny_model_dir: Path, monkeypatch: pytest.
     assert out["rows"][1]["vs_hf_static"] == 1.0
     assert out["notes"] == ["vllm-cpu skipped: no --vllm-python given"]
     assert out["gemm_bound_s"] > 0 and out["roofline"]["peak_gflops"] == 50.0
+    assert out["decode"]["gemv_floor_s"] == pytest.approx(0.02)  # 3e8 B at 15 GB/s
+    assert out["decode"]["vs_gemv_floor"] == pytest.approx(1.0)
+    assert out["decode"]["vs_stream_floor"] == pytest.approx(2.0)
     assert count_output_tokens(reqs, _FakeLLM().generate([], [SimpleNamespace(max_tokens=2)] * 2)) == (2 + 3, 6)
 
 

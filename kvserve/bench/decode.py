@@ -1,0 +1,65 @@
+"""Single-stream decode: one request's decode step time against the bandwidth floor.
+
+At batch 1 a decode step must read every weight that takes part in a matmul once, so
+``weight bytes / memory bandwidth`` is the least time a step can take. The step time
+is measured by timing the engine's steps of one request after its prefill.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class DecodeResult:
+    steps: int
+    median_step_s: float
+    weight_bytes: int
+
+    @property
+    def tok_s(self) -> float:
+        return 1.0 / self.median_step_s if self.median_step_s > 0 else 0.0
+
+    def vs_floor(self, bandwidth_gbs: float) -> float:
+        """Measured step time / bandwidth floor (1.0 = at the floor)."""
+        floor = self.weight_bytes / (bandwidth_gbs * 1e9)
+        return self.median_step_s / floor if floor > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tok_s": self.tok_s}
+
+
+def matmul_weight_bytes(model) -> int:
+    """Bytes of the parameters a decode step streams: all but embedding lookup tables."""
+    embeddings = {id(m.weight) for m in model.modules()
+                  if type(m).__name__ == "Embedding"}
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is not None:
+        embeddings.discard(id(lm_head.weight))  # tied or not, the LM head is a matmul
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) in seen or id(p) in embeddings:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
+
+
+def measure_decode(llm, prompt_token_ids: list[int], new_tokens: int = 64,
+                   repeats: int = 3) -> DecodeResult:
+    """Median decode step time of one request alone in the engine."""
+    from kvserve import SamplingParams
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    times: list[float] = []
+    for r in range(repeats):
+        engine.add_request(f"decode-bench-{r}", {"prompt_token_ids": prompt_token_ids}, params)
+        engine.step()  # the prefill
+        while engine.has_unfinished_requests():
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+    return DecodeResult(len(times), statistics.median(times),
+                        matmul_weight_bytes(engine.runner.model))
