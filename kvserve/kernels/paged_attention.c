@@ -1,9 +1,10 @@
 /* Decode attention straight from the paged KV pool (float32, CPU).
  *
- * One query token per sequence. For each (sequence, kv head) the scores of the
- * query heads sharing that kv head (GQA) are computed against every cached key by
- * following the block table, softmaxed, and used to sum the values: each K and V
- * row is read once, with no gathered copy of the context.
+ * One query token per sequence. For each sequence the scores of every query head
+ * against every cached key are computed by following the block table, softmaxed,
+ * and used to sum the values. Each token's K and V rows (all kv heads, contiguous in
+ * the pool) are read once, in order, with no gathered copy of the context. Query
+ * heads that share a kv head (GQA) reuse the row while it is in cache.
  *
  * Layouts: q/out [S, H, D]; k/v pool [blocks, block_size, KVH, D];
  * tables [S, table_stride] (block ids); seq_lens [S] (keys to attend to).
@@ -18,45 +19,46 @@ void paged_decode_attention(const float *q, const float *k_pool, const float *v_
                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                             int64_t block_size, float scale, int64_t window) {
     const int64_t group = num_heads / num_kv_heads;
-    const int64_t row = num_kv_heads * head_dim; /* floats between tokens of one block */
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    const int64_t row = num_kv_heads * head_dim; /* floats per token in one block */
+#pragma omp parallel for schedule(dynamic, 1)
     for (int64_t s = 0; s < num_seqs; s++) {
-        for (int64_t kh = 0; kh < num_kv_heads; kh++) {
-            const int64_t len = seq_lens[s];
-            const int64_t first = (window > 0 && len > window) ? len - window : 0;
-            const int64_t n = len - first;
-            float *scores = malloc(sizeof(float) * (size_t)(group * n));
-            const int64_t *table = tables + s * table_stride;
-            for (int64_t t = first; t < len; t++) {
-                const float *k = k_pool + (table[t / block_size] * block_size + t % block_size)
-                                 * row + kh * head_dim;
-                for (int64_t g = 0; g < group; g++) {
-                    const float *qh = q + (s * num_heads + kh * group + g) * head_dim;
-                    float dot = 0.f;
-                    for (int64_t i = 0; i < head_dim; i++) dot += qh[i] * k[i];
-                    scores[g * n + (t - first)] = dot * scale;
-                }
+        const int64_t len = seq_lens[s];
+        const int64_t first = (window > 0 && len > window) ? len - window : 0;
+        const int64_t n = len - first;
+        const int64_t *table = tables + s * table_stride;
+        const float *qs = q + s * num_heads * head_dim;
+        float *os = out + s * num_heads * head_dim;
+        float *scores = malloc(sizeof(float) * (size_t)(num_heads * n)); /* [H, n] */
+        for (int64_t t = first; t < len; t++) {
+            const float *k = k_pool + (table[t / block_size] * block_size + t % block_size) * row;
+            for (int64_t h = 0; h < num_heads; h++) {
+                const float *qh = qs + h * head_dim;
+                const float *kh = k + (h / group) * head_dim;
+                float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t i = 0; i < head_dim; i++) dot += qh[i] * kh[i];
+                scores[h * n + (t - first)] = dot * scale;
             }
-            for (int64_t g = 0; g < group; g++) {
-                float *sc = scores + g * n;
-                float mx = -INFINITY, sum = 0.f;
-                for (int64_t t = 0; t < n; t++) mx = sc[t] > mx ? sc[t] : mx;
-                for (int64_t t = 0; t < n; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
-                const float inv = 1.f / sum;
-                for (int64_t t = 0; t < n; t++) sc[t] *= inv;
-                float *o = out + (s * num_heads + kh * group + g) * head_dim;
-                for (int64_t i = 0; i < head_dim; i++) o[i] = 0.f;
-            }
-            for (int64_t t = first; t < len; t++) {
-                const float *v = v_pool + (table[t / block_size] * block_size + t % block_size)
-                                 * row + kh * head_dim;
-                for (int64_t g = 0; g < group; g++) {
-                    const float p = scores[g * n + (t - first)];
-                    float *o = out + (s * num_heads + kh * group + g) * head_dim;
-                    for (int64_t i = 0; i < head_dim; i++) o[i] += p * v[i];
-                }
-            }
-            free(scores);
         }
+        for (int64_t h = 0; h < num_heads; h++) {
+            float *sc = scores + h * n;
+            float mx = -INFINITY, sum = 0.f;
+            for (int64_t t = 0; t < n; t++) mx = sc[t] > mx ? sc[t] : mx;
+            for (int64_t t = 0; t < n; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
+            const float inv = 1.f / sum;
+            for (int64_t t = 0; t < n; t++) sc[t] *= inv;
+        }
+        for (int64_t i = 0; i < num_heads * head_dim; i++) os[i] = 0.f;
+        for (int64_t t = first; t < len; t++) {
+            const float *v = v_pool + (table[t / block_size] * block_size + t % block_size) * row;
+            for (int64_t h = 0; h < num_heads; h++) {
+                const float p = scores[h * n + (t - first)];
+                const float *vh = v + (h / group) * head_dim;
+                float *o = os + h * head_dim;
+#pragma omp simd
+                for (int64_t i = 0; i < head_dim; i++) o[i] += p * vh[i];
+            }
+        }
+        free(scores);
     }
 }
