@@ -49,10 +49,11 @@ BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{{ '\\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
 # Size presets: (hidden, layers, heads, kv_heads, intermediate). head_dim = hidden/heads.
@@ -63,7 +64,7 @@ PRESETS = {
     "s320x6": dict(hidden_size=320, num_hidden_layers=6, num_attention_heads=5, num_key_value_heads=1, intermediate_size=864),
     "s384x6": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2, intermediate_size=1024),
 }
-DEFAULT_PRESET = "s256x6"
+DEFAULT_PRESET = "s256x4"
 
 MAX_FILE_BYTES = 512 * 1024
 HELD_OUT_FRACTION = 0.04
@@ -260,15 +261,16 @@ def parse_args(argv=None):
     ap.add_argument("--resume", action="store_true", help="continue from --work-dir/ckpt.pt")
     ap.add_argument("--size", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--warmup-steps", type=int, default=150)
+    ap.add_argument("--warmup-steps", type=int, default=100)
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--max-position-embeddings", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                    help="torch.compile the model for training (measured +24%% tok/s here)")
     ap.add_argument("--ckpt-minutes", type=float, default=4.0, help="checkpoint interval")
     ap.add_argument("--eval-minutes", type=float, default=3.0, help="held-out loss interval (loss curve)")
     ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the periodic loss")
@@ -455,7 +457,7 @@ def main(argv=None) -> int:
     run_start = time.time()
     wall_at_start = st["wall_time_total"]
     last_ckpt = last_eval = time.time()
-    ema = None
+    ema = st.get("ema")
     bar = tqdm(total=int(budget), initial=int(min(st["train_time"], budget)), unit="s",
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}s [{elapsed}<{remaining}{postfix}]",
                mininterval=2.0, file=sys.stderr)
@@ -489,6 +491,7 @@ def main(argv=None) -> int:
             log("non-finite loss: stopping (resume from the last checkpoint with a lower --lr)")
             return 1
         ema = lv if ema is None else 0.98 * ema + 0.02 * lv
+        st["ema"] = ema
         st["step"] += 1
         st["pos"] += B
         st["tokens"] += B * T
@@ -564,6 +567,11 @@ def main(argv=None) -> int:
     model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
                                                pad_token_id=ids["pad"], do_sample=False)
     model.to(torch.float32).save_pretrained(out, safe_serialization=True)
+    os.chmod(out / "model.safetensors", 0o644)  # package data: world-readable
+    cfg_path = out / "config.json"
+    cfg_json = json.loads(cfg_path.read_text())
+    cfg_json.setdefault("rope_theta", 10000.0)  # also the transformers 4.x spelling
+    cfg_path.write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
     tok.save(str(out / "tokenizer.json"))
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
