@@ -64,3 +64,18 @@ def test_linear_rope_scaling(model_dirs, tmp_path_factory, tokenizer_dir):
     d = build_tiny_model("llama-linear", tmp_path_factory.mktemp("lin"), tokenizer_dir)
     prompts = prompts_of_lengths([5, 40, 90])
     assert _kvserve_greedy(d, prompts) == hf_greedy(d, prompts, MAX_NEW)
+
+
+def test_default_model_parity_and_no_argument_llm():
+    from kvserve import default_model_dir
+    from kvserve.model.tokenizer import Tokenizer
+    tok = Tokenizer(default_model_dir())
+    texts = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Stack:\n    def push(self,",
+             "for i in range(10):\n    print("]
+    prompts = [tok.encode(t) for t in texts]
+    llm = LLM()  # no model: the embedded one
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    outs = llm.generate(texts, params, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(default_model_dir(), prompts,
+                                                               MAX_NEW)
