@@ -41,6 +41,7 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor | None = None  # [D] keys per decode (native kernel)
     native: Kernels | None = None  # native decode kernel, when built and the dtype fits
     sliding_window: int = 0
+    prefill_causal: bool = False  # a single prefill from position 0: SDPA's is_causal path
 
 
 class KVCache:
@@ -89,7 +90,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
                                             scale=scale, enable_gqa=gqa)
         out[:nd] = od.squeeze(2)
-    if meta.num_prefills:
+    if meta.prefill_causal:  # one fresh prompt: plain causal attention, no mask, no padding
+        qp, kp, vp = (x[nd:].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale,
+                                            enable_gqa=gqa)
+        out[nd:] = op[0].transpose(0, 1)
+    elif meta.num_prefills:
         qp = q[nd:][meta.prefill_gather].transpose(1, 2)  # [P, H, Q, d]
         if meta.prefill_from_cache:
             kp, vp = cache.gather(meta.prefill_block_tables, q.dtype)

@@ -87,6 +87,9 @@ def _decode_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray
 def _prefill_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray,
                   q_lens: np.ndarray, block_size: int, window: int | None) -> None:
     num, max_q = len(q_lens), int(q_lens.max())
+    if num == 1 and not starts.any() and (window is None or window >= max_q):
+        meta.prefill_causal = True
+        return
     first = np.cumsum(q_lens) - q_lens
     rows = np.arange(max_q)[None, :]
     valid = rows < q_lens[:, None]
