@@ -76,6 +76,13 @@ class ServerMetrics:
         self.request_decode_time = histogram("request_decode_time_seconds",
                                              "Time spent in decode, in seconds.",
                                              _REQUEST_BUCKETS)
+        self.kv_cache_utilization_perc = gauge(
+            "kv_cache_utilization_perc",
+            "Share of handed-out KV slots that hold a token. 1 means 100 percent.")
+        self.kv_cache_fragmentation_perc = gauge(
+            "kv_cache_fragmentation_perc",
+            "Share of KV slots lost to fragmentation: handed out but empty (internal) plus "
+            "free but unusable for the next allocation (external). 1 means 100 percent.")
         self.prefix_cache_queries = counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_cache_hits = counter(
@@ -99,6 +106,8 @@ class EngineSnapshot:
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0
+    kv_utilization: float = 1.0
+    kv_fragmentation: float = 0.0
     num_preemptions: int = 0
     prefix_hit_rate: float | None = None
     prefix_queries: int = 0  # cumulative tokens
@@ -185,6 +194,8 @@ class StatsRecorder:
             m.num_requests_running.set(snap.num_running)
             m.num_requests_waiting.set(snap.num_waiting)
             m.kv_cache_usage_perc.set(snap.kv_usage)
+            m.kv_cache_utilization_perc.set(snap.kv_utilization)
+            m.kv_cache_fragmentation_perc.set(snap.kv_fragmentation)
             if snap.num_preemptions > self._preemptions:
                 m.num_preemptions.inc(snap.num_preemptions - self._preemptions)
             self._add_delta(m.prefix_cache_queries, "queries", snap.prefix_queries)

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvserve.bench import commands
 from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
+from kvserve.bench.memory import add_memory_parser
 
 __all__ = ["add_bench_parser", "main"]
 
@@ -104,6 +105,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare):
         add(sub)
+    add_memory_parser(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 
 

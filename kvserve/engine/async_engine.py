@@ -345,6 +345,7 @@ class AsyncLLMEngine:
         mover = self.engine.runner.mover
         snap = EngineSnapshot(
             num_running=sched.num_running, num_waiting=sched.num_waiting, kv_usage=kv.usage,
+            kv_utilization=kv.utilization, kv_fragmentation=kv.fragmentation,
             num_preemptions=sched.num_preemptions,
             prefix_hit_rate=kv.prefix_hits / kv.prefix_queries if kv.prefix_queries else None,
             prefix_queries=kv.prefix_queries, prefix_hits=kv.prefix_hits,

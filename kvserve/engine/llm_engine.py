@@ -33,6 +33,7 @@ logger = init_logger(__name__)
 
 PromptType = str | list[int] | dict
 _DEFAULT_KV_SHARE = 0.4  # of available RAM: the rest is headroom for weights and activations
+_DEFAULT_KV_CAP = 4 * 2**30  # as vLLM's CPU backend: more is rarely used, and zeroing costs
 
 
 def read_prompt_file(path: str) -> list[str | dict]:
@@ -115,11 +116,11 @@ class LLMEngine:
                 raise ValueError(f"kv_cache_memory {args.kv_cache_memory} is smaller than one KV "
                                  f"block ({per_block} bytes)")
         else:
-            share = int(available_memory_bytes() * _DEFAULT_KV_SHARE) // per_block
+            share = int(min(available_memory_bytes() * _DEFAULT_KV_SHARE, _DEFAULT_KV_CAP))
             useful = args.max_num_seqs * -(-self.max_model_len // args.block_size)
-            num = max(1, min(share, useful))
+            num = max(1, min(share // per_block, useful))
             source = (f"default: min({_DEFAULT_KV_SHARE:.0%} of available RAM, "
-                      f"max_num_seqs x max_model_len)")
+                      f"{_DEFAULT_KV_CAP / 2**30:g} GiB, max_num_seqs x max_model_len)")
         logger.info("KV cache: %d blocks x %d tokens = %.1f MiB (%s)", num, args.block_size,
                     num * per_block / 2**20, source)
         return num

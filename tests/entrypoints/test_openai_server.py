@@ -19,7 +19,7 @@ REQUIRED_METRICS = [
     "e2e_request_latency_seconds", "request_queue_time_seconds",
     "request_prefill_time_seconds", "request_decode_time_seconds",
     "prefix_cache_queries_total", "prefix_cache_hits_total", "kv_transfer_bytes_total",
-    "kv_transfer_seconds_total"]
+    "kv_transfer_seconds_total", "kv_cache_utilization_perc", "kv_cache_fragmentation_perc"]
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,13 @@ class KVStats:
         return 1.0 - self.utilization if self.allocated_slots else 0.0
 
     @property
+    def fragmentation(self) -> float:
+        """Slots lost to fragmentation (handed out but empty, or free but unusable) / all."""
+        total = self.num_blocks * self.block_size
+        lost = self.allocated_slots - self.used_tokens + self.unusable_free_blocks * self.block_size
+        return max(0.0, lost / total) if total else 0.0
+
+    @property
     def external_fragmentation(self) -> float:
         free = self.num_blocks - self.num_used_blocks
         return self.unusable_free_blocks / free if free else 0.0
