@@ -3,8 +3,11 @@
  * One query token per sequence. For each sequence the scores of every query head
  * against every cached key are computed by following the block table, softmaxed,
  * and used to sum the values. Each token's K and V rows (all kv heads, contiguous in
- * the pool) are read once, in order, with no gathered copy of the context. Query
- * heads that share a kv head (GQA) reuse the row while it is in cache.
+ * the pool) are read once, in order, with no gathered copy of the context: the pool is
+ * streamed like one array, which the hardware prefetcher follows best (tiling per head
+ * or per 8 keys measured slower). Query heads that share a kv head (GQA) reuse the row
+ * while it is in cache. The softmax's exponentials are vectorised (AVX2): as scalar
+ * expf calls they took about a third of the time with the context in cache.
  *
  * Layouts: q/out [S, H, D]; k/v pool [blocks, block_size, KVH, D];
  * tables [S, table_stride] (block ids); seq_lens [S] (keys to attend to).
@@ -12,6 +15,73 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+
+static inline float hsum(__m256 x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+
+/* e^x for x <= 0 (softmax after subtracting the max): x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its Taylor series to r^6 (relative error ~1e-7, float32 rounding level), then
+ * 2^n put in the exponent bits. Below -87 the result underflows to 0, as expf's does. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.f / 720.f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+static void softmax_avx2(float *sc, int64_t n) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sc + t));
+    float tmp[8], mx = -INFINITY;
+    _mm256_storeu_ps(tmp, vmax);
+    for (int i = 0; i < 8; i++) mx = tmp[i] > mx ? tmp[i] : mx;
+    for (int64_t u = t; u < n; u++) mx = sc[u] > mx ? sc[u] : mx;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (t = 0; t + 8 <= n; t += 8) {
+        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + t), vmx));
+        _mm256_storeu_ps(sc + t, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = hsum(vsum);
+    for (int64_t u = t; u < n; u++) { sc[u] = expf(sc[u] - mx); sum += sc[u]; }
+    const __m256 inv = _mm256_set1_ps(1.f / sum);
+    for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(sc + t, _mm256_mul_ps(_mm256_loadu_ps(sc + t), inv));
+    for (int64_t u = t; u < n; u++) sc[u] *= 1.f / sum;
+}
+
+#endif
+
+static void softmax(float *sc, int64_t n) {
+#ifdef __AVX2__
+    softmax_avx2(sc, n);
+#else
+    float mx = -INFINITY, sum = 0.f;
+    for (int64_t t = 0; t < n; t++) mx = sc[t] > mx ? sc[t] : mx;
+    for (int64_t t = 0; t < n; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
+    const float inv = 1.f / sum;
+    for (int64_t t = 0; t < n; t++) sc[t] *= inv;
+#endif
+}
 
 void paged_decode_attention(const float *q, const float *k_pool, const float *v_pool,
                             const int64_t *tables, int64_t table_stride,
@@ -40,14 +110,7 @@ void paged_decode_attention(const float *q, const float *k_pool, const float *v_
                 scores[h * n + (t - first)] = dot * scale;
             }
         }
-        for (int64_t h = 0; h < num_heads; h++) {
-            float *sc = scores + h * n;
-            float mx = -INFINITY, sum = 0.f;
-            for (int64_t t = 0; t < n; t++) mx = sc[t] > mx ? sc[t] : mx;
-            for (int64_t t = 0; t < n; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
-            const float inv = 1.f / sum;
-            for (int64_t t = 0; t < n; t++) sc[t] *= inv;
-        }
+        for (int64_t h = 0; h < num_heads; h++) softmax(scores + h * n, n);
         for (int64_t i = 0; i < num_heads * head_dim; i++) os[i] = 0.f;
         for (int64_t t = first; t < len; t++) {
             const float *v = v_pool + (table[t / block_size] * block_size + t % block_size) * row;
