@@ -1,9 +1,11 @@
 """Attention over a paged KV pool, for a flat batch of decodes and prefill chunks.
 
 The flat batch holds decode tokens first (one per request), then the prefill chunks,
-each request's tokens contiguous. Decodes run as one batched SDPA over their gathered
-block tables; prefill chunks run as a second, padded, batched SDPA whose mask is causal
-and offset by the tokens already cached. No Python loop over requests.
+each request's tokens contiguous. Decodes run in one call (the native kernel, or one
+batched SDPA over their gathered block tables). Prefill chunks run one SDPA each, at
+their own shapes: a step holds only a few of them (the token budget is split between
+them), and one padded batch wasted more on padding and lost the causal fast path
+than the loop costs (measured: 3x less prefill attention time on `mixed`).
 """
 from __future__ import annotations
 
@@ -16,32 +18,38 @@ from kvserve.kernels import Kernels
 
 
 @dataclass
+class PrefillSpan:
+    """One request's prefill chunk: rows [row, row + length) of the flat batch.
+
+    block_table [n]: the blocks of its whole context, set when keys before the chunk
+    are cached (they are read back from the pool); None: the chunk is the whole
+    context so far, and its fresh K/V are used directly.
+    mask [length, keys]: which keys each query may see; None means plain causal.
+    """
+
+    row: int
+    length: int
+    block_table: torch.Tensor | None
+    mask: torch.Tensor | None
+
+
+@dataclass
 class AttentionMetadata:
     """Tensors describing one step's flat batch (built once per step, shared by layers).
 
     slot_mapping[t]: flat KV slot where token t's K/V are written.
     decode_block_tables [D, Bd] / decode_mask [D, 1, 1, Ld]: decodes' blocks and valid keys.
-    prefill_gather [P, Q]: flat index of the q-th token of prefill p (padding repeats).
-    prefill_valid [P, Q]: which padded rows are real tokens.
-    prefill_block_tables [P, Bp] / prefill_mask [P, 1, Q, Lp]: keys each query may see.
-    prefill_from_cache: False when every prefill starts at position 0, so the fresh K/V
-    are used directly instead of gathering them back from the pool.
+    prefills: the prefill chunks, after the decodes.
     """
 
     slot_mapping: torch.Tensor
     num_decodes: int
     decode_block_tables: torch.Tensor | None
     decode_mask: torch.Tensor | None
-    num_prefills: int
-    prefill_gather: torch.Tensor | None
-    prefill_valid: torch.Tensor | None
-    prefill_block_tables: torch.Tensor | None
-    prefill_mask: torch.Tensor | None
-    prefill_from_cache: bool
+    prefills: list[PrefillSpan]
     decode_seq_lens: torch.Tensor | None = None  # [D] keys per decode (native kernel)
     native: Kernels | None = None  # native decode kernel, when built and the dtype fits
     sliding_window: int = 0
-    prefill_causal: bool = False  # a single prefill from position 0: SDPA's is_causal path
 
 
 class KVCache:
@@ -90,19 +98,15 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
                                             scale=scale, enable_gqa=gqa)
         out[:nd] = od.squeeze(2)
-    if meta.prefill_causal:  # one fresh prompt: plain causal attention, no mask, no padding
-        qp, kp, vp = (x[nd:].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale,
-                                            enable_gqa=gqa)
-        out[nd:] = op[0].transpose(0, 1)
-    elif meta.num_prefills:
-        qp = q[nd:][meta.prefill_gather].transpose(1, 2)  # [P, H, Q, d]
-        if meta.prefill_from_cache:
-            kp, vp = cache.gather(meta.prefill_block_tables, q.dtype)
+    for span in meta.prefills:
+        rows = slice(span.row, span.row + span.length)
+        qp = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, Q, d]
+        if span.block_table is None:
+            kp, vp = (x[rows].transpose(0, 1).unsqueeze(0) for x in (k, v))
         else:
-            kp = k[nd:][meta.prefill_gather].transpose(1, 2)
-            vp = v[nd:][meta.prefill_gather].transpose(1, 2)
-        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=meta.prefill_mask,
-                                            scale=scale, enable_gqa=gqa)
-        out[nd:] = op.transpose(1, 2)[meta.prefill_valid]
+            kp, vp = cache.gather(span.block_table.unsqueeze(0), q.dtype)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=span.mask,
+                                            is_causal=span.mask is None, scale=scale,
+                                            enable_gqa=gqa)
+        out[rows] = op[0].transpose(0, 1)
     return out

@@ -6,15 +6,15 @@ from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import activation
+from kvserve.model.layers import Linear, activation
 
 
 class GPT2Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.c_attn = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
-        self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.c_attn = Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.c_proj = Linear(cfg.hidden_size, cfg.hidden_size)
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
@@ -27,8 +27,8 @@ class GPT2Attention(nn.Module):
 class GPT2MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.c_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.c_fc = Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.c_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,7 +66,7 @@ class GPT2LMHeadModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.transformer = GPT2Transformer(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
 

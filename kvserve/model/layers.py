@@ -10,6 +10,33 @@ from torch import nn
 from kvserve.model.config import RopeConfig
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose few-row products (decode steps) may run on the native kernel.
+
+    ``native`` is set by :func:`use_native_linear` once the weights are loaded; None
+    keeps torch's GEMM for every shape.
+    """
+
+    native = None  # kvserve.kernels.Kernels | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        native = self.native
+        if native is not None and x.dim() == 2 and x.shape[0] <= native.few_rows_max:
+            return native.few_rows_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def use_native_linear(model: nn.Module, kernels) -> int:
+    """Route the few-row products of every float32 Linear to ``kernels``; returns how many."""
+    count = 0
+    for module in model.modules():
+        if (isinstance(module, Linear) and module.weight.dtype == torch.float32
+                and module.weight.is_contiguous()):
+            module.native = kernels
+            count += 1
+    return count
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()

@@ -8,7 +8,7 @@ import torch
 
 from kvserve.core.scheduler_output import ScheduledRequest
 from kvserve.kernels import Kernels
-from kvserve.model.attention import AttentionMetadata
+from kvserve.model.attention import AttentionMetadata, PrefillSpan
 
 
 @dataclass
@@ -54,8 +54,8 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
     nd = len(decodes)
     meta = AttentionMetadata(
         slot_mapping=torch.from_numpy(slots), num_decodes=nd, decode_block_tables=None,
-        decode_mask=None, num_prefills=len(prefills), prefill_gather=None, prefill_valid=None,
-        prefill_block_tables=None, prefill_mask=None, prefill_from_cache=False)
+        decode_mask=None, prefills=_prefill_spans(prefills, tables[nd:], nd, block_size,
+                                                  sliding_window))
     if nd and native is not None:
         width = int(starts[:nd].max()) // block_size + 1
         meta.decode_block_tables = torch.from_numpy(np.ascontiguousarray(tables[:nd, :width]))
@@ -63,8 +63,6 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
         meta.native, meta.sliding_window = native, sliding_window or 0
     elif nd:
         _decode_meta(meta, tables[:nd], starts[:nd], block_size, sliding_window)
-    if prefills:
-        _prefill_meta(meta, tables[nd:], starts[nd:], q_lens[nd:], block_size, sliding_window)
 
     ends = np.cumsum(q_lens) - 1
     sample_idx = [i for i, s in enumerate(order) if s.sample]
@@ -84,24 +82,21 @@ def _decode_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray
     meta.decode_mask = mask[:, None, None, :]
 
 
-def _prefill_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray,
-                  q_lens: np.ndarray, block_size: int, window: int | None) -> None:
-    num, max_q = len(q_lens), int(q_lens.max())
-    if num == 1 and not starts.any() and (window is None or window >= max_q):
-        meta.prefill_causal = True
-        return
-    first = np.cumsum(q_lens) - q_lens
-    rows = np.arange(max_q)[None, :]
-    valid = rows < q_lens[:, None]
-    meta.prefill_gather = torch.from_numpy(first[:, None] + np.minimum(rows, q_lens[:, None] - 1))
-    meta.prefill_valid = torch.from_numpy(valid)
-    meta.prefill_from_cache = bool(starts.any())
-    query_pos = torch.from_numpy(starts[:, None] + rows)[:, :, None]  # [P, Q, 1]
-    if meta.prefill_from_cache:
-        width = int((starts + q_lens).max() - 1) // block_size + 1
-        meta.prefill_block_tables = torch.from_numpy(np.ascontiguousarray(tables[:, :width]))
-        key_pos = torch.arange(width * block_size)[None, None, :]
-    else:
-        key_pos = torch.arange(max_q)[None, None, :]
-    mask = (key_pos <= query_pos) & _window_ok(key_pos, query_pos, window)
-    meta.prefill_mask = mask[:, None, :, :]
+def _prefill_spans(prefills: list[ScheduledRequest], tables: np.ndarray, first_row: int,
+                   block_size: int, window: int | None) -> list[PrefillSpan]:
+    spans, row = [], first_row
+    for s, table in zip(prefills, tables):
+        q_len, start = len(s.token_ids), s.start_pos
+        block_table, mask = None, None
+        if start:  # keys before the chunk are in the pool: read the context back
+            width = (start + q_len - 1) // block_size + 1
+            block_table = torch.from_numpy(np.ascontiguousarray(table[:width]))
+            key_pos = torch.arange(width * block_size)[None, :]
+        else:
+            key_pos = torch.arange(q_len)[None, :]
+        if start or (window is not None and window < q_len):
+            query_pos = torch.arange(start, start + q_len)[:, None]
+            mask = (key_pos <= query_pos) & _window_ok(key_pos, query_pos, window)
+        spans.append(PrefillSpan(row, q_len, block_table, mask))
+        row += q_len
+    return spans
