@@ -21,9 +21,9 @@ logger = init_logger(__name__)
 _SOURCES = tuple(Path(__file__).with_name(name)
                  for name in ("paged_attention.c", "few_rows_linear.c"))
 
-# Up to this many rows the native linear beats torch's GEMM (bench-100m's shapes,
-# weights streamed from DRAM: 2.1x at 1 row, 1.7x at 8, 1.1x at 32).
-FEW_ROWS_MAX = 32
+# Up to this many rows the native linear beats the GEMMs (bench-100m's shapes, weights
+# streamed from DRAM: 2.1x MKL at 1 row; level with oneDNN's at about 8).
+FEW_ROWS_MAX = 8
 
 
 def _cache_dir() -> Path:

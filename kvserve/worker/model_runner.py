@@ -9,7 +9,7 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.kernels import load_kernels
 from kvserve.model.attention import KVCache
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import use_native_linear
+from kvserve.model.layers import use_fast_linear
 from kvserve.worker.input_batch import build_inputs
 from kvserve.worker.kv_tiers import BlockStore, TierMover
 from kvserve.worker.sampler import Sampler, SampleResult
@@ -39,8 +39,8 @@ class ModelRunner:
         if native_kernels and kv_dtype == torch.float32:
             kernels = load_kernels()
             self.native = kernels if kernels.available else None
-        if self.native is not None:
-            use_native_linear(model, self.native)
+        if native_kernels:
+            use_fast_linear(model, self.native)
 
     def close(self) -> None:
         if self.disk is not None:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.kernels import load_kernels
-from kvserve.model.layers import Linear, use_native_linear
+from kvserve.model.layers import Linear, use_fast_linear
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
@@ -28,7 +28,7 @@ def test_matches_torch(m, n, k, bias):
 
 def test_linear_uses_native_only_for_few_rows(monkeypatch):
     layer = Linear(16, 8)
-    assert use_native_linear(layer, kernels) == 1
+    assert use_fast_linear(layer, kernels) == 1
     calls = []
     monkeypatch.setattr(kernels, "few_rows_linear",
                         lambda x, w, b: calls.append(x.shape[0]) or F.linear(x, w, b))
