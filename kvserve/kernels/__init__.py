@@ -18,12 +18,7 @@ from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name(name)
-                 for name in ("paged_attention.c", "few_rows_linear.c"))
-
-# Up to this many rows the native linear beats the GEMMs (bench-100m's shapes, weights
-# streamed from DRAM: 2.1x MKL at 1 row; level with oneDNN's at about 8).
-FEW_ROWS_MAX = 8
+_SOURCE = Path(__file__).with_name("paged_attention.c")
 
 
 def _cache_dir() -> Path:
@@ -32,9 +27,9 @@ def _cache_dir() -> Path:
     return Path(base) / "kernels"
 
 
-def _build(sources: tuple[Path, ...]) -> Path:
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources)).hexdigest()[:16]
-    target = _cache_dir() / f"kvserve-kernels-{digest}.so"
+def _build(source: Path) -> Path:
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = _cache_dir() / f"{source.stem}-{digest}.so"
     if target.exists():
         return target
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -44,7 +39,7 @@ def _build(sources: tuple[Path, ...]) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-               *map(str, sources), "-o", str(out), "-lm"]
+               str(source), "-o", str(out), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         os.replace(out, target)  # atomic: concurrent builders never see half a file
     return target
@@ -57,7 +52,7 @@ class Kernels:
         self.available = False
         self.reason = ""
         try:
-            lib = ctypes.CDLL(str(_build(_SOURCES)))
+            lib = ctypes.CDLL(str(_build(_SOURCE)))
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
             self.reason = detail.strip().splitlines()[-1] if detail.strip() else repr(e)
@@ -69,10 +64,6 @@ class Kernels:
                        ctypes.c_float, i64]
         fn.restype = None
         self._decode = fn
-        linear = lib.few_rows_linear
-        linear.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
-        linear.restype = None
-        self._linear = linear
         self.available = True
 
     def paged_decode_attention(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
@@ -84,19 +75,6 @@ class Kernels:
         self._decode(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
                      tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs,
                      scale, window)
-
-
-    few_rows_max = FEW_ROWS_MAX
-
-    def few_rows_linear(self, x, weight, bias):
-        """F.linear for float32 x [M, K] with few rows; weight [N, K] contiguous."""
-        x = x.contiguous()
-        m, k = x.shape
-        n = weight.shape[0]
-        y = x.new_empty((m, n))
-        self._linear(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                     y.data_ptr(), m, n, k)
-        return y
 
 
 @functools.cache
