@@ -88,14 +88,25 @@ def _median_time(fn: Callable[[], object], repeats: int, min_time: float = 0.05)
     return statistics.median(samples)
 
 
-def measure_gemm_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
-    """GFLOP/s of an fp32 ``[m x k] @ [k x n]`` matmul (2mkn FLOPs)."""
+def measure_gemm_gflops(m: int, k: int, n: int, repeats: int = 5, packed: bool = False) -> float:
+    """GFLOP/s of an fp32 ``[m x k] @ [k x n]`` matmul (2mkn FLOPs).
+
+    ``packed``: through oneDNN with the weight packed once, as kvserve's linear layers
+    run (the best GEMM this CPU offers through torch, so it belongs in the ceiling).
+    """
     import torch
 
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    out = torch.empty(m, n)
+    from kvserve.model.layers import Linear, use_packed_linear
+
+    a = torch.randn(m, k)
     with torch.inference_mode():
-        t = _median_time(lambda: torch.matmul(a, b, out=out), repeats)
+        if packed:
+            layer = Linear(k, n, bias=False)
+            use_packed_linear(layer)
+            t = _median_time(lambda: layer(a), repeats)
+        else:
+            b, out = torch.randn(k, n), torch.empty(m, n)
+            t = _median_time(lambda: torch.matmul(a, b, out=out), repeats)
     return 2.0 * m * k * n / t / 1e9
 
 
@@ -128,11 +139,18 @@ def measure_roofline(
     repeats: int = 5,
     bandwidth_mb: int = 256,
 ) -> RooflineResult:
-    """Measure GEMM rates for each ``m`` (and a ``cube``^3 matmul) and bandwidths."""
+    """Measure GEMM rates for each ``m`` (plain and packed, and a ``cube``^3 matmul)
+    and bandwidths."""
+    from kvserve.model.layers import packed_linear_available
+
     with torch_threads(threads):
         res = RooflineResult(threads=threads)
         for m in ms:
             res.gemm_gflops[f"{m}x{k}x{n}"] = measure_gemm_gflops(m, k, n, repeats)
+        if packed_linear_available():
+            for m in ms:
+                res.gemm_gflops[f"packed {m}x{k}x{n}"] = measure_gemm_gflops(
+                    m, k, n, repeats, packed=True)
         if cube:
             res.gemm_gflops[f"{cube}^3"] = measure_gemm_gflops(cube, cube, cube, max(1, repeats // 2))
         res.sum_bandwidth_gbs = measure_sum_bandwidth(bandwidth_mb, repeats)
