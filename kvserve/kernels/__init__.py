@@ -14,11 +14,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+
 from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-_SOURCE = Path(__file__).with_name("paged_attention.c")
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c"))
+_HEADERS = (Path(__file__).with_name("vec_math.h"),)
 
 
 def _cache_dir() -> Path:
@@ -27,9 +30,9 @@ def _cache_dir() -> Path:
     return Path(base) / "kernels"
 
 
-def _build(source: Path) -> Path:
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    target = _cache_dir() / f"{source.stem}-{digest}.so"
+def _build(sources: tuple[Path, ...], headers: tuple[Path, ...]) -> Path:
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources + headers)).hexdigest()
+    target = _cache_dir() / f"kvserve-kernels-{digest[:16]}.so"
     if target.exists():
         return target
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -39,7 +42,7 @@ def _build(source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-               str(source), "-o", str(out), "-lm"]
+               *map(str, sources), "-o", str(out), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         os.replace(out, target)  # atomic: concurrent builders never see half a file
     return target
@@ -52,7 +55,7 @@ class Kernels:
         self.available = False
         self.reason = ""
         try:
-            lib = ctypes.CDLL(str(_build(_SOURCE)))
+            lib = ctypes.CDLL(str(_build(_SOURCES, _HEADERS)))
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
             self.reason = detail.strip().splitlines()[-1] if detail.strip() else repr(e)
@@ -64,6 +67,10 @@ class Kernels:
                        ctypes.c_float, i64]
         fn.restype = None
         self._decode = fn
+        f32 = ctypes.c_float
+        self._rms_norm = _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
+        self._silu_mul = _bind(lib.silu_mul, [ptr, ptr, i64, i64])
+        self._rotary = _bind(lib.rotary, [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64])
         self.available = True
 
     def paged_decode_attention(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
@@ -75,6 +82,32 @@ class Kernels:
         self._decode(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
                      tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs,
                      scale, window)
+
+
+    def rms_norm(self, x, weight, eps: float):
+        """RMSNorm of float32 rows x [T, D] (contiguous) with weight [D]."""
+        out = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0],
+                       x.shape[1], eps)
+        return out
+
+    def silu_mul(self, gate_up):
+        """silu(gate) * up for float32 gate_up [T, 2I] (contiguous) -> [T, I]."""
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = gate_up.new_empty((rows, inter))
+        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
+        return out
+
+    def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):
+        """Rotate the q and k heads at the start of each float32 qkv row in place."""
+        self._rotary(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
+                     cos.data_ptr(), sin.data_ptr(), num_q, num_k, head_dim)
+
+
+def _bind(fn, argtypes):
+    fn.argtypes = argtypes
+    fn.restype = None
+    return fn
 
 
 @functools.cache

@@ -15,38 +15,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include "vec_math.h"
+
 #ifdef __AVX2__
-#include <immintrin.h>
-
-static inline float hsum(__m256 x) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_hadd_ps(s, s);
-    return _mm_cvtss_f32(_mm_hadd_ps(s, s));
-}
-
-/* e^x for x <= 0 (softmax after subtracting the max): x = n ln2 + r, |r| <= ln2/2,
- * e^r by its Taylor series to r^6 (relative error ~1e-7, float32 rounding level), then
- * 2^n put in the exponent bits. Below -87 the result underflows to 0, as expf's does. */
-static inline __m256 exp_nonpositive(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.f / 720.f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-    const __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
-}
-
 static void softmax_avx2(float *sc, int64_t n) {
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     int64_t t = 0;
@@ -58,7 +29,7 @@ static void softmax_avx2(float *sc, int64_t n) {
     const __m256 vmx = _mm256_set1_ps(mx);
     __m256 vsum = _mm256_setzero_ps();
     for (t = 0; t + 8 <= n; t += 8) {
-        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + t), vmx));
+        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t), vmx));
         _mm256_storeu_ps(sc + t, e);
         vsum = _mm256_add_ps(vsum, e);
     }

@@ -49,13 +49,31 @@ def use_packed_linear(model: nn.Module) -> int:
     return count
 
 
+def use_native_kernels(model: nn.Module, kernels) -> int:
+    """Run the elementwise layers (RMSNorm, rotary, SiLU-and-multiply) on ``kernels``
+    where the model computes in float32; returns how many layers were switched."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, (RMSNorm, RotaryEmbedding, GatedActivation)) and module.native_ok():
+            module.native = kernels
+            count += 1
+    return count
+
+
 class RMSNorm(nn.Module):
+    native = None  # kvserve.kernels.Kernels, set by use_native_kernels
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
+    def native_ok(self) -> bool:
+        return self.weight.dtype == torch.float32
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None and x.dim() == 2 and x.dtype == torch.float32:
+            return self.native.rms_norm(x.contiguous(), self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -84,6 +102,8 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables, indexed by absolute position (rotate-half layout)."""
 
+    native = None  # kvserve.kernels.Kernels, set by use_native_kernels
+
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         inv_freq = rope_inv_freq(rope, head_dim)
@@ -91,6 +111,19 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def native_ok(self) -> bool:
+        return self.cos.dtype == torch.float32
+
+    def rotate_qkv_(self, positions: torch.Tensor, qkv: torch.Tensor, num_q: int,
+                    num_k: int, head_dim: int) -> bool:
+        """Rotate q and k inside a fused [T, q|k|v] activation in place, when the native
+        kernel can; False means nothing was done (use ``forward`` on the split q, k)."""
+        if (self.native is None or qkv.dtype != torch.float32 or qkv.stride(1) != 1
+                or positions.dtype != torch.int64 or not positions.is_contiguous()):
+            return False
+        self.native.rotary_(qkv, positions, self.cos, self.sin, num_q, num_k, head_dim)
+        return True
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,6 +135,26 @@ class RotaryEmbedding(nn.Module):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class GatedActivation(nn.Module):
+    """act(gate) * up for a fused [T, gate | up] activation (the gated MLPs)."""
+
+    native = None  # kvserve.kernels.Kernels, set by use_native_kernels
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.act = activation(name)
+        self.is_silu = name in ("silu", "swish")
+
+    def native_ok(self) -> bool:
+        return self.is_silu
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.native is not None and gate_up.dim() == 2 and gate_up.dtype == torch.float32:
+            return self.native.silu_mul(gate_up.contiguous())
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act(gate) * up
 
 
 def activation(name: str):

@@ -11,7 +11,7 @@ from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import Linear, RMSNorm, RotaryEmbedding, activation
+from kvserve.model.layers import GatedActivation, Linear, RMSNorm, RotaryEmbedding
 
 
 class LlamaAttention(nn.Module):
@@ -27,11 +27,15 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
                 cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        rotated = rotary.rotate_qkv_(positions, qkv, self.num_heads, self.num_kv_heads,
+                                     self.head_dim)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        if not rotated:
+            q, k = rotary(positions, q, k)
         out = paged_attention(q, k, v, cache, meta, self.scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -42,11 +46,10 @@ class LlamaMLP(nn.Module):
         self.inter = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
         self.down_proj = Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.act = activation(cfg.hidden_act)
+        self.act = GatedActivation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

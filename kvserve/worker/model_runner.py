@@ -9,7 +9,7 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.kernels import load_kernels
 from kvserve.model.attention import KVCache
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import use_packed_linear
+from kvserve.model.layers import use_native_kernels, use_packed_linear
 from kvserve.worker.input_batch import build_inputs
 from kvserve.worker.kv_tiers import BlockStore, TierMover
 from kvserve.worker.sampler import Sampler, SampleResult
@@ -41,6 +41,8 @@ class ModelRunner:
             self.native = kernels if kernels.available else None
         if native_kernels:
             use_packed_linear(model)
+        if self.native is not None:
+            use_native_kernels(model, self.native)
 
     def close(self) -> None:
         if self.disk is not None:

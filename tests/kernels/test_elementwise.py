@@ -1,0 +1,57 @@
+"""The native RMSNorm, SiLU-and-multiply and rotary kernels agree with the torch paths."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.kernels import load_kernels
+from kvserve.model.config import RopeConfig
+from kvserve.model.layers import GatedActivation, RMSNorm, RotaryEmbedding, use_native_kernels
+
+kernels = load_kernels()
+pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
+
+
+@pytest.mark.parametrize("rows, dim", [(1, 64), (5, 100), (33, 768)])
+def test_rms_norm(rows, dim):
+    torch.manual_seed(0)
+    norm = RMSNorm(dim, 1e-5)
+    norm.weight.data.normal_()
+    x = torch.randn(rows, dim) * 3
+    expected = norm(x)
+    assert use_native_kernels(norm, kernels) == 1
+    torch.testing.assert_close(norm(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, inter", [(1, 16), (4, 37), (9, 2048)])
+def test_silu_mul(rows, inter):
+    torch.manual_seed(0)
+    act = GatedActivation("silu")
+    gate_up = torch.randn(rows, 2 * inter) * 6  # reaches exp's clamped and tiny ranges
+    gate_up[0, 0], gate_up[0, 1] = 95.0, -95.0
+    expected = act(gate_up)
+    assert use_native_kernels(act, kernels) == 1
+    torch.testing.assert_close(act(gate_up), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_gate_stays_on_torch():
+    assert use_native_kernels(GatedActivation("gelu"), kernels) == 0
+
+
+@pytest.mark.parametrize("num_q, num_k, head_dim", [(4, 2, 16), (12, 4, 64), (3, 3, 10)])
+def test_rotary_in_place_on_fused_qkv(num_q, num_k, head_dim):
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(RopeConfig(), head_dim, 256)
+    t, kv = 7, num_k * head_dim
+    qkv = torch.randn(t, num_q * head_dim + 2 * kv)
+    positions = torch.tensor([0, 1, 2, 100, 101, 5, 255])
+    q, k, v = qkv.split([num_q * head_dim, kv, kv], dim=-1)
+    eq, ek = rope(positions, q.reshape(t, num_q, head_dim), k.reshape(t, num_k, head_dim))
+    v_before = v.clone()
+    assert not rope.rotate_qkv_(positions, qkv, num_q, num_k, head_dim)  # not enabled yet
+    assert use_native_kernels(rope, kernels) == 1
+    assert rope.rotate_qkv_(positions, qkv, num_q, num_k, head_dim)
+    q, k, v = qkv.split([num_q * head_dim, kv, kv], dim=-1)
+    torch.testing.assert_close(q.reshape(t, num_q, head_dim), eq, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k.reshape(t, num_k, head_dim), ek, rtol=1e-5, atol=1e-5)
+    assert torch.equal(v, v_before)
