@@ -39,9 +39,46 @@ def test_shared_prefix_reuses_full_blocks():
 
 def test_whole_prompt_never_fully_cached():
     kv = PagedKVCacheManager(32, BS)
-    assert _admit(kv, _req("a", list(range(8))))
+    a = _req("a", list(range(8)))
+    assert _admit(kv, a)
+    kv.free(a)
     b = _req("b", list(range(8)))
-    assert kv.get_computed_tokens(b) == 4  # the last token must be computed
+    assert kv.get_computed_tokens(b) == 4  # the last block holds the last token: computed
+
+
+def test_prompt_tail_is_copied_from_a_live_request():
+    kv = PagedKVCacheManager(32, BS)
+    a = _req("a", list(range(10)))  # [0-3][4-7] full, [8,9] part-filled
+    assert _admit(kv, a)
+    b = _req("b", list(range(10)))
+    assert kv.get_computed_tokens(b) == 9  # all but the last token, which b computes
+    ta, tb = kv.block_table(a), kv.block_table(b)
+    assert tb[:2] == ta[:2] and tb[2] != ta[2]  # full blocks shared, the tail copied
+    assert kv.take_block_copies() == [(ta[2], tb[2])]
+    assert kv.allocate_slots(b, 1)
+    kv.free(a)
+    kv.free(b)
+    assert kv.stats().num_used_blocks == 0 and not kv._tail_owner
+
+
+def test_no_tail_copy_before_the_donor_has_computed_it():
+    kv = PagedKVCacheManager(32, BS)
+    a = _req("a", list(range(10)))
+    a.num_computed_tokens = kv.get_computed_tokens(a)
+    assert kv.allocate_slots(a, 10)  # scheduled in this step, not computed yet
+    b = _req("b", list(range(10)))
+    assert kv.get_computed_tokens(b) == 8  # same-step full-block hits only
+    assert kv.take_block_copies() == []
+
+
+def test_tail_copy_dropped_when_admission_is_undone():
+    kv = PagedKVCacheManager(32, BS)
+    assert _admit(kv, _req("a", list(range(10))))
+    b = _req("b", list(range(10)))
+    assert kv.get_computed_tokens(b) == 9
+    kv.free(b)  # e.g. max_num_seqs reached: the scheduler drops what b took
+    assert kv.take_block_copies() == []
+    assert kv.stats().num_used_blocks == 3
 
 
 def test_freed_blocks_stay_cached_until_reused():

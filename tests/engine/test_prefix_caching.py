@@ -57,3 +57,16 @@ def test_n_samples_share_the_prompt(llama_dir):
     assert all(o.token_ids == ref for o in out.outputs)
     stats = llm.engine.kv.stats()
     assert stats.prefix_hits >= 3 * 28  # children 1..3 reuse the 7 full prompt blocks
+
+
+def test_n_samples_copy_the_part_filled_prompt_block(llama_dir):
+    # the budget fits one prompt: child 0 prefills alone, its siblings come a step later,
+    # take the 3 full blocks from the cache and a copy of the part-filled 4th block
+    llm = LLM(llama_dir, block_size=8, max_num_batched_tokens=31)
+    prompt = prompts_of_lengths([31], seed=11)[0]
+    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(
+        n=4, temperature=0, max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False)[0]
+    ref = hf_greedy(llama_dir, [prompt], MAX_NEW)[0]
+    assert all(o.token_ids == ref for o in out.outputs)
+    assert llm.engine.kv.tail_copies == 3
+    assert llm.engine.kv.stats().num_used_blocks == 0

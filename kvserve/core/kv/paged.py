@@ -24,6 +24,12 @@ class PagedKVCacheManager(KVCacheManager):
     until the pool reuses it, least recently freed first. Blocks are registered when
     scheduled, before the step writes them: K/V of a step are written before any
     attention of that step reads them, so a hit in the same step reads valid KV.
+
+    The part-filled block at the end of a prompt cannot be shared: each sequence writes
+    its own tokens into it. When another live request (an n > 1 sibling, a repeated
+    prompt) has already computed the same prompt, a new request gets a copy of that
+    block (copy on write: the runner copies it before the step) and computes only its
+    last prompt token, whose logits it samples from.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -42,6 +48,9 @@ class PagedKVCacheManager(KVCacheManager):
         self._slots_released: list[int] = []  # swap slots read by this step's copies
         self._released_last_step: list[int] = []  # ... and by the previous step's: free now
         self._pinned: list[int] = []
+        self._tail_owner: dict[tuple, Request] = {}  # prompt tail key -> a live request
+        self._tail_key: dict[str, tuple] = {}  # owner's request id -> its key
+        self.tail_copies = 0  # part-filled prompt blocks shared by copy, cumulative
         self.moved = {SWAP_OUT: 0, SWAP_IN: 0, OFFLOAD: 0, ONLOAD: 0}  # blocks, cumulative
 
     @classmethod
@@ -76,14 +85,38 @@ class PagedKVCacheManager(KVCacheManager):
                 if block is None:
                     break
             hit_blocks.append(block)
-        self._tables[req.request_id] = hit_blocks
         self._registered[req.request_id] = len(hit_blocks)
-        computed = len(hit_blocks) * self.block_size
-        self._tokens[req.request_id] = computed
-        if req.num_preemptions == 0:
+        cached = len(hit_blocks) * self.block_size
+        if req.num_preemptions == 0:  # the metric counts cached blocks, not tail copies
             self.cache.queries += req.num_tokens
-            self.cache.hits += computed
+            self.cache.hits += cached
+        computed = cached + self._copy_tail(req, hashes, hit_blocks)
+        self._tables[req.request_id] = hit_blocks
+        self._tokens[req.request_id] = computed
         return computed
+
+    def _copy_tail(self, req: Request, hashes: list[int], table: list[int]) -> int:
+        """Share the prompt's part-filled last block by copy from a request that computed
+        it (appended to ``table`` once every full block was a hit); returns the tokens
+        gained (0: none). Otherwise ``req`` may become the donor for later requests."""
+        full = len(hashes)
+        start, end = full * self.block_size, req.num_tokens - 1  # the last token is computed
+        if end <= start:
+            return 0
+        key = (hashes[-1] if hashes else None, tuple(req.token_slice(start, end)))
+        donor = self._tail_owner.setdefault(key, req)
+        if donor is req:
+            self._tail_key[req.request_id] = key
+        donor_table = self._tables.get(donor.request_id, [])
+        if (donor is req or len(table) < full or donor.num_computed_tokens < end
+                or len(donor_table) <= full
+                or self.pool.num_free == 0):
+            return 0
+        block = self._take_blocks(1)[0]
+        self._pending_copies.append((donor_table[full], block))
+        table.append(block)
+        self.tail_copies += 1
+        return end - start
 
     def _onload(self, block_hash: int) -> int | None:
         """Bring a block back from disk into a fresh pool block (refcount 1)."""
@@ -160,8 +193,15 @@ class PagedKVCacheManager(KVCacheManager):
 
     def free(self, req: Request) -> None:
         # tail first: the end of a sequence is the least likely to be shared, evict it first
-        for b in reversed(self._tables.pop(req.request_id, [])):
+        table = self._tables.pop(req.request_id, [])
+        for b in reversed(table):
             self.pool.decref(b)
+        if self._pending_copies:  # a copy into a block given back is moot
+            dropped = set(table)
+            self._pending_copies = [(s, d) for s, d in self._pending_copies if d not in dropped]
+        key = self._tail_key.pop(req.request_id, None)
+        if key is not None and self._tail_owner.get(key) is req:
+            del self._tail_owner[key]
         self._tokens.pop(req.request_id, None)
         self._hashes.pop(req.request_id, None)
         self._registered.pop(req.request_id, None)
