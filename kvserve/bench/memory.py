@@ -401,7 +401,7 @@ def add_memory_parser(sub: Any) -> None:
     p.add_argument("--kv-budget", default=DEFAULT_BUDGET,
                    help="KV budget for every combination: N%% of the tokens the whole "
                         "workload holds at once, Ntokens, Nblocks, or a size like 200MiB "
-                        f"(default {DEFAULT_BUDGET})")
+                        f"(default {DEFAULT_BUDGET.replace('%', '%%')})")
     p.add_argument("--kv-managers", default=",".join(KV_MANAGERS), help="comma list")
     p.add_argument("--batchings", default=",".join(BATCHINGS), help="comma list")
     p.add_argument("--repeats", type=int, default=1,

@@ -168,3 +168,14 @@ def test_vllm_runner_with_fake_vllm(tmp_path: Path, tiny_model_dir: Path,
     assert res.engine_args["kv_cache_gib"] == 1
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     assert not vllm_runner.vllm_importable(sys.executable)
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["serve"], ["generate"], ["bench"], ["bench", "make-model"], ["bench", "roofline"],
+    ["bench", "throughput"], ["bench", "serve"], ["bench", "compare"], ["bench", "memory"]])
+def test_every_command_prints_its_help(argv, capsys):
+    from kvserve.entrypoints.cli import build_parser
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([*argv, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: kvserve" in capsys.readouterr().out
