@@ -19,8 +19,9 @@ class Linear(nn.Linear):
     well at every batch size (bench-100m's 49 matmuls, weights cold: 1.7x at 1 row and
     at 48 rows, 1.3x at 512). :func:`use_packed_linear` turns it on after loading.
     The packed copy doubles the memory of the linear weights. Releasing the dense copy
-    was measured: it saves that memory but makes a decode step ~10 % slower (glibc then
-    returns and re-faults the freed heap around each step's allocations), so it is kept.
+    was measured: it saves that memory but made a batch-1 decode step ~10 % slower, and
+    holding the freed tensors elsewhere restored the speed — an allocator effect, not a
+    compute one — so the dense copy is kept.
     """
 
     packed_weight: torch.Tensor | None = None
