@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvserve.bench import commands
+from kvserve.bench import commands, memory
 from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
-from kvserve.bench.memory import add_memory_parser
 
 __all__ = ["add_bench_parser", "main"]
 
@@ -98,14 +97,40 @@ def _add_compare(sub: Any) -> None:
     p.set_defaults(func=commands.cmd_compare)
 
 
+def _add_memory(sub: Any) -> None:
+    p = sub.add_parser(
+        "memory", help="paged / buddy / contiguous KV x continuous / length-bucket / static",
+        description="Run the workload under one fixed KV budget for every kv-manager x "
+                    "batching combination; report utilisation, fragmentation, concurrency, "
+                    "preemptions, throughput and P99 latency (JSON, PNG, markdown).")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--kv-budget", default=memory.DEFAULT_BUDGET,
+                   help="KV budget for every combination: N%% of the tokens the whole "
+                        "workload holds at once, Ntokens, Nblocks, or a size like 200MiB "
+                        f"(default {memory.DEFAULT_BUDGET.replace('%', '%%')})")
+    p.add_argument("--kv-managers", default=",".join(memory.KV_MANAGERS), help="comma list")
+    p.add_argument("--batchings", default=",".join(memory.BATCHINGS), help="comma list")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds over all combinations (interleaved, so drifting load hits "
+                        "all alike); throughput and latency are medians (default 1)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="scheduler and KV managers only, no model: memory figures, no timing")
+    p.add_argument("--markdown", default=None, metavar="PATH",
+                   help="write the markdown table (default: next to --json, .md)")
+    add_workload_args(p)
+    add_engine_args(p)
+    add_output_args(p)
+    p.set_defaults(func=commands.cmd_memory)
+
+
 def add_bench_parser(subparsers: Any) -> None:
     """Add ``bench`` with its sub-commands to a ``parser.add_subparsers()`` object."""
     bench = subparsers.add_parser("bench", help="benchmarks: throughput, serving, comparisons",
                                   description="kvserve benchmark instruments")
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
-    for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare):
+    for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
+                _add_memory):
         add(sub)
-    add_memory_parser(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 
 

@@ -7,10 +7,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench import report
+from kvserve.bench import memory, plots, report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
 
-__all__ = ["cmd_make_model", "cmd_roofline", "cmd_throughput", "cmd_serve", "cmd_compare"]
+__all__ = ["cmd_make_model", "cmd_roofline", "cmd_throughput", "cmd_serve", "cmd_compare",
+           "cmd_memory"]
 
 
 def _header(title: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -237,3 +238,108 @@ def cmd_compare(args: argparse.Namespace) -> int:
         title = f"{Path(model_dir).name} / {wl.name}: useful and total tok/s"
         print(f"wrote {plot_compare(args.plot, rows, title, report.machine_line(info))}")
     return 0
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    model_dir = resolve_model_dir(args.model)
+    wl = workload_from_args(args, model_dir)
+    engine_args = engine_args_from(args)
+    for name in ("kv_manager", "batching", "num_kv_blocks", "kv_cache_memory"):
+        if name in engine_args:
+            raise SystemExit(f"bench memory sweeps kv_manager and batching under --kv-budget; "
+                             f"drop --{name.replace('_', '-')}")
+    # the designs should differ only in memory layout: prefix caching is paged-only
+    engine_args.setdefault("enable_prefix_caching", False)
+    block_size = engine_args.get("block_size", 16)
+    bytes_per_block = _bytes_per_block(model_dir, block_size, engine_args.get("dtype", "auto"))
+    try:
+        num_blocks = memory.parse_kv_budget(args.kv_budget, wl, block_size, bytes_per_block)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
+    combos = [(kv, b) for kv in _names(args.kv_managers, memory.KV_MANAGERS)
+              for b in _names(args.batchings, memory.BATCHINGS)]
+    need = sum(r.prompt_len + r.max_tokens for r in wl.requests)
+    settings = {"model": str(model_dir), "workload": wl.name, "requests": len(wl),
+                "prompt_tokens": wl.num_prompt_tokens, "output_tokens": wl.num_output_tokens,
+                "kv_budget": f"{args.kv_budget} = {num_blocks} blocks x {block_size} = "
+                             f"{num_blocks * block_size} tokens "
+                             f"({num_blocks * block_size / need:.0%} of the {need} the "
+                             "workload holds at once)",
+                "engine_args": engine_args, "dry_run": args.dry_run}
+    report.print_settings("kvserve bench memory", settings)
+    info = report.machine_info()
+    print(report.machine_line(info))
+    rounds: list[list[memory.MemoryResult]] = []
+    for i in range(1 if args.dry_run else args.repeats):
+        if args.repeats > 1 and not args.dry_run:
+            print(f"round {i + 1} of {args.repeats}", flush=True)
+        done: dict[tuple[str, str], memory.MemoryResult] = {}
+        for kv, b in combos if i % 2 == 0 else combos[::-1]:  # alternate: drift cancels
+            res = memory.run_combo(model_dir, wl.requests, kv, b, num_blocks, engine_args,
+                            args.dry_run)
+            done[kv, b] = res
+            print(f"  {kv:10s} {b:13s} util {memory.pct(res.kv_utilization):>7s}  "
+                  f"ext {memory.pct(res.external_fragmentation):>7s}  "
+                  f"peak {res.peak_running:3d}  "
+                  f"preempt {res.preemptions:4d}  moved {res.moved_blocks:5d}  "
+                  f"recomputed {memory.pct(res.recompute_overhead):>7s}  steps {res.steps:5d}  "
+                  f"tok/s {memory.num_or_dash(res.output_tok_s, '.1f')}  "
+                  f"tok/CPU-s {memory.num_or_dash(res.output_tok_per_cpu_s, '.1f')}  "
+                  f"p99 {memory.num_or_dash(res.p99_latency_s, '.1f')} s", flush=True)
+        rounds.append([done[c] for c in combos])
+        # write after every round: a long run keeps what it measured
+        _write_outputs(args, info, model_dir, wl, settings, num_blocks, block_size, rounds,
+                       final=i + 1 == (1 if args.dry_run else args.repeats))
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, info: dict[str, Any], model_dir: Path,
+                   wl: Any, settings: dict[str, Any], num_blocks: int, block_size: int,
+                   rounds: list[list[memory.MemoryResult]], final: bool) -> None:
+    results = memory.combine_rounds(rounds)
+    first = f"{results[0].kv_manager}/{results[0].batching}" if results else "-"
+    context = (f"Workload `{wl.name}`, {len(wl)} requests, KV budget {num_blocks} blocks x "
+               f"{block_size} tokens"
+               + (", dry run (no model: memory figures only)" if args.dry_run else
+                  f", {len(rounds)} round(s): medians; tok/s ratio is to {first} in the "
+                  "same round")
+               + f";\n{report.machine_line(info)}")
+    md = memory.format_markdown(results, context)
+    if final:
+        print(md)
+    out = {"machine": info, "model": str(model_dir), "workload": wl.describe(),
+           "settings": settings, "kv_blocks": num_blocks, "block_size": block_size,
+           "rounds": [[r.to_dict() for r in rnd] for rnd in rounds],
+           "results": [r.to_dict() for r in results]}
+    say = print if final else (lambda *a, **k: None)
+    if args.json:
+        say(f"wrote {report.write_json(args.json, out)}")
+    md_path = args.markdown or (str(Path(args.json).with_suffix(".md")) if args.json else None)
+    if md_path:
+        Path(md_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(md_path).write_text(md + "\n")
+        say(f"wrote {md_path}")
+    if args.plot:
+        say(f"wrote {plots.plot_memory(args.plot, results, context)}")
+
+
+def _names(text: str, allowed: tuple[str, ...]) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise SystemExit(f"choose from {', '.join(allowed)}; got {text!r}")
+    return names
+
+
+def _bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None:
+    try:
+        from kvserve.model.config import ModelConfig
+        from kvserve.model.loader import resolve_dtype
+        from kvserve.worker.model_runner import kv_bytes_per_block
+
+        cfg = ModelConfig.from_dir(model_dir)
+        return kv_bytes_per_block(cfg, block_size, resolve_dtype(dtype, cfg))
+    except Exception:  # only needed for a size budget; parse_kv_budget says so if missing
+        return None

@@ -19,11 +19,11 @@ on the same engine, model and kernels. Per step the scheduler takes a KV snapsho
 
 ``--dry-run`` schedules the workload through the real scheduler and KV managers without
 running the model (sampled tokens are stand-ins): memory figures in seconds for the full
-workload; throughput and latency are not measured then.
+workload; throughput and latency are not measured then. The command itself is in
+``commands.py``, its plot in ``plots.py``.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,8 +32,9 @@ from typing import Any, Sequence
 
 from kvserve.bench.workloads import BenchRequest, Workload
 
-__all__ = ["COMBOS", "MemoryResult", "StepTotals", "parse_kv_budget", "run_combo",
-           "format_markdown", "plot_memory", "add_memory_parser", "cmd_memory"]
+__all__ = ["COMBOS", "KV_MANAGERS", "BATCHINGS", "DEFAULT_BUDGET", "MemoryResult",
+           "StepTotals", "parse_kv_budget", "run_combo", "combine_rounds", "format_markdown",
+           "ordering_summary"]
 
 KV_MANAGERS = ("paged", "buddy", "contiguous")
 BATCHINGS = ("continuous", "length-bucket", "static")
@@ -272,11 +273,11 @@ def combine_rounds(rounds: Sequence[Sequence[MemoryResult]]) -> list[MemoryResul
     return out
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
-def _num(x: float | None, fmt: str) -> str:
+def num_or_dash(x: float | None, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
@@ -288,12 +289,12 @@ def format_markdown(results: Sequence[MemoryResult], context: str = "") -> str:
     lines = [head, "|" + "---|" * 15]
     for r in results:
         lines.append(
-            f"| {r.kv_manager} | {r.batching} | {_pct(r.kv_utilization)} "
-            f"| {_pct(r.internal_fragmentation)} | {_pct(r.external_fragmentation)} "
+            f"| {r.kv_manager} | {r.batching} | {pct(r.kv_utilization)} "
+            f"| {pct(r.internal_fragmentation)} | {pct(r.external_fragmentation)} "
             f"| {r.peak_running} | {r.mean_running:.1f} | {r.preemptions} | {r.moved_blocks} "
-            f"| {_pct(r.recompute_overhead)} | {r.steps} "
-            f"| {_num(r.output_tok_s, '.1f')} | {_num(r.relative_tok_s, '.2f')} "
-            f"| {_num(r.output_tok_per_cpu_s, '.1f')} | {_num(r.p99_latency_s, '.1f')} |")
+            f"| {pct(r.recompute_overhead)} | {r.steps} "
+            f"| {num_or_dash(r.output_tok_s, '.1f')} | {num_or_dash(r.relative_tok_s, '.2f')} "
+            f"| {num_or_dash(r.output_tok_per_cpu_s, '.1f')} | {num_or_dash(r.p99_latency_s, '.1f')} |")
     out = "\n".join(lines)
     summary = ordering_summary(results)
     return (context + "\n\n" if context else "") + out + ("\n\n" + summary if summary else "")
@@ -309,11 +310,11 @@ def ordering_summary(results: Sequence[MemoryResult]) -> str:
     util = by(lambda r: r.kv_utilization)
     if util:
         lines.append("KV utilisation (continuous): " + " > ".join(
-            f"{r.kv_manager} {_pct(r.kv_utilization)}" for r in util))
+            f"{r.kv_manager} {pct(r.kv_utilization)}" for r in util))
     paged = [r for r in results if r.kv_manager == "paged"]
     if paged:
         worst = min(r.kv_utilization for r in paged)
-        lines.append(f"paged KV utilisation, lowest over batching policies: {_pct(worst)} "
+        lines.append(f"paged KV utilisation, lowest over batching policies: {pct(worst)} "
                      f"({'meets' if worst >= 0.98 else 'misses'} the 98 % target)")
     conc = by(lambda r: r.mean_running)
     if conc:
@@ -327,200 +328,3 @@ def ordering_summary(results: Sequence[MemoryResult]) -> str:
             lines.append(f"output tok/s ratio ({kv}): " + " > ".join(
                 f"{r.batching} {r.relative_tok_s:.2f}" for r in rows))
     return "\n".join(f"- {line}" for line in lines)
-
-
-def plot_memory(path: str | Path, results: Sequence[MemoryResult], subtitle: str = "") -> Path:
-    """Four panels: utilisation and fragmentation, throughput, P99 latency, concurrency."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    short = {"length-bucket": "len-bucket"}
-    labels = [f"{r.kv_manager}\n{short.get(r.batching, r.batching)}" for r in results]
-    xs = list(range(len(results)))
-    fig, axes = plt.subplots(2, 2, figsize=(max(11.0, 1.7 * len(results)), 9.0))
-
-    def bars(ax, series: dict[str, list[float]], title: str, ylabel: str, fmt: str) -> None:
-        if not any(v for values in series.values() for v in values):
-            ax.text(0.5, 0.5, "not measured (dry run)", ha="center", va="center",
-                    transform=ax.transAxes)
-            ax.set_title(title, fontsize=10)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            return
-        n = len(series)
-        width = 0.8 / n
-        for i, (name, values) in enumerate(series.items()):
-            pos = [x + (i - (n - 1) / 2) * width for x in xs]
-            b = ax.bar(pos, values, width, label=name)
-            ax.bar_label(b, labels=[format(v, fmt) for v in values], fontsize=6, padding=1)
-        ax.set_xticks(xs)
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel(ylabel)
-        ax.margins(y=0.15)
-        if n > 1:
-            ax.legend(fontsize=7)
-
-    bars(axes[0][0], {"KV utilisation": [100 * r.kv_utilization for r in results],
-                      "internal frag.": [100 * r.internal_fragmentation for r in results],
-                      "external frag.": [100 * r.external_fragmentation for r in results]},
-         "KV memory (share of slots / free blocks)", "%", ".0f")
-    bars(axes[0][1], {"per wall second": [r.output_tok_s or 0.0 for r in results],
-                      "per CPU second": [r.output_tok_per_cpu_s or 0.0 for r in results]},
-         "useful output tokens / s", "tok/s", ".0f")
-    bars(axes[1][0], {"P99 latency": [r.p99_latency_s or 0.0 for r in results]},
-         "P99 end-to-end latency", "s", ".1f")
-    bars(axes[1][1], {"peak running": [float(r.peak_running) for r in results],
-                      "mean running": [r.mean_running for r in results],
-                      "preemptions": [float(r.preemptions) for r in results]},
-         "concurrency and preemptions", "requests", ".0f")
-    fig.suptitle("kvserve bench memory" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
-    fig.tight_layout()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
-
-
-# -- the command ---------------------------------------------------------------------------------
-
-
-def add_memory_parser(sub: Any) -> None:
-    """Register ``kvserve bench memory`` on the bench sub-parsers."""
-    from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args
-
-    p = sub.add_parser(
-        "memory", help="paged / buddy / contiguous KV x continuous / length-bucket / static",
-        description="Run the workload under one fixed KV budget for every kv-manager x "
-                    "batching combination; report utilisation, fragmentation, concurrency, "
-                    "preemptions, throughput and P99 latency (JSON, PNG, markdown).")
-    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
-    p.add_argument("--kv-budget", default=DEFAULT_BUDGET,
-                   help="KV budget for every combination: N%% of the tokens the whole "
-                        "workload holds at once, Ntokens, Nblocks, or a size like 200MiB "
-                        f"(default {DEFAULT_BUDGET.replace('%', '%%')})")
-    p.add_argument("--kv-managers", default=",".join(KV_MANAGERS), help="comma list")
-    p.add_argument("--batchings", default=",".join(BATCHINGS), help="comma list")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="rounds over all combinations (interleaved, so drifting load hits "
-                        "all alike); throughput and latency are medians (default 1)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="scheduler and KV managers only, no model: memory figures, no timing")
-    p.add_argument("--markdown", default=None, metavar="PATH",
-                   help="write the markdown table (default: next to --json, .md)")
-    add_workload_args(p)
-    add_engine_args(p)
-    add_output_args(p)
-    p.set_defaults(func=cmd_memory)
-
-
-def cmd_memory(args: argparse.Namespace) -> int:
-    from kvserve.bench import report
-    from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
-
-    model_dir = resolve_model_dir(args.model)
-    wl = workload_from_args(args, model_dir)
-    engine_args = engine_args_from(args)
-    for name in ("kv_manager", "batching", "num_kv_blocks", "kv_cache_memory"):
-        if name in engine_args:
-            raise SystemExit(f"bench memory sweeps kv_manager and batching under --kv-budget; "
-                             f"drop --{name.replace('_', '-')}")
-    # the designs should differ only in memory layout: prefix caching is paged-only
-    engine_args.setdefault("enable_prefix_caching", False)
-    block_size = engine_args.get("block_size", 16)
-    bytes_per_block = _bytes_per_block(model_dir, block_size, engine_args.get("dtype", "auto"))
-    try:
-        num_blocks = parse_kv_budget(args.kv_budget, wl, block_size, bytes_per_block)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-    if args.repeats < 1:
-        raise SystemExit("--repeats must be at least 1")
-    combos = [(kv, b) for kv in _names(args.kv_managers, KV_MANAGERS)
-              for b in _names(args.batchings, BATCHINGS)]
-    need = sum(r.prompt_len + r.max_tokens for r in wl.requests)
-    settings = {"model": str(model_dir), "workload": wl.name, "requests": len(wl),
-                "prompt_tokens": wl.num_prompt_tokens, "output_tokens": wl.num_output_tokens,
-                "kv_budget": f"{args.kv_budget} = {num_blocks} blocks x {block_size} = "
-                             f"{num_blocks * block_size} tokens "
-                             f"({num_blocks * block_size / need:.0%} of the {need} the "
-                             "workload holds at once)",
-                "engine_args": engine_args, "dry_run": args.dry_run}
-    report.print_settings("kvserve bench memory", settings)
-    info = report.machine_info()
-    print(report.machine_line(info))
-    rounds: list[list[MemoryResult]] = []
-    for i in range(1 if args.dry_run else args.repeats):
-        if args.repeats > 1 and not args.dry_run:
-            print(f"round {i + 1} of {args.repeats}", flush=True)
-        done: dict[tuple[str, str], MemoryResult] = {}
-        for kv, b in combos if i % 2 == 0 else combos[::-1]:  # alternate: drift cancels
-            res = run_combo(model_dir, wl.requests, kv, b, num_blocks, engine_args,
-                            args.dry_run)
-            done[kv, b] = res
-            print(f"  {kv:10s} {b:13s} util {_pct(res.kv_utilization):>7s}  "
-                  f"ext {_pct(res.external_fragmentation):>7s}  peak {res.peak_running:3d}  "
-                  f"preempt {res.preemptions:4d}  moved {res.moved_blocks:5d}  "
-                  f"recomputed {_pct(res.recompute_overhead):>7s}  steps {res.steps:5d}  "
-                  f"tok/s {_num(res.output_tok_s, '.1f')}  "
-                  f"tok/CPU-s {_num(res.output_tok_per_cpu_s, '.1f')}  "
-                  f"p99 {_num(res.p99_latency_s, '.1f')} s", flush=True)
-        rounds.append([done[c] for c in combos])
-        # write after every round: a long run keeps what it measured
-        _write_outputs(args, info, model_dir, wl, settings, num_blocks, block_size, rounds,
-                       final=i + 1 == (1 if args.dry_run else args.repeats))
-    return 0
-
-
-def _write_outputs(args: argparse.Namespace, info: dict[str, Any], model_dir: Path,
-                   wl: Workload, settings: dict[str, Any], num_blocks: int, block_size: int,
-                   rounds: list[list[MemoryResult]], final: bool) -> None:
-    from kvserve.bench import report
-
-    results = combine_rounds(rounds)
-    first = f"{results[0].kv_manager}/{results[0].batching}" if results else "-"
-    context = (f"Workload `{wl.name}`, {len(wl)} requests, KV budget {num_blocks} blocks x "
-               f"{block_size} tokens"
-               + (", dry run (no model: memory figures only)" if args.dry_run else
-                  f", {len(rounds)} round(s): medians; tok/s ratio is to {first} in the "
-                  "same round")
-               + f";\n{report.machine_line(info)}")
-    md = format_markdown(results, context)
-    if final:
-        print(md)
-    out = {"machine": info, "model": str(model_dir), "workload": wl.describe(),
-           "settings": settings, "kv_blocks": num_blocks, "block_size": block_size,
-           "rounds": [[r.to_dict() for r in rnd] for rnd in rounds],
-           "results": [r.to_dict() for r in results]}
-    say = print if final else (lambda *a, **k: None)
-    if args.json:
-        say(f"wrote {report.write_json(args.json, out)}")
-    md_path = args.markdown or (str(Path(args.json).with_suffix(".md")) if args.json else None)
-    if md_path:
-        Path(md_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(md_path).write_text(md + "\n")
-        say(f"wrote {md_path}")
-    if args.plot:
-        say(f"wrote {plot_memory(args.plot, results, context)}")
-
-
-def _names(text: str, allowed: tuple[str, ...]) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise SystemExit(f"choose from {', '.join(allowed)}; got {text!r}")
-    return names
-
-
-def _bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None:
-    try:
-        from kvserve.model.config import ModelConfig
-        from kvserve.model.loader import resolve_dtype
-        from kvserve.worker.model_runner import kv_bytes_per_block
-
-        cfg = ModelConfig.from_dir(model_dir)
-        return kv_bytes_per_block(cfg, block_size, resolve_dtype(dtype, cfg))
-    except Exception:  # only needed for a size budget; parse_kv_budget says so if missing
-        return None

@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["plot_grouped_bars", "plot_compare", "plot_roofline", "plot_serve"]
+__all__ = ["plot_grouped_bars", "plot_compare", "plot_roofline", "plot_serve", "plot_memory"]
 
 
 def _pyplot() -> Any:
@@ -20,6 +20,16 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(plt: Any, fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out, write (creating the folder) and close a figure; returns its path."""
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=dpi)
+    plt.close(fig)
+    return p
 
 
 def _label(value: float) -> str:
@@ -51,12 +61,7 @@ def plot_grouped_bars(
     if len(series) > 1:
         ax.legend(fontsize=8)
     ax.margins(y=0.15)
-    fig.tight_layout()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    return p
+    return _save(plt, fig, path)
 
 
 def plot_compare(
@@ -118,9 +123,51 @@ def plot_serve(path: str | Path, metrics: Any, subtitle: str = "") -> Path:
     )
     sub = "\n".join(textwrap.fill(line, 120) for line in subtitle.splitlines())
     fig.suptitle(title + (f"\n{sub}" if sub else ""), fontsize=9)
-    fig.tight_layout()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    return p
+    return _save(plt, fig, path)
+
+
+def plot_memory(path: str | Path, results: Sequence[Any], subtitle: str = "") -> Path:
+    """Four panels: utilisation and fragmentation, throughput, P99 latency, concurrency."""
+    plt = _pyplot()
+    short = {"length-bucket": "len-bucket"}
+    labels = [f"{r.kv_manager}\n{short.get(r.batching, r.batching)}" for r in results]
+    xs = list(range(len(results)))
+    fig, axes = plt.subplots(2, 2, figsize=(max(11.0, 1.7 * len(results)), 9.0))
+
+    def bars(ax, series: dict[str, list[float]], title: str, ylabel: str, fmt: str) -> None:
+        if not any(v for values in series.values() for v in values):
+            ax.text(0.5, 0.5, "not measured (dry run)", ha="center", va="center",
+                    transform=ax.transAxes)
+            ax.set_title(title, fontsize=10)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            return
+        n = len(series)
+        width = 0.8 / n
+        for i, (name, values) in enumerate(series.items()):
+            pos = [x + (i - (n - 1) / 2) * width for x in xs]
+            b = ax.bar(pos, values, width, label=name)
+            ax.bar_label(b, labels=[format(v, fmt) for v in values], fontsize=6, padding=1)
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.margins(y=0.15)
+        if n > 1:
+            ax.legend(fontsize=7)
+
+    bars(axes[0][0], {"KV utilisation": [100 * r.kv_utilization for r in results],
+                      "internal frag.": [100 * r.internal_fragmentation for r in results],
+                      "external frag.": [100 * r.external_fragmentation for r in results]},
+         "KV memory (share of slots / free blocks)", "%", ".0f")
+    bars(axes[0][1], {"per wall second": [r.output_tok_s or 0.0 for r in results],
+                      "per CPU second": [r.output_tok_per_cpu_s or 0.0 for r in results]},
+         "useful output tokens / s", "tok/s", ".0f")
+    bars(axes[1][0], {"P99 latency": [r.p99_latency_s or 0.0 for r in results]},
+         "P99 end-to-end latency", "s", ".1f")
+    bars(axes[1][1], {"peak running": [float(r.peak_running) for r in results],
+                      "mean running": [r.mean_running for r in results],
+                      "preemptions": [float(r.preemptions) for r in results]},
+         "concurrency and preemptions", "requests", ".0f")
+    fig.suptitle("kvserve bench memory" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    return _save(plt, fig, path, dpi=110)
