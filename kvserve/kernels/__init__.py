@@ -83,7 +83,6 @@ class Kernels:
                      tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs,
                      scale, window)
 
-
     def rms_norm(self, x, weight, eps: float):
         """RMSNorm of float32 rows x [T, D] (contiguous) with weight [D]."""
         out = torch.empty_like(x)

@@ -5,7 +5,7 @@ each request's tokens contiguous. Decodes run in one call (the native kernel, or
 batched SDPA over their gathered block tables). Prefill chunks run one SDPA each, at
 their own shapes: a step holds only a few of them (the token budget is split between
 them), and one padded batch wasted more on padding and lost the causal fast path
-than the loop costs (measured: 3x less prefill attention time on `mixed`).
+than the loop costs (measured on `mixed`: prefill attention 8.7 -> 4.9 s).
 """
 from __future__ import annotations
 

@@ -109,8 +109,7 @@ class PagedKVCacheManager(KVCacheManager):
             self._tail_key[req.request_id] = key
         donor_table = self._tables.get(donor.request_id, [])
         if (donor is req or len(table) < full or donor.num_computed_tokens < end
-                or len(donor_table) <= full
-                or self.pool.num_free == 0):
+                or len(donor_table) <= full or self.pool.num_free == 0):
             return 0
         block = self._take_blocks(1)[0]
         self._pending_copies.append((donor_table[full], block))
