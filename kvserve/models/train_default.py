@@ -25,26 +25,27 @@ What it does:
    (``save_pretrained(safe_serialization=True)``) with tokenizer files in ``--out``.
 
 ``--probe`` measures training throughput of the size presets for a short while each.
-transformers and matplotlib are dev/bench dependencies: imported inside ``main()``.
+The corpus and tokenizer are in :mod:`kvserve.models.training_data`, the evaluation and
+loss curve in :mod:`kvserve.models.training_eval`. transformers and matplotlib are
+dev/bench dependencies: imported only where they are used.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import math
 import os
-import random
 import shutil
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
-SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
-BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+from kvserve.models.training_data import (BOS, EOS, HELD_OUT_FRACTION, PAD, SPECIAL_TOKENS,
+                                          fmt_int, prepare_data)
+from kvserve.models.training_eval import (gzip_bits_per_byte, heldout_bits_per_byte,
+                                          plot_loss_curve)
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -66,80 +67,7 @@ PRESETS = {
 }
 DEFAULT_PRESET = "s256x4"
 
-MAX_FILE_BYTES = 512 * 1024
-HELD_OUT_FRACTION = 0.04
-
-
-# ----------------------------------------------------------------------------- corpus
-
-def stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"]).resolve()
-
-
-def collect_corpus(root: Path) -> dict[str, str]:
-    """relative path -> text for every usable stdlib .py file."""
-    docs: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
-        for name in sorted(filenames):
-            if not name.endswith(".py"):
-                continue
-            path = Path(dirpath) / name
-            try:
-                if path.stat().st_size > MAX_FILE_BYTES:
-                    continue
-                text = path.read_bytes().decode("utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if not text.strip():
-                continue
-            docs[path.relative_to(root).as_posix()] = text
-    return docs
-
-
-def file_list_hash(paths: list[str]) -> str:
-    return hashlib.sha256("\n".join(sorted(paths)).encode("utf-8")).hexdigest()
-
-
-def split_files(paths: list[str], seed: int, fraction: float = HELD_OUT_FRACTION) -> tuple[list[str], list[str]]:
-    ordered = sorted(paths)
-    shuffled = ordered[:]
-    random.Random(seed).shuffle(shuffled)
-    n_held = max(1, round(fraction * len(ordered)))
-    return sorted(shuffled[n_held:]), sorted(shuffled[:n_held])
-
-
-# ----------------------------------------------------------------------------- tokenizer
-
-def train_tokenizer(texts, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    bos_id = tok.token_to_id(BOS)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
-    )
-    return tok
-
-
 # ----------------------------------------------------------------------------- helpers
-
-def fmt_int(n: float) -> str:
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.2f}{unit}"
-    return str(int(n))
-
 
 def atomic_torch_save(obj, path: Path) -> None:
     import torch
@@ -200,57 +128,6 @@ def loss_fn(model, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
-# ----------------------------------------------------------------------------- evaluation
-
-def heldout_bits_per_byte(model, tok, texts: list[str], ids: dict, ctx: int, batch: int = 8) -> dict:
-    """Sum of token NLL (nats) / ln 2 / UTF-8 bytes, each file as bos + text + eos.
-
-    Each file is cut into windows of ``ctx`` inputs overlapping by one token, so every
-    token after bos is predicted exactly once (context resets at window borders).
-    """
-    import torch
-    import torch.nn.functional as F
-
-    total_nll = 0.0
-    total_tokens = 0
-    total_bytes = 0
-    model.eval()
-    full_windows: list[list[int]] = []
-    partial: list[list[int]] = []
-    for text in texts:
-        seq = [ids["bos"]] + tok.encode(text, add_special_tokens=False).ids + [ids["eos"]]
-        total_bytes += len(text.encode("utf-8"))
-        for start in range(0, len(seq) - 1, ctx):
-            w = seq[start : start + ctx + 1]
-            (full_windows if len(w) == ctx + 1 else partial).append(w)
-
-    def run(batch_windows):
-        nonlocal total_nll, total_tokens
-        t = torch.tensor(batch_windows, dtype=torch.long)
-        logits = model(input_ids=t[:, :-1]).logits.float()
-        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), t[:, 1:].reshape(-1), reduction="sum")
-        total_nll += float(nll)
-        total_tokens += t[:, 1:].numel()
-
-    with torch.inference_mode():
-        for i in range(0, len(full_windows), batch):
-            run(full_windows[i : i + batch])
-        for w in partial:
-            run([w])
-    model.train()
-    return {
-        "nll_nats": total_nll,
-        "tokens": total_tokens,
-        "bytes": total_bytes,
-        "loss": total_nll / max(total_tokens, 1),
-        "bits_per_byte": total_nll / math.log(2) / max(total_bytes, 1),
-    }
-
-
-def gzip_bits_per_byte(data: bytes) -> float:
-    return 8.0 * len(gzip.compress(data, 9)) / len(data)
-
-
 # ----------------------------------------------------------------------------- main
 
 def parse_args(argv=None):
@@ -278,54 +155,6 @@ def parse_args(argv=None):
     ap.add_argument("--probe", default=None, help="comma-separated presets: measure throughput and exit")
     ap.add_argument("--probe-seconds", type=float, default=45.0)
     return ap.parse_args(argv)
-
-
-def prepare_data(args, work: Path, log):
-    """Corpus, split, tokenizer and tokenized train stream (cached in the work dir)."""
-    import numpy as np
-    from tokenizers import Tokenizer
-
-    root = stdlib_dir()
-    docs = collect_corpus(root)
-    paths = sorted(docs)
-    flh = file_list_hash(paths)
-    train_files, held_files = split_files(paths, args.seed)
-    log(f"corpus: {len(paths)} files, {fmt_int(sum(len(t.encode()) for t in docs.values()))}B from {root}; "
-        f"train {len(train_files)} / held-out {len(held_files)} files; file-list sha256 {flh[:16]}")
-
-    meta_path = work / "data_meta.json"
-    tok_path = work / "tokenizer.json"
-    stream_path = work / "train_tokens.npy"
-    meta = {"file_list_sha256": flh, "seed": args.seed, "vocab_size": args.vocab_size,
-            "n_files": len(paths), "held_out_fraction": HELD_OUT_FRACTION}
-    cached = (meta_path.exists() and tok_path.exists() and stream_path.exists()
-              and json.loads(meta_path.read_text()) == meta)
-    if cached:
-        tok = Tokenizer.from_file(str(tok_path))
-        stream = np.load(stream_path)
-        log(f"loaded cached tokenizer and {fmt_int(len(stream))} train tokens")
-    else:
-        if args.resume:
-            log("warning: cached data missing or from another corpus; re-tokenizing")
-        t0 = time.time()
-        tok = train_tokenizer((docs[p] for p in train_files), args.vocab_size)
-        log(f"tokenizer trained in {time.time() - t0:.0f}s, vocab {tok.get_vocab_size()}")
-        t0 = time.time()
-        bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
-        texts = [docs[p] for p in train_files]
-        encs = tok.encode_batch(texts, add_special_tokens=False)
-        parts = []
-        for e in encs:
-            parts.append(np.asarray([bos] + e.ids + [eos], dtype=np.uint16))
-        stream = np.concatenate(parts)
-        log(f"tokenized train split in {time.time() - t0:.0f}s: {fmt_int(len(stream))} tokens")
-        work.mkdir(parents=True, exist_ok=True)
-        tok.save(str(tok_path))
-        np.save(stream_path, stream)
-        meta_path.write_text(json.dumps(meta, indent=1))
-    ids = {"bos": tok.token_to_id(BOS), "eos": tok.token_to_id(EOS), "pad": tok.token_to_id(PAD)}
-    return {"docs": docs, "paths": paths, "hash": flh, "train_files": train_files, "held_files": held_files,
-            "tok": tok, "stream": stream, "ids": ids}
 
 
 def probe(args, data, log):
@@ -359,6 +188,76 @@ def probe(args, data, log):
         dt = time.time() - (t_first or t_start)
         log(f"probe {name}: {fmt_int(n_params)} params, {step} steps, {tokens / max(dt, 1e-9):.0f} tok/s "
             f"(after 2 warm-up steps; first 2 took {(t_first or time.time()) - t_start:.1f}s), loss {loss.detach().item():.3f}")
+
+
+def final_evaluation(args, data, model, T: int, log):
+    """Held-out bits per byte (files up to --heldout-max-bytes) against gzip -9 on the same
+    bytes, and the train loss measured the same way on a same-size slice of train files."""
+    tok, ids = data["tok"], data["ids"]
+    t0 = time.time()
+    eval_files, nbytes = [], 0
+    for p in data["held_files"]:
+        if nbytes >= args.heldout_max_bytes:
+            break
+        eval_files.append(p)
+        nbytes += len(data["docs"][p].encode("utf-8"))
+    eval_texts = [data["docs"][p] for p in eval_files]
+    res = heldout_bits_per_byte(model, tok, eval_texts, ids, ctx=T)
+    raw = b"".join(t.encode("utf-8") for t in eval_texts)
+    gz = gzip_bits_per_byte(raw)
+    log(f"held-out: {len(eval_files)} files, {fmt_int(res['bytes'])}B, {fmt_int(res['tokens'])} tokens: "
+        f"loss {res['loss']:.4f}, {res['bits_per_byte']:.4f} bits/byte vs gzip -9 {gz:.4f} "
+        f"({time.time() - t0:.0f}s)")
+    # train loss measured the same way on a same-size slice of train files (no dropout: comparable)
+    train_eval_files, nb = [], 0
+    for p in data["train_files"][:: max(1, len(data["train_files"]) // 200)]:
+        if nb >= min(nbytes, 300_000):
+            break
+        train_eval_files.append(p)
+        nb += len(data["docs"][p].encode("utf-8"))
+    tres = heldout_bits_per_byte(model, tok, [data["docs"][p] for p in train_eval_files], ids, ctx=T)
+    return res, tres, gz, eval_files
+
+
+def write_model_files(out: Path, model, tok, ids: dict) -> None:
+    """The model in HF layout (safetensors, config, generation config) with its tokenizer
+    files and chat template; ``out`` is emptied first (only our outputs live there)."""
+    import torch
+    from transformers import GenerationConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    for child in out.iterdir():  # only our own outputs live here: start clean
+        if child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    model.config.bos_token_id = ids["bos"]
+    model.config.eos_token_id = ids["eos"]
+    model.config.pad_token_id = ids["pad"]
+    model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+                                               pad_token_id=ids["pad"], do_sample=False)
+    model.to(torch.float32).save_pretrained(out, safe_serialization=True)
+    os.chmod(out / "model.safetensors", 0o644)  # package data: world-readable
+    cfg_path = out / "config.json"
+    cfg_json = json.loads(cfg_path.read_text())
+    cfg_json.setdefault("rope_theta", 10000.0)  # also the transformers 4.x spelling
+    cfg_path.write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
+    tok.save(str(out / "tokenizer.json"))
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": None,
+        "model_max_length": model.config.max_position_embeddings,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
 
 
 def main(argv=None) -> int:
@@ -527,67 +426,11 @@ def main(argv=None) -> int:
     log(f"training done: step {st['step']}, {fmt_int(st['tokens'])} tokens, train loss {ema:.4f}, "
         f"held-out loss {hl:.4f}, {st['train_time'] / 60:.1f} min of training")
 
-    # ---- final evaluation on the held-out files
-    t0 = time.time()
-    eval_files, nbytes = [], 0
-    for p in data["held_files"]:
-        if nbytes >= args.heldout_max_bytes:
-            break
-        eval_files.append(p)
-        nbytes += len(data["docs"][p].encode("utf-8"))
-    eval_texts = [data["docs"][p] for p in eval_files]
-    res = heldout_bits_per_byte(model, tok, eval_texts, ids, ctx=T)
-    raw = b"".join(t.encode("utf-8") for t in eval_texts)
-    gz = gzip_bits_per_byte(raw)
-    log(f"held-out: {len(eval_files)} files, {fmt_int(res['bytes'])}B, {fmt_int(res['tokens'])} tokens: "
-        f"loss {res['loss']:.4f}, {res['bits_per_byte']:.4f} bits/byte vs gzip -9 {gz:.4f} "
-        f"({time.time() - t0:.0f}s)")
-    # train loss measured the same way on a same-size slice of train files (no dropout: comparable)
-    train_eval_files, nb = [], 0
-    for p in data["train_files"][:: max(1, len(data["train_files"]) // 200)]:
-        if nb >= min(nbytes, 300_000):
-            break
-        train_eval_files.append(p)
-        nb += len(data["docs"][p].encode("utf-8"))
-    tres = heldout_bits_per_byte(model, tok, [data["docs"][p] for p in train_eval_files], ids, ctx=T)
-
-    # ---- write the model directory
+    # ---- final evaluation on the held-out files, then the model directory
+    res, tres, gz, eval_files = final_evaluation(args, data, model, T, log)
     import transformers
-    from transformers import GenerationConfig
 
-    out.mkdir(parents=True, exist_ok=True)
-    for child in out.iterdir():  # only our own outputs live here: start clean
-        if child.is_dir():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
-    model.config.bos_token_id = ids["bos"]
-    model.config.eos_token_id = ids["eos"]
-    model.config.pad_token_id = ids["pad"]
-    model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
-                                               pad_token_id=ids["pad"], do_sample=False)
-    model.to(torch.float32).save_pretrained(out, safe_serialization=True)
-    os.chmod(out / "model.safetensors", 0o644)  # package data: world-readable
-    cfg_path = out / "config.json"
-    cfg_json = json.loads(cfg_path.read_text())
-    cfg_json.setdefault("rope_theta", 10000.0)  # also the transformers 4.x spelling
-    cfg_path.write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
-    tok.save(str(out / "tokenizer.json"))
-    tok_cfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS,
-        "eos_token": EOS,
-        "pad_token": PAD,
-        "unk_token": None,
-        "model_max_length": model.config.max_position_embeddings,
-        "clean_up_tokenization_spaces": False,
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "chat_template": CHAT_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
+    write_model_files(out, model, tok, ids)
 
     held_sha = hashlib.sha256("\n".join(data["held_files"]).encode()).hexdigest()
     info = {
@@ -650,31 +493,6 @@ def main(argv=None) -> int:
     size = (out / "model.safetensors").stat().st_size
     log(f"wrote {out}: model.safetensors {size / 1e6:.1f} MB; files: {sorted(c.name for c in out.iterdir())}")
     return 0
-
-
-def plot_loss_curve(history, path: Path, gz_loss=None, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tr = [(h["tokens"], h["train_loss"]) for h in history if h.get("train_loss") is not None]
-    he = [(h["tokens"], h["heldout_loss"]) for h in history if h.get("heldout_loss") is not None]
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
-    if tr:
-        ax.plot([t / 1e6 for t, _ in tr], [v for _, v in tr], label="train (EMA)", lw=1.2)
-    if he:
-        ax.plot([t / 1e6 for t, _ in he], [v for _, v in he], "o-", label="held-out", lw=1.5, ms=4)
-    ax.set_xlabel("tokens seen (millions)")
-    ax.set_ylabel("loss (nats/token)")
-    lo = min([v for _, v in tr + he] or [0])
-    ax.set_ylim(max(0.0, lo - 0.2), min(10.0, lo + 4.0))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 if __name__ == "__main__":
