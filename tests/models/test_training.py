@@ -1,0 +1,50 @@
+"""The embedded model's training pieces: the seeded file split and the bits-per-byte
+measure it is judged by."""
+from __future__ import annotations
+
+import gzip
+import math
+
+import pytest
+
+from kvserve.models.training_data import file_list_hash, split_files, train_tokenizer
+from kvserve.models.training_eval import gzip_bits_per_byte, heldout_bits_per_byte
+
+
+def test_split_is_seeded_disjoint_and_complete():
+    paths = [f"pkg/mod{i}.py" for i in range(100)]
+    train, held = split_files(paths, seed=7, fraction=0.1)
+    assert (train, held) == split_files(list(reversed(paths)), seed=7, fraction=0.1)
+    assert len(held) == 10 and not set(train) & set(held)
+    assert sorted(train + held) == sorted(paths)
+    assert split_files(paths, seed=8, fraction=0.1)[1] != held
+
+
+def test_file_list_hash_ignores_order():
+    assert file_list_hash(["b.py", "a.py"]) == file_list_hash(["a.py", "b.py"])
+    assert file_list_hash(["a.py"]) != file_list_hash(["a.py", "b.py"])
+
+
+def test_gzip_bits_per_byte():
+    data = b"def f(x):\n    return x\n" * 50
+    assert gzip_bits_per_byte(data) == 8 * len(gzip.compress(data, 9)) / len(data)
+
+
+def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token():
+    torch = pytest.importorskip("torch")
+    texts = ["def add(a, b):\n    return a + b\n", "x = 1\n"]
+    tok = train_tokenizer(texts * 20, vocab_size=300)
+    ids = {"bos": tok.token_to_id("<|bos|>"), "eos": tok.token_to_id("<|eos|>")}
+    vocab = tok.get_vocab_size()
+
+    class Uniform(torch.nn.Module):  # equal logits: every token costs ln(vocab) nats
+        def forward(self, input_ids):
+            out = type("Out", (), {})()
+            out.logits = torch.zeros(*input_ids.shape, vocab)
+            return out
+
+    res = heldout_bits_per_byte(Uniform(), tok, texts, ids, ctx=4)
+    tokens = sum(len(tok.encode(t, add_special_tokens=False).ids) + 1 for t in texts)
+    assert res["tokens"] == tokens  # every token after bos predicted exactly once
+    assert res["bytes"] == sum(len(t.encode()) for t in texts)
+    assert res["bits_per_byte"] == pytest.approx(tokens * math.log2(vocab) / res["bytes"])
