@@ -142,3 +142,46 @@ def test_abort_all_ends_streams_with_503(llm_engine):
             assert info.value.status == 503
         assert await _settled(engine)
     _run(llm_engine, body)
+
+
+def test_from_engine_args_loads_and_steps_on_one_thread(llama_dir, monkeypatch):
+    """The model is built on the thread that later steps it (one OpenMP team)."""
+    import threading
+
+    built_on, stepped_on = [], []
+    real_init, real_step = LLMEngine.__init__, LLMEngine.step
+
+    def init(self, args):
+        built_on.append(threading.get_ident())
+        real_init(self, args)
+
+    def step(self):
+        stepped_on.append(threading.get_ident())
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "__init__", init)
+    monkeypatch.setattr(LLMEngine, "step", step)
+    engine = AsyncLLMEngine.from_engine_args(
+        EngineArgs(model=llama_dir, num_threads=1, max_num_seqs=4), log_stats_interval=0)
+    assert built_on and built_on[0] != threading.get_ident()
+
+    async def main():
+        engine.start()
+        try:
+            params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+            outs = [o async for o in engine.generate("a", [5, 6, 7], params)]
+            assert len(outs[-1].outputs[0].token_ids) == 5
+        finally:
+            await engine.shutdown()
+    asyncio.run(main())
+    assert set(stepped_on) == {built_on[0]}
+    assert not engine._thread.is_alive()
+
+
+def test_from_engine_args_reraises_load_errors_and_shuts_down_unstarted(llama_dir, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        AsyncLLMEngine.from_engine_args(EngineArgs(model=str(tmp_path / "missing")))
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=llama_dir, num_threads=1),
+                                             log_stats_interval=0)
+    asyncio.run(engine.shutdown(timeout=10))  # never started: the thread just ends
+    assert not engine._thread.is_alive()

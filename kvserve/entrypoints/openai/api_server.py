@@ -206,7 +206,6 @@ def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from kvserve.config import EngineArgs
-    from kvserve.engine.llm_engine import LLMEngine
     from kvserve.metrics import ServerMetrics
 
     _check_server_args(args)
@@ -214,7 +213,7 @@ def run_server(args: argparse.Namespace) -> int:
     name = served_name(args)
     api_key = args.api_key or os.environ.get("KVSERVE_API_KEY") or None
     metrics = ServerMetrics(name)
-    engine = AsyncLLMEngine(LLMEngine(engine_args), metrics, args.log_stats_interval)
+    engine = AsyncLLMEngine.from_engine_args(engine_args, metrics, args.log_stats_interval)
     app = build_app(engine, name, api_key=api_key, max_waiting=args.max_waiting,
                     max_body_bytes=args.max_body_bytes)
     hint = _usage_hint(args.host, args.port, name, bool(api_key))
