@@ -72,6 +72,8 @@ def _add_serve(sub: Any) -> None:
                    help="start no request after this many seconds")
     p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
                    help="SLOs for goodput, e.g. ttft:500 tpot:100 e2el:20000")
+    p.add_argument("--save-detailed", action="store_true",
+                   help="add per-request lengths, TTFTs, ITLs and errors to the JSON")
     add_workload_args(p)
     add_output_args(p)
     p.set_defaults(func=commands.cmd_serve)

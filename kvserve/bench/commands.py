@@ -162,7 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(report.format_table(["ms", "mean", "median", "P99"], rows))
     if m.failed:
         print("errors:", "; ".join(sorted({r.error for r in res.records if r.error})[:5]))
-    out = {"machine": info, "workload": wl.describe(), **res.to_dict()}
+    out = {"machine": info, "workload": wl.describe(), **res.to_dict(args.save_detailed)}
     if args.json:
         print(f"wrote {report.write_json(args.json, out)}")
     if args.plot:

@@ -38,9 +38,14 @@ class ServeResult:
     metrics: ServeMetrics
     records: list[RequestRecord] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary (metrics flattened, records omitted)."""
-        return {
+    def to_dict(self, detailed: bool = False) -> dict[str, Any]:
+        """JSON-able summary (metrics flattened); ``detailed`` adds one entry per request.
+
+        The per-request lists follow ``vllm bench serve --save-detailed``: lengths,
+        ``ttfts`` and ``itls`` in seconds; plus ``request_errors`` and ``start_times`` (seconds
+        after the first request was sent), in the order the requests were sent.
+        """
+        summary = {
             "base_url": self.base_url,
             "model": self.model,
             "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
@@ -49,6 +54,16 @@ class ServeResult:
             "errors": sorted({r.error for r in self.records if r.error})[:10],
             **self.metrics.to_dict(),
         }
+        if detailed:
+            first = min((r.start for r in self.records), default=0.0)
+            summary.update(
+                input_lens=[r.prompt_len for r in self.records],
+                output_lens=[r.output_len for r in self.records],
+                start_times=[r.start - first for r in self.records],
+                ttfts=[r.ttft for r in self.records],
+                itls=[r.itls for r in self.records],
+                request_errors=[r.error for r in self.records])
+        return summary
 
 
 def check_loopback(base_url: str) -> str:

@@ -68,7 +68,12 @@ def test_mock_stream_parsing_and_counts() -> None:
     assert [r.prompt_len for r in res.records] == [3, 2, 7]
     m = res.metrics
     assert m.completed == 3 and m.total_output_tokens == 11 and m.total_input_tokens == 12
-    assert res.to_dict()["request_rate"] == "inf"
+    assert res.to_dict()["request_rate"] == "inf" and "ttfts" not in res.to_dict()
+    detailed = res.to_dict(detailed=True)
+    assert detailed["output_lens"] == [4, 1, 6] and detailed["input_lens"] == [3, 2, 7]
+    assert detailed["ttfts"] == [r.ttft for r in res.records]
+    assert [len(x) for x in detailed["itls"]] == [3, 0, 5]
+    assert min(detailed["start_times"]) == 0.0 and detailed["request_errors"] == ["", "", ""]
 
 
 def test_mock_failures() -> None:
