@@ -27,7 +27,7 @@ from kvserve.outputs import RequestOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
-from kvserve.worker.platform import available_memory_bytes, physical_cores
+from kvserve.worker.platform import available_memory_bytes, keep_freed_memory, physical_cores
 
 logger = init_logger(__name__)
 
@@ -68,6 +68,7 @@ class LLMEngine:
         self.args = args
         self.model_dir = resolve_model_dir(args.model)
         torch.set_num_threads(args.num_threads or physical_cores())
+        keep_freed_memory()
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.tokenizer = Tokenizer(self.model_dir)
         self.max_model_len = self._max_model_len()

@@ -1,6 +1,9 @@
-"""Facts about the host CPU and memory that sizing decisions depend on."""
+"""Facts about the host CPU and memory that sizing decisions depend on, and the one
+process-wide allocator setting the engine makes."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 from pathlib import Path
 
@@ -28,3 +31,32 @@ def available_memory_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# glibc mallopt() parameters
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+KEEP_HEAP_BYTES = 1 << 30
+MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest allowed value on 64-bit
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed activation memory instead of returning it to the OS.
+
+    A step's activations are a few MB each (a 512-token prefill: ~8 MB for the MLP);
+    by default glibc serves such blocks with mmap and unmaps them on free, so every
+    step faults its pages back in, zero-filled by the kernel: a 448-token prefill of
+    bench-100m took 3,000-12,000 page faults and 390-450 ms, and with this setting 0
+    faults and 372-380 ms. Blocks up to 32 MB now come from the heap, and up to 1 GiB
+    of freed heap is kept for reuse. Returns False where the C library is not glibc.
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):
+        return False
+    if mallopt is None or not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+                and mallopt(_M_TRIM_THRESHOLD, KEEP_HEAP_BYTES))
