@@ -27,5 +27,6 @@ def test_freed_activation_memory_is_reused_without_page_faults():
         del x
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-    touch()  # the heap grows once
-    assert [touch() < 100 for _ in range(3)] == [True] * 3  # fresh 16 MB: ~4,000 faults
+    for _ in range(4):  # the heap grows a few times while small allocations settle
+        touch()
+    assert sum(touch() for _ in range(4)) < 1000  # fresh 16 MB each time: ~16,000
