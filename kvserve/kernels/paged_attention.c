@@ -66,6 +66,91 @@ static inline void prefetch_next_block_row(const float *pool, const int64_t *tab
     for (int64_t b = 0; b < row * (int64_t)sizeof(float); b += 64) __builtin_prefetch(p + b, 0, 2);
 }
 
+#ifdef __AVX2__
+/* Lane j of the result is the sum of a[j]'s eight lanes. */
+static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                           __m256 a6, __m256 a7) {
+    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                         _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+/* One sequence with head_dim D known at compile time (inlined per D).
+ * Scores: eight keys at a time per head, eight running sums reduced together, so the
+ * horizontal reduction is paid once per eight keys instead of once per key. Values:
+ * one block at a time; each head's output stays in registers while the block's rows
+ * (in L1) are summed into it, then is stored once. Same sums as the generic path, in
+ * a different order: results agree to float rounding. */
+static inline __attribute__((always_inline)) void decode_seq_avx2(
+        const float *qs, const float *k_pool, const float *v_pool, const int64_t *table,
+        float *os, float *scores, int64_t first, int64_t len, int64_t num_heads,
+        int64_t group, int64_t block_size, int64_t row, float scale, const int64_t D) {
+    const int64_t n = len - first;
+    const __m256 vscale = _mm256_set1_ps(scale);
+    int64_t t = first;
+    for (; t + 8 <= len; t += 8) {
+        const float *k[8];
+        for (int j = 0; j < 8; j++) {
+            k[j] = k_pool + (table[(t + j) / block_size] * block_size + (t + j) % block_size) * row;
+            prefetch_next_block_row(k_pool, table, t + j, len, block_size, row);
+        }
+        for (int64_t h = 0; h < num_heads; h++) {
+            const float *qh = qs + h * D;
+            const int64_t off = (h / group) * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
+                   a6 = a0, a7 = a0;
+            for (int64_t c = 0; c < D; c += 8) {
+                const __m256 qv = _mm256_loadu_ps(qh + c);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + off + c), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + off + c), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + off + c), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + off + c), a3);
+                a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + off + c), a4);
+                a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + off + c), a5);
+                a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + off + c), a6);
+                a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + off + c), a7);
+            }
+            _mm256_storeu_ps(scores + h * n + (t - first),
+                             _mm256_mul_ps(hsum8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+        }
+    }
+    for (; t < len; t++) {
+        const float *k = k_pool + (table[t / block_size] * block_size + t % block_size) * row;
+        for (int64_t h = 0; h < num_heads; h++) {
+            const float *qh = qs + h * D, *kh = k + (h / group) * D;
+            __m256 a = _mm256_setzero_ps();
+            for (int64_t c = 0; c < D; c += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + c), _mm256_loadu_ps(kh + c), a);
+            scores[h * n + (t - first)] = hsum(a) * scale;
+        }
+    }
+    for (int64_t h = 0; h < num_heads; h++) softmax(scores + h * n, n);
+    __m256 acc[D / 8];
+    for (int64_t h = 0; h < num_heads; h++)
+        for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(os + h * D + c, _mm256_setzero_ps());
+    for (t = first; t < len;) {
+        const int64_t stop = (t / block_size + 1) * block_size < len
+                                 ? (t / block_size + 1) * block_size : len;
+        const float *vb = v_pool + (table[t / block_size] * block_size + t % block_size) * row;
+        for (int64_t u = t; u < stop; u++)
+            prefetch_next_block_row(v_pool, table, u, len, block_size, row);
+        for (int64_t h = 0; h < num_heads; h++) {
+            const float *vh = vb + (h / group) * D;
+            const float *p = scores + h * n + (t - first);
+            for (int64_t c = 0; c < D / 8; c++) acc[c] = _mm256_loadu_ps(os + h * D + 8 * c);
+            for (int64_t u = 0; u < stop - t; u++) {
+                const __m256 pu = _mm256_set1_ps(p[u]);
+                for (int64_t c = 0; c < D / 8; c++)
+                    acc[c] = _mm256_fmadd_ps(pu, _mm256_loadu_ps(vh + u * row + 8 * c), acc[c]);
+            }
+            for (int64_t c = 0; c < D / 8; c++) _mm256_storeu_ps(os + h * D + 8 * c, acc[c]);
+        }
+        t = stop;
+    }
+}
+#endif
+
 void paged_decode_attention(const float *q, const float *k_pool, const float *v_pool,
                             const int64_t *tables, int64_t table_stride,
                             const int64_t *seq_lens, float *out, int64_t num_seqs,
@@ -82,6 +167,18 @@ void paged_decode_attention(const float *q, const float *k_pool, const float *v_
         const float *qs = q + s * num_heads * head_dim;
         float *os = out + s * num_heads * head_dim;
         float *scores = malloc(sizeof(float) * (size_t)(num_heads * n)); /* [H, n] */
+#ifdef __AVX2__
+        if (head_dim == 64 || head_dim == 128) {
+            if (head_dim == 64)
+                decode_seq_avx2(qs, k_pool, v_pool, table, os, scores, first, len, num_heads,
+                                group, block_size, row, scale, 64);
+            else
+                decode_seq_avx2(qs, k_pool, v_pool, table, os, scores, first, len, num_heads,
+                                group, block_size, row, scale, 128);
+            free(scores);
+            continue;
+        }
+#endif
         for (int64_t t = first; t < len; t++) {
             const float *k = k_pool + (table[t / block_size] * block_size + t % block_size) * row;
             prefetch_next_block_row(k_pool, table, t, len, block_size, row);

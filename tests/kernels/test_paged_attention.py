@@ -14,15 +14,16 @@ pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {
 
 
 @pytest.mark.parametrize("heads, kv_heads, dim, window", [
-    (4, 2, 16, None), (12, 4, 64, None), (4, 4, 32, 5), (6, 1, 24, None)])
+    (4, 2, 16, None), (12, 4, 64, None), (4, 4, 32, 5), (6, 1, 24, None),
+    (8, 2, 128, None), (6, 3, 64, 11)])  # 64 and 128: the AVX2 path
 def test_kernel_matches_torch(heads, kv_heads, dim, window):
     torch.manual_seed(0)
-    bs, num_blocks = 4, 64
+    bs, num_blocks = 4, 80
     cache = KVCache(num_blocks, bs, kv_heads, dim, torch.float32)
     cache.k.normal_()
     cache.v.normal_()
     perm = torch.randperm(num_blocks).tolist()
-    lengths = [1, 3, 4, 5, 17, 30]  # tokens already cached before this decode
+    lengths = [1, 3, 4, 5, 17, 30, 47]  # tokens already cached before this decode
     scheduled, used = [], 0
     for i, n in enumerate(lengths):
         blocks = perm[used:used + n // bs + 1]
