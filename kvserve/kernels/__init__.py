@@ -61,7 +61,7 @@ class Kernels:
             self.reason = detail.strip().splitlines()[-1] if detail.strip() else repr(e)
             logger.warning("native kernels unavailable (%s); using torch attention", self.reason)
             return
-        fn = lib.paged_decode_attention
+        fn = lib.paged_attention_rows
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         fn.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64,
                        ctypes.c_float, i64]
@@ -73,8 +73,8 @@ class Kernels:
         self._rotary = _bind(lib.rotary, [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64])
         self.available = True
 
-    def paged_decode_attention(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
-                               window: int) -> None:
+    def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
+                             window: int) -> None:
         """q/out [S, H, D] float32 contiguous; pools [B, bs, KVH, D]; tables/seq_lens int64."""
         q = q.contiguous()
         s, h, d = q.shape

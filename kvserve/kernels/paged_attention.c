@@ -1,6 +1,8 @@
-/* Decode attention straight from the paged KV pool (float32, CPU).
+/* Attention straight from the paged KV pool (float32, CPU), one query token per row.
  *
- * One query token per sequence. For each sequence the scores of every query head
+ * A row is a decode token or one token of a prefill chunk: it attends to the first
+ * seq_lens[row] keys of its block table (causal order is just each row's own length;
+ * the chunk's K/V are in the pool before the call). For each row the scores of every query head
  * against every cached key are computed by following the block table, softmaxed,
  * and used to sum the values. Each token's K and V rows (all kv heads, contiguous in
  * the pool) are read once, in order, with no gathered copy of the context: the pool is
@@ -11,6 +13,7 @@
  *
  * Layouts: q/out [S, H, D]; k/v pool [blocks, block_size, KVH, D];
  * tables [S, table_stride] (block ids); seq_lens [S] (keys to attend to).
+ * Rows run in parallel; the rows of one prompt chunk share their keys in cache.
  */
 #include <math.h>
 #include <stdint.h>
@@ -151,7 +154,7 @@ static inline __attribute__((always_inline)) void decode_seq_avx2(
 }
 #endif
 
-void paged_decode_attention(const float *q, const float *k_pool, const float *v_pool,
+void paged_attention_rows(const float *q, const float *k_pool, const float *v_pool,
                             const int64_t *tables, int64_t table_stride,
                             const int64_t *seq_lens, float *out, int64_t num_seqs,
                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,

@@ -36,7 +36,8 @@ def _window_ok(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | Non
 
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
                  sliding_window: int | None, native: Kernels | None = None) -> StepInputs:
-    """``native``: decode attention by the native kernel (no gathered copy, no mask)."""
+    """``native``: attention by the native kernel, every row in one call (no gathered
+    copy, no mask)."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     prefills = [s for s in scheduled if len(s.token_ids) > 1]
     order = decodes + prefills
@@ -52,17 +53,18 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
     slots = tables[seq_ids, positions // block_size] * block_size + positions % block_size
 
     nd = len(decodes)
-    meta = AttentionMetadata(
-        slot_mapping=torch.from_numpy(slots), num_decodes=nd, decode_block_tables=None,
-        decode_mask=None, prefills=_prefill_spans(prefills, tables[nd:], nd, block_size,
-                                                  sliding_window))
-    if nd and native is not None:
-        width = int(starts[:nd].max()) // block_size + 1
-        meta.decode_block_tables = torch.from_numpy(np.ascontiguousarray(tables[:nd, :width]))
-        meta.decode_seq_lens = torch.from_numpy(starts[:nd] + 1)
-        meta.native, meta.sliding_window = native, sliding_window or 0
-    elif nd:
-        _decode_meta(meta, tables[:nd], starts[:nd], block_size, sliding_window)
+    slot_mapping = torch.from_numpy(slots)
+    if native is not None:  # one kernel call: each row sees keys up to its own position
+        width = int(positions.max()) // block_size + 1
+        meta = AttentionMetadata(
+            slot_mapping, nd, native=native, sliding_window=sliding_window or 0,
+            row_block_tables=torch.from_numpy(np.ascontiguousarray(tables[seq_ids, :width])),
+            row_seq_lens=torch.from_numpy(positions + 1))
+    else:
+        meta = AttentionMetadata(slot_mapping, nd, prefills=_prefill_spans(
+            prefills, tables[nd:], nd, block_size, sliding_window))
+        if nd:
+            _decode_meta(meta, tables[:nd], starts[:nd], block_size, sliding_window)
 
     ends = np.cumsum(q_lens) - 1
     sample_idx = [i for i, s in enumerate(order) if s.sample]

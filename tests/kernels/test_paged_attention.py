@@ -17,27 +17,32 @@ pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {
     (4, 2, 16, None), (12, 4, 64, None), (4, 4, 32, 5), (6, 1, 24, None),
     (8, 2, 128, None), (6, 3, 64, 11)])  # 64 and 128: the AVX2 path
 def test_kernel_matches_torch(heads, kv_heads, dim, window):
+    """Decodes, a fresh prompt and chunks after cached keys, in one flat batch."""
     torch.manual_seed(0)
-    bs, num_blocks = 4, 80
+    bs, num_blocks = 4, 96
     cache = KVCache(num_blocks, bs, kv_heads, dim, torch.float32)
     cache.k.normal_()
     cache.v.normal_()
     perm = torch.randperm(num_blocks).tolist()
-    lengths = [1, 3, 4, 5, 17, 30, 47]  # tokens already cached before this decode
+    # (tokens already cached, tokens computed this step); decodes first, as the scheduler
+    steps = [(1, 1), (3, 1), (4, 1), (5, 1), (17, 1), (30, 1), (47, 1),
+             (0, 13), (8, 9), (21, 6)]
     scheduled, used = [], 0
-    for i, n in enumerate(lengths):
-        blocks = perm[used:used + n // bs + 1]
+    for i, (start, q_len) in enumerate(steps):
+        blocks = perm[used:used + (start + q_len - 1) // bs + 1]
         used += len(blocks)
-        scheduled.append(ScheduledRequest(f"r{i}", [7], n, blocks, None))
-    q = torch.randn(len(lengths), heads, dim)
-    k = torch.randn(len(lengths), kv_heads, dim)
-    v = torch.randn(len(lengths), kv_heads, dim)
+        scheduled.append(ScheduledRequest(f"r{i}", [7] * q_len, start, blocks, None))
+    t = sum(q for _, q in steps)
+    q = torch.randn(t, heads, dim)
+    k = torch.randn(t, kv_heads, dim)
+    v = torch.randn(t, kv_heads, dim)
     outs = []
     for native in (None, kernels):
         c = KVCache(num_blocks, bs, kv_heads, dim, torch.float32)
         c.k.copy_(cache.k)
         c.v.copy_(cache.v)
         meta = build_inputs(scheduled, bs, window, native).meta
+        assert (meta.native is None) == (native is None)
         outs.append(paged_attention(q, k, v, c, meta, dim ** -0.5))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
 
