@@ -69,6 +69,10 @@ class EngineArgs:
     # offline throughput was the same at 512 and 2048.
     max_num_batched_tokens: int = field(default=2048, metadata=_help(
         "token budget of one engine step (prefill chunks + decodes)"))
+    prefill_join_tokens: int = field(default=256, metadata=_help(
+        "continuous batching: a waiting prompt joins a step only while the step's "
+        "prefill tokens are fewer than this (0: no limit): a later prompt then waits a step instead of delaying "
+        "the first token of an earlier one; the GEMM is near its peak from ~256 rows"))
     kv_manager: str = field(default="paged", metadata=_help(
         "KV memory design", choices=KV_MANAGER_NAMES))
     batching: str = field(default="continuous", metadata=_help(
@@ -99,8 +103,9 @@ class EngineArgs:
         "file of prompts (one per line, or JSONL with 'prompt') whose KV is computed at "
         "start and pinned in the prefix cache"))
     attention_backend: str = field(default="auto", metadata=_help(
-        "decode attention: auto (the native kernel when it builds and the KV is float32) "
-        "or torch (gather + SDPA)", choices=ATTENTION_BACKENDS))
+        "auto (native attention and elementwise kernels when they build and the KV is "
+        "float32; oneDNN packed linear layers) or torch (gather + SDPA, F.linear)",
+        choices=ATTENTION_BACKENDS))
     num_threads: int | None = field(default=None, metadata=_help(
         "torch threads (default: physical cores)"))
 
@@ -112,6 +117,9 @@ class EngineArgs:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive_int(name, getattr(self, name))
+        if not isinstance(self.prefill_join_tokens, int) or self.prefill_join_tokens < 0:
+            raise ValueError("prefill_join_tokens must be an integer >= 0 (0: no limit), "
+                             f"got {self.prefill_join_tokens!r}")
         for name in ("max_model_len", "num_kv_blocks", "num_threads"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))

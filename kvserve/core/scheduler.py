@@ -10,7 +10,10 @@ could never fit alone is refused at admission, so a lone running request always 
 and the engine cannot deadlock.
 
 Which waiting requests may be admitted is the batching policy's call
-(:mod:`kvserve.core.batching`: continuous, length-bucket, static). Under the priority
+(:mod:`kvserve.core.batching`: continuous, length-bucket, static). Under continuous
+batching a waiting request joins only while the step's prefill tokens are fewer than ``prefill_join_tokens``, so
+two prompts that arrive together finish in consecutive steps and the first one's first
+token is not held back by the second's prefill. Under the priority
 policy a waiting request that outranks a running one is admitted before the running
 requests are scheduled, preempting the lowest-priority running requests until it fits.
 """
@@ -34,6 +37,9 @@ class Scheduler:
     def __init__(self, args: EngineArgs, kv: KVCacheManager) -> None:
         self.max_num_seqs = args.max_num_seqs
         self.max_num_batched_tokens = args.max_num_batched_tokens
+        # static and length-bucket batches are admitted together, as those designs mean
+        self.prefill_join_tokens = (args.prefill_join_tokens or float("inf")
+                                    if args.batching == "continuous" else float("inf"))
         self.priority_first = args.scheduling_policy == "priority"
         self.swap_mode = args.preemption_mode == "swap"
         self.kv = kv
@@ -129,11 +135,15 @@ class Scheduler:
                 i += 1
 
         if len(preempted) == num_priority_preempted:  # no memory pressure this step
+            prefill = sum(len(s.token_ids) for s in scheduled if len(s.token_ids) > 1)
             for req in self.batching.admissible(self.waiting, now):
+                if prefill >= self.prefill_join_tokens:
+                    break
                 num_new = self._try_admit(req, budget, now, scheduled) if budget > 0 else 0
                 if not num_new:
                     break
                 budget -= num_new
+                prefill += num_new
 
         if scheduled:
             self._record_step()

@@ -1,0 +1,54 @@
+"""Scheduler step composition: prompts joining a step under the prefill join limit."""
+from __future__ import annotations
+
+import pytest
+
+from kvserve.config import EngineArgs
+from kvserve.core.kv import create_kv_manager
+from kvserve.core.scheduler import Scheduler
+from tests.core.kv_sim import make_request
+
+
+def _scheduler(**kw) -> Scheduler:
+    args = EngineArgs(enable_prefix_caching=False, **kw)
+    sched = Scheduler(args, create_kv_manager(args, 512))
+    return sched
+
+
+def _new_prompts(out) -> list[str]:
+    return [s.request_id for s in out.scheduled if s.start_pos == 0]
+
+
+def test_a_later_prompt_waits_a_step_instead_of_delaying_the_first():
+    sched = _scheduler()  # default: join while the step has < 256 prefill tokens
+    sched.add_request(make_request("a", list(range(420)), 4))
+    sched.add_request(make_request("b", list(range(1000, 1209)), 4))
+    out = sched.schedule()
+    assert _new_prompts(out) == ["a"] and out.num_tokens == 420  # a's first token: 1 step
+    sched.update(out, {"a": 7})
+    out = sched.schedule()
+    assert [(s.request_id, len(s.token_ids)) for s in out.scheduled] == [("a", 1), ("b", 209)]
+
+
+def test_short_prompts_share_a_step_until_the_limit_and_decodes_do_not_count():
+    sched = _scheduler(prefill_join_tokens=256)
+    for i in range(6):
+        sched.add_request(make_request(str(i), list(range(i * 1000, i * 1000 + 100)), 50))
+    out = sched.schedule()
+    assert _new_prompts(out) == ["0", "1", "2"]  # 100, 200 < 256: one more joins
+    sched.update(out, {s.request_id: 7 for s in out.scheduled})
+    out = sched.schedule()
+    assert _new_prompts(out) == ["3", "4", "5"]  # three decodes ride along, not counted
+
+
+@pytest.mark.parametrize("limit", [0, 10_000])
+def test_no_limit_merges_up_to_the_token_budget(limit):
+    sched = _scheduler(prefill_join_tokens=limit)
+    sched.add_request(make_request("a", list(range(420)), 4))
+    sched.add_request(make_request("b", list(range(1000, 1209)), 4))
+    assert _new_prompts(sched.schedule()) == ["a", "b"]
+
+
+def test_bad_limit_is_refused():
+    with pytest.raises(ValueError, match="prefill_join_tokens must be an integer >= 0"):
+        EngineArgs(prefill_join_tokens=-1)
