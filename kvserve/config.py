@@ -69,10 +69,11 @@ class EngineArgs:
     # offline throughput was the same at 512 and 2048.
     max_num_batched_tokens: int = field(default=2048, metadata=_help(
         "token budget of one engine step (prefill chunks + decodes)"))
-    prefill_join_tokens: int = field(default=256, metadata=_help(
+    prefill_join_tokens: int = field(default=0, metadata=_help(
         "continuous batching: a waiting prompt joins a step only while the step's "
-        "prefill tokens are fewer than this (0: no limit): a later prompt then waits a step instead of delaying "
-        "the first token of an earlier one; the GEMM is near its peak from ~256 rows"))
+        "prefill tokens are fewer than this (0, the default: up to the budget); a later "
+        "prompt then waits a step instead of delaying an earlier one's first token, at "
+        "the cost of more steps that stall the decodes"))
     kv_manager: str = field(default="paged", metadata=_help(
         "KV memory design", choices=KV_MANAGER_NAMES))
     batching: str = field(default="continuous", metadata=_help(

@@ -11,11 +11,12 @@ and the engine cannot deadlock.
 
 Which waiting requests may be admitted is the batching policy's call
 (:mod:`kvserve.core.batching`: continuous, length-bucket, static). Under continuous
-batching a waiting request joins only while the step's prefill tokens are fewer than ``prefill_join_tokens``, so
-two prompts that arrive together finish in consecutive steps and the first one's first
-token is not held back by the second's prefill. Under the priority
-policy a waiting request that outranks a running one is admitted before the running
-requests are scheduled, preempting the lowest-priority running requests until it fits.
+batching with ``prefill_join_tokens`` set, a waiting request joins only while the
+step's prefill tokens are fewer than that, so two prompts that arrive together finish
+in consecutive steps and the first one's first token is not held back by the second's
+prefill. Under the priority policy a waiting request that outranks a running one is
+admitted before the running requests are scheduled, preempting the lowest-priority
+running requests until it fits.
 """
 from __future__ import annotations
 

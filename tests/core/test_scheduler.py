@@ -20,7 +20,7 @@ def _new_prompts(out) -> list[str]:
 
 
 def test_a_later_prompt_waits_a_step_instead_of_delaying_the_first():
-    sched = _scheduler()  # default: join while the step has < 256 prefill tokens
+    sched = _scheduler(prefill_join_tokens=256)
     sched.add_request(make_request("a", list(range(420)), 4))
     sched.add_request(make_request("b", list(range(1000, 1209)), 4))
     out = sched.schedule()
@@ -41,9 +41,9 @@ def test_short_prompts_share_a_step_until_the_limit_and_decodes_do_not_count():
     assert _new_prompts(out) == ["3", "4", "5"]  # three decodes ride along, not counted
 
 
-@pytest.mark.parametrize("limit", [0, 10_000])
+@pytest.mark.parametrize("limit", [None, 0, 10_000])
 def test_no_limit_merges_up_to_the_token_budget(limit):
-    sched = _scheduler(prefill_join_tokens=limit)
+    sched = _scheduler() if limit is None else _scheduler(prefill_join_tokens=limit)
     sched.add_request(make_request("a", list(range(420)), 4))
     sched.add_request(make_request("b", list(range(1000, 1209)), 4))
     assert _new_prompts(sched.schedule()) == ["a", "b"]
