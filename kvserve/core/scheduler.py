@@ -38,9 +38,9 @@ class Scheduler:
     def __init__(self, args: EngineArgs, kv: KVCacheManager) -> None:
         self.max_num_seqs = args.max_num_seqs
         self.max_num_batched_tokens = args.max_num_batched_tokens
-        # static and length-bucket batches are admitted together, as those designs mean
-        self.prefill_join_tokens = (args.prefill_join_tokens or float("inf")
-                                    if args.batching == "continuous" else float("inf"))
+        # 0 means no limit; static and length-bucket batches are admitted together
+        limited = args.batching == "continuous" and args.prefill_join_tokens > 0
+        self.prefill_join_tokens = args.prefill_join_tokens if limited else float("inf")
         self.priority_first = args.scheduling_policy == "priority"
         self.swap_mode = args.preemption_mode == "swap"
         self.kv = kv

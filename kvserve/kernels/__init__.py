@@ -61,13 +61,9 @@ class Kernels:
             self.reason = detail.strip().splitlines()[-1] if detail.strip() else repr(e)
             logger.warning("native kernels unavailable (%s); using torch attention", self.reason)
             return
-        fn = lib.paged_attention_rows
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64,
-                       ctypes.c_float, i64]
-        fn.restype = None
-        self._decode = fn
-        f32 = ctypes.c_float
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        self._attention = _bind(lib.paged_attention_rows, [ptr, ptr, ptr, ptr, i64, ptr, ptr,
+                                                           i64, i64, i64, i64, i64, f32, i64])
         self._rms_norm = _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
         self._silu_mul = _bind(lib.silu_mul, [ptr, ptr, i64, i64])
         self._rotary = _bind(lib.rotary, [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64])
@@ -79,7 +75,7 @@ class Kernels:
         q = q.contiguous()
         s, h, d = q.shape
         _, bs, kvh, _ = k_pool.shape
-        self._decode(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
+        self._attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
                      tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs,
                      scale, window)
 

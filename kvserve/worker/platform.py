@@ -3,7 +3,6 @@ process-wide allocator setting the engine makes."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from pathlib import Path
 
@@ -50,13 +49,11 @@ def keep_freed_memory() -> bool:
     faults and 372-380 ms. Blocks up to 32 MB now come from the heap, and up to 1 GiB
     of freed heap is kept for reuse. Returns False where the C library is not glibc.
     """
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+            return False
+    except (ValueError, OSError, AttributeError):  # not a glibc system
         return False
-    if mallopt is None or not hasattr(libc, "gnu_get_libc_version"):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-                and mallopt(_M_TRIM_THRESHOLD, KEEP_HEAP_BYTES))
+    libc = ctypes.CDLL(None)  # the process's own symbols, glibc's among them
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+                and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_HEAP_BYTES))

@@ -11,8 +11,7 @@ from tests.core.kv_sim import make_request
 
 def _scheduler(**kw) -> Scheduler:
     args = EngineArgs(enable_prefix_caching=False, **kw)
-    sched = Scheduler(args, create_kv_manager(args, 512))
-    return sched
+    return Scheduler(args, create_kv_manager(args, 512))
 
 
 def _new_prompts(out) -> list[str]:
