@@ -78,10 +78,14 @@ def prompts_of_lengths(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """The oracle: transformers' own forward with its KV cache, argmax each step."""
+def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int,
+              transform=None) -> list[list[int]]:
+    """The oracle: transformers' own forward with its KV cache, argmax each step.
+    ``transform(model)``, when given, changes the loaded model first (e.g. quantizes it)."""
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if transform is not None:
+        transform(model)
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters \
         else "past_key_values"
     outs = []

@@ -74,7 +74,7 @@ class LLMEngine:
         self.max_model_len = self._max_model_len()
         self.dtype = resolve_dtype(args.dtype, self.model_config)
         start = time.perf_counter()
-        model = load_model(self.model_dir, self.model_config, self.dtype)
+        model = load_model(self.model_dir, self.model_config, self.dtype, args.quantization)
         self.num_kv_blocks = self._num_kv_blocks()
         swap_slots, disk_slots = self._tier_slots()
         self.kv = create_kv_manager(args, self.num_kv_blocks, swap_slots=swap_slots,

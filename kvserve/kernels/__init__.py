@@ -20,7 +20,8 @@ from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c"))
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
+                                                          "int8_linear.c"))
 _HEADERS = (Path(__file__).with_name("vec_math.h"),)
 
 
@@ -67,6 +68,8 @@ class Kernels:
         self._rms_norm = _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
         self._silu_mul = _bind(lib.silu_mul, [ptr, ptr, i64, i64])
         self._rotary = _bind(lib.rotary, [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64])
+        self._quantize_rows = _bind(lib.quantize_rows_int8, [ptr, ptr, ptr, i64, i64])
+        self._rescale_int32 = _bind(lib.rescale_int32, [ptr, ptr, ptr, ptr, ptr, i64, i64])
         self.available = True
 
     def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
@@ -97,6 +100,21 @@ class Kernels:
         """Rotate the q and k heads at the start of each float32 qkv row in place."""
         self._rotary(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
                      cos.data_ptr(), sin.data_ptr(), num_q, num_k, head_dim)
+
+    def quantize_rows(self, x):
+        """Per-row symmetric int8 of float32 x [R, C] (contiguous) -> (q int8, scale [R])."""
+        q = torch.empty(x.shape, dtype=torch.int8)
+        scale = torch.empty(x.shape[0], dtype=torch.float32)
+        self._quantize_rows(x.data_ptr(), q.data_ptr(), scale.data_ptr(), x.shape[0], x.shape[1])
+        return q, scale
+
+    def rescale_int32(self, acc, row_scale, col_scale, bias):
+        """float32 (acc [R, C] int32 * row_scale[:, None]) * col_scale (+ bias)."""
+        out = torch.empty(acc.shape, dtype=torch.float32)
+        self._rescale_int32(acc.data_ptr(), row_scale.data_ptr(), col_scale.data_ptr(),
+                            0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                            acc.shape[0], acc.shape[1])
+        return out
 
 
 def _bind(fn, argtypes):

@@ -6,7 +6,7 @@ from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import Linear, activation
+from kvserve.model.layers import Linear, activation, in_row_chunks
 
 
 class GPT2Attention(nn.Module):
@@ -32,6 +32,9 @@ class GPT2MLP(nn.Module):
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return in_row_chunks(self._forward, x, self.c_fc.out_features * 4)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self.act(self.c_fc(x)))
 
 

@@ -11,7 +11,8 @@ from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import GatedActivation, Linear, RMSNorm, RotaryEmbedding
+from kvserve.model.layers import GatedActivation, Linear, RMSNorm, RotaryEmbedding, \
+    in_row_chunks
 
 
 class LlamaAttention(nn.Module):
@@ -49,6 +50,9 @@ class LlamaMLP(nn.Module):
         self.act = GatedActivation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return in_row_chunks(self._forward, x, 2 * self.inter * 4)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 

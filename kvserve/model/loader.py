@@ -17,6 +17,7 @@ from torch import nn
 from kvserve.model.config import ModelConfig
 from kvserve.model.gpt2 import GPT2LMHeadModel
 from kvserve.model.llama import LlamaForCausalLM
+from kvserve.model.quantization import quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,9 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor, Path]]:
                 yield name, f.get_tensor(name), path
 
 
-def load_model(model_dir: str | Path, model_config: ModelConfig, dtype: torch.dtype) -> nn.Module:
+def load_model(model_dir: str | Path, model_config: ModelConfig, dtype: torch.dtype,
+               quantization: str | None = None) -> nn.Module:
+    """The checkpoint's model in ``dtype``, its linear layers quantized if asked."""
     model_dir = Path(model_dir)
     cls = MODEL_CLASSES[model_config.architecture]
     with torch.device("meta"):
@@ -96,6 +99,8 @@ def load_model(model_dir: str | Path, model_config: ModelConfig, dtype: torch.dt
     if model_config.tie_word_embeddings:
         _tie(model)
     model = model.to(dtype)
+    if quantization is not None:
+        quantize_model(model, quantization)
     model.eval()
     return model
 

@@ -1,0 +1,145 @@
+"""int8 linear layers: quantization arithmetic, native passes, and the engine's greedy
+tokens against transformers with the same int8 arithmetic in its linear layers."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from kvserve import LLM, SamplingParams
+from kvserve.kernels import load_kernels
+from kvserve.model.layers import Linear
+from kvserve.model.quantization import Int8Linear, int8_reference_linear, quantize_model, \
+    quantize_rows
+from tests.helpers import hf_greedy, prompts_of_lengths
+
+LENGTHS = [1, 4, 17, 40, 100, 9]
+MAX_NEW = 12
+
+
+def test_quantize_rows_bounds_and_reconstruction():
+    torch.manual_seed(0)
+    x = torch.randn(9, 70) * torch.logspace(-3, 2, 9)[:, None]
+    x[4] = 0.0
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127
+    assert scale[4] == 1.0 and q[4].abs().sum() == 0
+    # each row uses its full range, and rounding loses at most half a step
+    assert (q.abs().amax(1)[torch.arange(9) != 4] == 127).all()
+    assert ((q.float() * scale[:, None] - x).abs() <= scale[:, None] / 2 * (1 + 1e-6)).all()
+
+
+def _native():
+    kernels = load_kernels()
+    if not kernels.available:
+        pytest.skip(f"native kernels unavailable: {kernels.reason}")
+    return kernels
+
+
+def test_native_passes_match_torch():
+    kernels = _native()
+    torch.manual_seed(1)
+    x = torch.randn(37, 300) * 3
+    x[5] = 0.0
+    x[6, 7] = 2.5 * (x[6].abs().max() / 127)  # an exact .5 step: rounds half to even
+    q_ref, s_ref = quantize_rows(x)
+    q, s = kernels.quantize_rows(x)
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    acc = torch.randint(-10**6, 10**6, (37, 50), dtype=torch.int32)
+    cols, bias = torch.rand(50), torch.randn(50)
+    expected = acc.float() * s_ref[:, None] * cols[None, :]
+    torch.testing.assert_close(kernels.rescale_int32(acc, s_ref, cols, None), expected,
+                               rtol=1e-6, atol=0)
+    torch.testing.assert_close(kernels.rescale_int32(acc, s_ref, cols, bias), expected + bias,
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_matches_reference_and_ignores_batch(native, bias):
+    torch.manual_seed(2)
+    dense = Linear(96, 136, bias=bias)
+    layer = Int8Linear.from_linear(dense)
+    layer.native = _native() if native else None
+    x = torch.randn(23, 96)
+    got = layer(x)
+    torch.testing.assert_close(got, int8_reference_linear(x, dense.weight, dense.bias),
+                               rtol=1e-5, atol=1e-5)
+    # int32 sums are exact and scales are per token: a row's result never depends on
+    # the other rows of the batch
+    for r in (0, 11, 22):
+        assert torch.equal(layer(x[r:r + 1].clone()), got[r:r + 1])
+    # and it is a close approximation of the float layer
+    rel = (got - dense(x)).norm() / dense(x).norm()
+    assert rel < 0.02
+
+
+def test_quantize_model_keeps_head_and_releases_float_weights():
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = Linear(16, 32)
+            self.block = nn.Sequential(Linear(32, 32, bias=False))
+            self.lm_head = Linear(32, 50, bias=False)
+
+    model = Tiny()
+    assert quantize_model(model, "int8") == 2
+    assert isinstance(model.proj, Int8Linear) and isinstance(model.block[0], Int8Linear)
+    assert isinstance(model.lm_head, Linear)
+    assert not any(p.dtype == torch.float32 and p.shape == (32, 16) for p in model.parameters())
+    with pytest.raises(ValueError, match="supported: int8"):
+        quantize_model(model, "int4")
+
+
+def _reference_int8(model: nn.Module) -> None:
+    """Give a transformers model the int8 arithmetic in every linear layer but the head."""
+    from transformers.pytorch_utils import Conv1D
+    for name, module in model.named_modules():
+        if name.endswith("lm_head"):
+            continue
+        if isinstance(module, nn.Linear):
+            module.forward = lambda x, m=module: int8_reference_linear(x, m.weight, m.bias)
+        elif isinstance(module, Conv1D):  # GPT-2 stores [in, out]
+            module.forward = lambda x, m=module: int8_reference_linear(x, m.weight.t(), m.bias)
+
+
+@pytest.fixture(scope="module")
+def int8_oracle(model_dirs):
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            cache[arch] = hf_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), MAX_NEW,
+                                    transform=_reference_int8)
+        return cache[arch]
+    return get
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("engine_args", [{}, {"attention_backend": "torch"},
+                                         {"max_num_batched_tokens": 16, "block_size": 4}],
+                         ids=["native", "torch", "chunked"])
+def test_int8_engine_matches_int8_transformers(arch, engine_args, model_dirs, int8_oracle):
+    llm = LLM(model_dirs(arch), quantization="int8", **engine_args)
+    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, Int8Linear)]
+    assert layers and all((m.native is None) == (engine_args.get("attention_backend") == "torch")
+                          for m in layers)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts_of_lengths(LENGTHS)], params,
+                        use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == int8_oracle(arch)
+    assert llm.engine.kv.stats().num_used_blocks == 0
+
+
+def test_int8_reference_differs_from_float(model_dirs):
+    """The oracle above is not the float model in disguise: int8 changes some tokens."""
+    prompts = prompts_of_lengths(LENGTHS)
+    d = model_dirs("llama")
+    assert hf_greedy(d, prompts, MAX_NEW, transform=_reference_int8) != hf_greedy(d, prompts,
+                                                                                   MAX_NEW)
+
+
+def test_quantization_setting_is_validated():
+    from kvserve.config import EngineArgs
+    with pytest.raises(ValueError, match=r"quantization must be one of \['int8'\]"):
+        EngineArgs(quantization="fp4")
