@@ -15,6 +15,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
                "tib": 2**40, "t": 10**12, "tb": 10**12}
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_MANAGER_NAMES = ("paged", "buddy", "contiguous")
 BATCHING_NAMES = ("continuous", "length-bucket", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -56,6 +57,11 @@ class EngineArgs:
     dtype: str = field(default="auto", metadata=_help(
         "compute dtype; auto picks float32 on CPUs without bf16 hardware", choices=DTYPES))
     seed: int = field(default=0, metadata=_help("seed of the global sampling generator"))
+    kv_cache_dtype: str = field(default="auto", metadata=_help(
+        "element type of the KV cache; auto: the compute dtype. float16 / bfloat16 with "
+        "float32 compute halve the KV memory and the bytes decode attention reads (the "
+        "attention math stays float32); not bit-exact with a float32 cache",
+        choices=KV_CACHE_DTYPES))
     max_model_len: int | None = field(default=None, metadata=_help(
         "longest sequence (prompt + output); default: the model's max_position_embeddings"))
     block_size: int = field(default=16, metadata=_help("token slots per KV block"))
@@ -121,6 +127,7 @@ class EngineArgs:
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive_int(name, getattr(self, name))
         if not isinstance(self.prefill_join_tokens, int) or self.prefill_join_tokens < 0:

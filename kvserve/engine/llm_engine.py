@@ -73,6 +73,8 @@ class LLMEngine:
         self.tokenizer = Tokenizer(self.model_dir)
         self.max_model_len = self._max_model_len()
         self.dtype = resolve_dtype(args.dtype, self.model_config)
+        self.kv_dtype = (self.dtype if args.kv_cache_dtype == "auto"
+                         else getattr(torch, args.kv_cache_dtype))
         start = time.perf_counter()
         model = load_model(self.model_dir, self.model_config, self.dtype, args.quantization)
         self.num_kv_blocks = self._num_kv_blocks()
@@ -83,7 +85,7 @@ class LLMEngine:
         disk_path = (Path(args.kv_offload_dir) / f"kvserve-kv-{os.getpid()}.bin"
                      if disk_slots else None)
         self.runner = ModelRunner(model, self.model_config, self.num_kv_blocks,
-                                  args.block_size, self.dtype, args.seed, swap_slots,
+                                  args.block_size, self.kv_dtype, args.seed, swap_slots,
                                   disk_slots, disk_path, args.attention_backend == "auto")
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_id, self.extra_stop_ids = self._eos_ids()
@@ -106,7 +108,7 @@ class LLMEngine:
 
     def _num_kv_blocks(self) -> int:
         args = self.args
-        per_block = kv_bytes_per_block(self.model_config, args.block_size, self.dtype)
+        per_block = kv_bytes_per_block(self.model_config, args.block_size, self.kv_dtype)
         if args.num_kv_blocks is not None:
             num = args.num_kv_blocks
             source = "num_kv_blocks"
@@ -122,13 +124,13 @@ class LLMEngine:
             num = max(1, min(share // per_block, useful))
             source = (f"default: min({_DEFAULT_KV_SHARE:.0%} of available RAM, "
                       f"{_DEFAULT_KV_CAP / 2**30:g} GiB, max_num_seqs x max_model_len)")
-        logger.info("KV cache: %d blocks x %d tokens = %.1f MiB (%s)", num, args.block_size,
-                    num * per_block / 2**20, source)
+        logger.info("KV cache: %d blocks x %d tokens = %.1f MiB of %s (%s)", num,
+                    args.block_size, num * per_block / 2**20, str(self.kv_dtype)[6:], source)
         return num
 
     def _tier_slots(self) -> tuple[int, int]:
         args = self.args
-        per_block = kv_bytes_per_block(self.model_config, args.block_size, self.dtype)
+        per_block = kv_bytes_per_block(self.model_config, args.block_size, self.kv_dtype)
         swap = int(args.swap_space * 2**30) // per_block if args.preemption_mode == "swap" else 0
         disk = parse_size(args.kv_offload_size) // per_block if args.kv_offload_dir else 0
         if args.preemption_mode == "swap" and swap < 1:

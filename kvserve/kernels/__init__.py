@@ -22,7 +22,9 @@ logger = init_logger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
                                                           "int8_linear.c"))
-_HEADERS = (Path(__file__).with_name("vec_math.h"),)
+_HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_rows.h"))
+# KV pool element types the attention kernel reads (queries and sums are float32)
+NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 def _cache_dir() -> Path:
@@ -63,8 +65,10 @@ class Kernels:
             logger.warning("native kernels unavailable (%s); using torch attention", self.reason)
             return
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        self._attention = _bind(lib.paged_attention_rows, [ptr, ptr, ptr, ptr, i64, ptr, ptr,
-                                                           i64, i64, i64, i64, i64, f32, i64])
+        self._attention = {
+            dtype: _bind(getattr(lib, f"paged_attention_rows_{suffix}"),
+                         [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32, i64])
+            for dtype, suffix in NATIVE_KV_DTYPES.items()}
         self._rms_norm = _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
         self._silu_mul = _bind(lib.silu_mul, [ptr, ptr, i64, i64])
         self._rotary = _bind(lib.rotary, [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64])
@@ -74,11 +78,12 @@ class Kernels:
 
     def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
                              window: int) -> None:
-        """q/out [S, H, D] float32 contiguous; pools [B, bs, KVH, D]; tables/seq_lens int64."""
+        """q/out [S, H, D] float32 contiguous; pools [B, bs, KVH, D] of a NATIVE_KV_DTYPES
+        type; tables/seq_lens int64."""
         q = q.contiguous()
         s, h, d = q.shape
         _, bs, kvh, _ = k_pool.shape
-        self._attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
+        self._attention[k_pool.dtype](q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
                      tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs,
                      scale, window)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from kvserve.core.scheduler_output import SchedulerOutput
-from kvserve.kernels import load_kernels
+from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.model.attention import KVCache
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import use_native_kernels, use_packed_linear
@@ -18,6 +18,11 @@ from kvserve.worker.sampler import Sampler, SampleResult
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.tensor([], dtype=dtype).element_size()
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the model computes in: its first floating-point parameter's."""
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
 
 
 class ModelRunner:
@@ -35,14 +40,15 @@ class ModelRunner:
         self.swap = BlockStore(swap_slots, self.caches) if swap_slots else None
         self.disk = BlockStore(disk_slots, self.caches, disk_path) if disk_slots else None
         self.mover = TierMover(self.caches, self.swap, self.disk)
-        self.native = None
-        if native_kernels and kv_dtype == torch.float32:
+        self.native = None  # the native kernels, used where the compute dtype is float32
+        if native_kernels and compute_dtype(model) == torch.float32:
             kernels = load_kernels()
             self.native = kernels if kernels.available else None
         if native_kernels:
             use_packed_linear(model)
         if self.native is not None:
             use_native_kernels(model, self.native)
+        self.native_attention = self.native if kv_dtype in NATIVE_KV_DTYPES else None
 
     def close(self) -> None:
         if self.disk is not None:
@@ -62,7 +68,7 @@ class ModelRunner:
         if not out.scheduled:
             return {}
         inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
-                              self.native)
+                              self.native_attention)
         hidden = self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta)
         if not inputs.sample_order:
             return {}

@@ -13,14 +13,17 @@ kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("heads, kv_heads, dim, window", [
     (4, 2, 16, None), (12, 4, 64, None), (4, 4, 32, 5), (6, 1, 24, None),
     (8, 2, 128, None), (6, 3, 64, 11)])  # 64 and 128: the AVX2 path
-def test_kernel_matches_torch(heads, kv_heads, dim, window):
-    """Decodes, a fresh prompt and chunks after cached keys, in one flat batch."""
+def test_kernel_matches_torch(heads, kv_heads, dim, window, kv_dtype):
+    """Decodes, a fresh prompt and chunks after cached keys, in one flat batch, with a
+    float32 pool or a half-precision one (float32 math on the stored values)."""
     torch.manual_seed(0)
     bs, num_blocks = 4, 96
-    cache = KVCache(num_blocks, bs, kv_heads, dim, torch.float32)
+    cache = KVCache(num_blocks, bs, kv_heads, dim, kv_dtype)
     cache.k.normal_()
     cache.v.normal_()
     perm = torch.randperm(num_blocks).tolist()
@@ -38,7 +41,7 @@ def test_kernel_matches_torch(heads, kv_heads, dim, window):
     v = torch.randn(t, kv_heads, dim)
     outs = []
     for native in (None, kernels):
-        c = KVCache(num_blocks, bs, kv_heads, dim, torch.float32)
+        c = KVCache(num_blocks, bs, kv_heads, dim, kv_dtype)
         c.k.copy_(cache.k)
         c.v.copy_(cache.v)
         meta = build_inputs(scheduled, bs, window, native).meta
