@@ -222,14 +222,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if roof is not None:
         print(f"roofline: peak GEMM {roof.peak_gflops:.1f} GFLOP/s; workload "
               f"{out['workload_flops'] / 1e12:.4g} TFLOP -> GEMM-bound {out['gemm_bound_s']:.3g} s")
-    dec = out["decode"]
-    line = (f"single-stream decode: {1000 * dec['median_step_s']:.1f} ms/step "
-            f"({dec['tok_s']:.1f} tok/s), {dec['weight_bytes'] / 1e6:.0f} MB of matmul weights")
-    if "vs_gemv_floor" in dec:
-        line += (f"; {dec['vs_gemv_floor']:.2f}x the GEMV-bandwidth floor "
-                 f"({1000 * dec['gemv_floor_s']:.1f} ms), {dec['vs_stream_floor']:.2f}x the "
-                 f"streaming-read floor ({1000 * dec['stream_floor_s']:.1f} ms)")
-    print(line)
+    print(_decode_line("kvserve", out["decode"]))
+    for name, res in out["results"].items():
+        if "decode" in res:
+            print(_decode_line(name, res["decode"]))
     for note in out["notes"]:
         print("note:", note)
     full = {"machine": info, "model": str(model_dir), "workload": wl.describe(),
@@ -242,6 +238,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
         title = f"{Path(model_dir).name} / {wl.name}: useful and total tok/s"
         print(f"wrote {plot_compare(args.plot, rows, title, report.machine_line(info))}")
     return 0
+
+
+def _decode_line(name: str, dec: dict) -> str:
+    """One line on a single-stream decode measurement and its bandwidth floors."""
+    line = (f"single-stream decode, {name}: {1000 * dec['median_step_s']:.1f} ms/step "
+            f"({dec['tok_s']:.1f} tok/s), {dec['weight_bytes'] / 1e6:.0f} MB of matmul weights")
+    if "vs_gemv_floor" in dec:
+        line += (f"; {dec['vs_gemv_floor']:.2f}x the GEMV-bandwidth floor "
+                 f"({1000 * dec['gemv_floor_s']:.1f} ms), {dec['vs_stream_floor']:.2f}x the "
+                 f"streaming-read floor ({1000 * dec['stream_floor_s']:.1f} ms)")
+    return line
 
 
 def cmd_memory(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kvserve.bench.decode import measure_decode
+from kvserve.bench.decode import DecodeResult, measure_decode
 from kvserve.bench.roofline import RooflineResult, matmul_params, workload_flops
 
 __all__ = ["PEERS", "run_compare", "compare_rows", "parse_against", "parse_variant"]
@@ -44,6 +44,17 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"--variant wants LABEL:KEY=VALUE[,KEY=VALUE...], got {text!r}")
     return label.strip(), {k.strip().replace("-", "_"): parse_value(v.strip())
                            for k, _, v in pairs}
+
+
+def decode_figures(decode: DecodeResult, roofline: RooflineResult | None) -> dict[str, Any]:
+    """A single-stream decode result with its bandwidth floors when the roofline is known."""
+    info = decode.to_dict()
+    if roofline is not None:
+        info["gemv_floor_s"] = decode.weight_bytes / (roofline.gemv_bandwidth_gbs * 1e9)
+        info["vs_gemv_floor"] = decode.vs_floor(roofline.gemv_bandwidth_gbs)
+        info["stream_floor_s"] = decode.weight_bytes / (roofline.sum_bandwidth_gbs * 1e9)
+        info["vs_stream_floor"] = decode.vs_floor(roofline.sum_bandwidth_gbs)
+    return info
 
 
 def _median_run(run: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
@@ -139,6 +150,8 @@ def run_compare(
         raw[name] = {**res.to_dict(), "engine_args": settings, "repeat_useful_tok_s": rates}
         if settings.get("quantization"):
             quantized.append(name)
+        raw[name]["decode"] = decode_figures(
+            measure_decode(llm, list(requests[0].prompt_token_ids[:16])), roofline)
         del llm
         gc.collect()
 
@@ -185,15 +198,9 @@ def run_compare(
     flops = workload_flops([(r.prompt_len, r.max_tokens) for r in requests], params, layers, hidden)
     peak = roofline.peak_gflops if roofline is not None else 0.0
     rows = compare_rows(results, hf_name, flops, peak, quantized)
-    decode_info = decode.to_dict()
-    if roofline is not None:
-        decode_info["gemv_floor_s"] = decode.weight_bytes / (roofline.gemv_bandwidth_gbs * 1e9)
-        decode_info["vs_gemv_floor"] = decode.vs_floor(roofline.gemv_bandwidth_gbs)
-        decode_info["stream_floor_s"] = decode.weight_bytes / (roofline.sum_bandwidth_gbs * 1e9)
-        decode_info["vs_stream_floor"] = decode.vs_floor(roofline.sum_bandwidth_gbs)
     return {
         "rows": rows,
-        "decode": decode_info,
+        "decode": decode_figures(decode, roofline),
         "results": raw,
         "notes": notes,
         "workload_flops": flops,

@@ -32,18 +32,19 @@ class DecodeResult:
 
 
 def matmul_weight_bytes(model) -> int:
-    """Bytes of the parameters a decode step streams: all but embedding lookup tables."""
+    """Bytes of the weights a decode step streams: every parameter and stored buffer
+    (an int8 layer's weights and scales) except embedding lookup tables."""
     embeddings = {id(m.weight) for m in model.modules()
                   if type(m).__name__ == "Embedding"}
     lm_head = getattr(model, "lm_head", None)
     if lm_head is not None:
         embeddings.discard(id(lm_head.weight))  # tied or not, the LM head is a matmul
     seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) in seen or id(p) in embeddings:
+    for t in model.state_dict(keep_vars=True).values():  # no rotary tables: not stored
+        if id(t) in seen or id(t) in embeddings:
             continue
-        seen.add(id(p))
-        total += p.numel() * p.element_size()
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
     return total
 
 

@@ -124,6 +124,7 @@ def test_run_compare_with_stub_engine(tiny_model_dir: Path, monkeypatch: pytest.
     assert names[3].startswith("hf-best-")
     assert loaded == [{"block_size": 8}, {"block_size": 8, "quantization": "int8"}]
     assert out["results"]["kvserve int8"]["engine_args"] == loaded[1]
+    assert out["results"]["kvserve int8"]["decode"]["vs_gemv_floor"] == pytest.approx(1.0)
     assert out["rows"][0]["roofline_share"] is not None
     assert out["rows"][1]["roofline_share"] is None
     assert out["results"]["kvserve"]["useful_output_tokens"] == 5  # capped at max_tokens

@@ -17,6 +17,18 @@ def test_weight_bytes_leave_out_embedding_lookups(llama_dir):
     assert matmul_weight_bytes(model) == expected
 
 
+def test_weight_bytes_of_an_int8_model(llama_dir):
+    model = LLM(llama_dir, quantization="int8").engine.runner.model
+    cfg = model.config
+    outs = [(cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size,
+            2 * cfg.intermediate_size, cfg.hidden_size]
+    ins = [cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size]
+    linear = sum(o * i + 4 * o for o, i in zip(outs, ins))  # int8 weights + float scales
+    expected = (cfg.num_layers * (linear + 2 * cfg.hidden_size * 4) + cfg.hidden_size * 4
+                + cfg.vocab_size * cfg.hidden_size * 4)  # norms, final norm, float LM head
+    assert matmul_weight_bytes(model) == expected
+
+
 def test_measure_decode_counts_decode_steps_only(llama_dir):
     llm = LLM(llama_dir)
     res = measure_decode(llm, [5, 6, 7, 8], new_tokens=6, repeats=2)
