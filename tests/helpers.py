@@ -110,3 +110,32 @@ def hf_logprobs(model_dir: str, prompt: list[int], continuation: list[int]) -> t
     ids = torch.tensor([prompt + continuation])
     logits = model(input_ids=ids).logits[0, len(prompt) - 1:len(prompt) + len(continuation) - 1]
     return logits.float().log_softmax(-1)
+
+
+def int8_reference_transform(model) -> None:
+    """Give a transformers model kvserve's int8 arithmetic in every linear layer but the
+    LM head (``--quantization int8``'s oracle)."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    from kvserve.model.quantization import int8_reference_linear
+    for name, module in model.named_modules():
+        if name.endswith("lm_head"):
+            continue
+        if isinstance(module, nn.Linear):
+            module.forward = lambda x, m=module: int8_reference_linear(x, m.weight, m.bias)
+        elif isinstance(module, Conv1D):  # GPT-2 stores [in, out]
+            module.forward = lambda x, m=module: int8_reference_linear(x, m.weight.t(), m.bias)
+
+
+def round_kv_cache(monkeypatch, dtype: torch.dtype) -> None:
+    """Make transformers' DynamicCache round each new key/value to ``dtype`` before it is
+    cached and attended to (``--kv-cache-dtype``'s oracle); undone with ``monkeypatch``."""
+    from transformers.cache_utils import DynamicCache
+    original = DynamicCache.update
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        rounded = [x.to(dtype).to(x.dtype) for x in (key_states, value_states)]
+        return original(self, *rounded, layer_idx, *args, **kwargs)
+
+    monkeypatch.setattr(DynamicCache, "update", update)

@@ -7,24 +7,16 @@ import torch
 
 from kvserve import LLM, SamplingParams
 from kvserve.config import EngineArgs
-from tests.helpers import hf_greedy, prompts_of_lengths
+from tests.helpers import hf_greedy, prompts_of_lengths, round_kv_cache
 
 LENGTHS = [1, 4, 17, 40, 100, 9]
 MAX_NEW = 12
 
 
 def _hf_greedy_with_kv_dtype(model_dir, prompts, dtype, monkeypatch):
-    """transformers' greedy tokens with each layer's new keys/values rounded to ``dtype``
-    before they are cached and attended to (what a cache of that type holds)."""
-    from transformers.cache_utils import DynamicCache
-    original = DynamicCache.update
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        rounded = [x.to(dtype).to(x.dtype) for x in (key_states, value_states)]
-        return original(self, *rounded, layer_idx, *args, **kwargs)
-
+    """transformers' greedy tokens with its cache holding keys and values in ``dtype``."""
     with monkeypatch.context() as m:
-        m.setattr(DynamicCache, "update", update)
+        round_kv_cache(m, dtype)
         return hf_greedy(model_dir, prompts, MAX_NEW)
 
 

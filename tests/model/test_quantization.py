@@ -11,7 +11,7 @@ from kvserve.kernels import load_kernels
 from kvserve.model.layers import Linear
 from kvserve.model.quantization import Int8Linear, int8_reference_linear, quantize_model, \
     quantize_rows
-from tests.helpers import hf_greedy, prompts_of_lengths
+from tests.helpers import hf_greedy, int8_reference_transform, prompts_of_lengths
 
 LENGTHS = [1, 4, 17, 40, 100, 9]
 MAX_NEW = 12
@@ -91,18 +91,6 @@ def test_quantize_model_keeps_head_and_releases_float_weights():
         quantize_model(model, "int4")
 
 
-def _reference_int8(model: nn.Module) -> None:
-    """Give a transformers model the int8 arithmetic in every linear layer but the head."""
-    from transformers.pytorch_utils import Conv1D
-    for name, module in model.named_modules():
-        if name.endswith("lm_head"):
-            continue
-        if isinstance(module, nn.Linear):
-            module.forward = lambda x, m=module: int8_reference_linear(x, m.weight, m.bias)
-        elif isinstance(module, Conv1D):  # GPT-2 stores [in, out]
-            module.forward = lambda x, m=module: int8_reference_linear(x, m.weight.t(), m.bias)
-
-
 @pytest.fixture(scope="module")
 def int8_oracle(model_dirs):
     cache = {}
@@ -110,7 +98,7 @@ def int8_oracle(model_dirs):
     def get(arch):
         if arch not in cache:
             cache[arch] = hf_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), MAX_NEW,
-                                    transform=_reference_int8)
+                                    transform=int8_reference_transform)
         return cache[arch]
     return get
 
@@ -135,8 +123,8 @@ def test_int8_reference_differs_from_float(model_dirs):
     """The oracle above is not the float model in disguise: int8 changes some tokens."""
     prompts = prompts_of_lengths(LENGTHS)
     d = model_dirs("llama")
-    assert hf_greedy(d, prompts, MAX_NEW, transform=_reference_int8) != hf_greedy(d, prompts,
-                                                                                   MAX_NEW)
+    assert hf_greedy(d, prompts, MAX_NEW, transform=int8_reference_transform) != \
+        hf_greedy(d, prompts, MAX_NEW)
 
 
 def test_quantization_setting_is_validated():
