@@ -17,11 +17,25 @@ void quantize_rows_int8(const float *x, int8_t *q, float *scale, int64_t rows, i
         const float *xr = x + r * cols;
         int8_t *qr = q + r * cols;
         float amax = 0.f;
-#pragma omp simd reduction(max : amax)
-        for (int64_t i = 0; i < cols; i++) amax = fmaxf(amax, fabsf(xr[i]));
+        int64_t i = 0;
+#ifdef __AVX2__
+        /* four running maxima: the compiler does not vectorise fmaxf (NaN rules) */
+        const __m256 no_sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
+        for (; i + 32 <= cols; i += 32) {
+            m0 = _mm256_max_ps(m0, _mm256_and_ps(no_sign, _mm256_loadu_ps(xr + i)));
+            m1 = _mm256_max_ps(m1, _mm256_and_ps(no_sign, _mm256_loadu_ps(xr + i + 8)));
+            m2 = _mm256_max_ps(m2, _mm256_and_ps(no_sign, _mm256_loadu_ps(xr + i + 16)));
+            m3 = _mm256_max_ps(m3, _mm256_and_ps(no_sign, _mm256_loadu_ps(xr + i + 24)));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+        for (int j = 0; j < 8; j++) amax = fmaxf(amax, lanes[j]);
+#endif
+        for (; i < cols; i++) amax = fmaxf(amax, fabsf(xr[i]));
         const float s = amax > 0.f ? amax / 127.f : 1.f;
         scale[r] = s;
-        int64_t i = 0;
+        i = 0;
 #ifdef __AVX2__
         const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.f),
                      hi = _mm256_set1_ps(127.f);
