@@ -11,7 +11,8 @@ exactly by a reference that quantizes the same way (``int8_reference_linear``).
 
 Why not weight-only int8 with float activations: the multiplications would still run
 in float32, so batched steps would be no faster (torch's weight-only int8 CPU kernel
-measured 4 GFLOP/s, against 190 for float32 GEMM and 790 for int8 GEMM here).
+measured 4 GFLOP/s on the benchmark machine, against 190 for float32 GEMM and 790 for
+int8 GEMM).
 
 The embeddings and the LM head stay in the compute dtype (as vLLM's int8 schemes
 leave them): the head is a small share of the FLOPs and most sensitive to rounding.
@@ -43,6 +44,8 @@ class Int8Linear(nn.Module):
     ``bias`` [out] in the compute dtype. Inputs are 2-D [tokens, in].
     """
 
+    native = None  # kvserve.kernels.Kernels (quantize / rescale passes), set by use_native_kernels
+
     def __init__(self, qweight: torch.Tensor, weight_scale: torch.Tensor,
                  bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         super().__init__()
@@ -50,8 +53,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("bias", bias)
         self.out_dtype = dtype
-
-    native = None  # kvserve.kernels.Kernels (fused quantize / rescale), set by use_native_kernels
 
     def native_ok(self) -> bool:
         return self.out_dtype == torch.float32
