@@ -115,8 +115,8 @@ class EngineArgs:
         "per-token activation scales (about 4x the float32 GEMM speed on CPUs with "
         "VNNI); not bit-exact with the float model", choices=QUANTIZATION_METHODS))
     attention_backend: str = field(default="auto", metadata=_help(
-        "auto (native attention and elementwise kernels when they build and the KV is "
-        "float32; oneDNN packed linear layers) or torch (gather + SDPA, F.linear)",
+        "auto (native attention and elementwise kernels when they build and the compute "
+        "dtype is float32; oneDNN packed linear layers) or torch (gather + SDPA, F.linear)",
         choices=ATTENTION_BACKENDS))
     num_threads: int | None = field(default=None, metadata=_help(
         "torch threads (default: physical cores)"))

@@ -57,7 +57,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     _header("roofline", {"threads": args.threads, "repeats": args.repeats, "ms": args.ms,
                          "k": args.k, "n": args.n, "cube": args.cube})
     res = rl.measure_roofline(args.threads, _int_list(args.ms), args.k, args.n, args.cube or None,
-                              args.repeats, variants=variants)
+                              args.repeats)
     rows = [(shape, g) for shape, g in res.gemm_gflops.items()]
     print(report.format_table(["fp32 GEMM", "GFLOP/s"], rows))
     print(f"bandwidth: sum {res.sum_bandwidth_gbs:.1f} GB/s, GEMV {res.gemv_bandwidth_gbs:.1f} GB/s")

@@ -57,6 +57,19 @@ def decode_figures(decode: DecodeResult, roofline: RooflineResult | None) -> dic
     return info
 
 
+def _run_kvserve(model_dir: Path, requests: Sequence[Any], settings: dict[str, Any],
+                 repeats: int) -> tuple[Any, list[float], DecodeResult]:
+    """kvserve's offline throughput (median of ``repeats``) and single-stream decode with
+    ``settings``; the engine is released on return."""
+    from kvserve.bench import throughput
+
+    llm, load_s = throughput.load_llm(model_dir, settings)
+    res, rates = _median_run(
+        lambda: throughput.run_throughput(model_dir, requests, settings, llm=llm), repeats)
+    res.load_s = load_s
+    return res, rates, measure_decode(llm, list(requests[0].prompt_token_ids[:16]))
+
+
 def _median_run(run: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
     """Run ``repeats`` times; the result with the median useful tok/s, and all rates."""
     results = [run() for _ in range(max(1, repeats))]
@@ -117,7 +130,7 @@ def run_compare(
 ) -> dict[str, Any]:
     """Run every system on ``requests``; returns rows, raw results and notes.
     ``variants``: (label, engine settings over ``engine_args``) run as "kvserve label"."""
-    from kvserve.bench import hf_baseline, throughput
+    from kvserve.bench import hf_baseline
 
     model_dir = Path(model_dir)
     engine_args = dict(engine_args or {})
@@ -125,35 +138,23 @@ def run_compare(
     raw: dict[str, Any] = {}
     notes: list[str] = []
 
-    log("running kvserve ...")
-    llm, load_s = throughput.load_llm(model_dir, engine_args)
-    kv, kv_rates = _median_run(
-        lambda: throughput.run_throughput(model_dir, requests, engine_args, llm=llm), repeats
-    )
-    kv.load_s = load_s
-    results.append(("kvserve", kv))
-    raw["kvserve"] = {**kv.to_dict(), "repeat_useful_tok_s": kv_rates}
-    log("measuring kvserve single-stream decode ...")
-    decode = measure_decode(llm, list(requests[0].prompt_token_ids[:16]))
-    del llm
-    gc.collect()
-    quantized = []
-    for label, overrides in variants:
-        name = f"kvserve {label}"
+    quantized: list[str] = []
+    decode = None
+    for label, overrides in [("", {}), *variants]:
+        name = f"kvserve {label}".strip()
         settings = {**engine_args, **overrides}
-        log(f"running {name} ({overrides}) ...")
-        llm, load_s = throughput.load_llm(model_dir, settings)
-        res, rates = _median_run(
-            lambda: throughput.run_throughput(model_dir, requests, settings, llm=llm), repeats)
-        res.load_s = load_s
+        log(f"running {name} {overrides or ''}...")
+        res, rates, row_decode = _run_kvserve(model_dir, requests, settings, repeats)
+        gc.collect()
         results.append((name, res))
-        raw[name] = {**res.to_dict(), "engine_args": settings, "repeat_useful_tok_s": rates}
+        raw[name] = {**res.to_dict(), "repeat_useful_tok_s": rates}
         if settings.get("quantization"):
             quantized.append(name)
-        raw[name]["decode"] = decode_figures(
-            measure_decode(llm, list(requests[0].prompt_token_ids[:16])), roofline)
-        del llm
-        gc.collect()
+        if overrides:
+            raw[name]["engine_args"] = settings
+            raw[name]["decode"] = decode_figures(row_decode, roofline)
+        else:
+            decode = row_decode
 
     hf_name = None
     if "hf" in against:

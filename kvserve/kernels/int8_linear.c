@@ -2,8 +2,9 @@
  * instead of six to eight torch ops: per-row symmetric quantization of the activations,
  * and rescaling of the int32 sums back to float32. Same formulas and order of
  * operations as the torch forms (x / scale rounded half to even; (sum * row scale) *
- * column scale + bias): the int8 values and scales are bit-identical to torch's, the
- * rescaled outputs agree to float32 rounding (the compiler may fuse the bias add).
+ * column scale + bias): for finite inputs the int8 values and scales are bit-identical
+ * to torch's, the rescaled outputs agree to float32 rounding (the compiler may fuse the
+ * bias add).
  */
 #include <math.h>
 #include <stdint.h>
@@ -50,7 +51,7 @@ void quantize_rows_int8(const float *x, int8_t *q, float *scale, int64_t rows, i
 #endif
         for (; i < cols; i++) {
             const float v = rintf(xr[i] / s);
-            qr[i] = (int8_t)(v < -127.f ? -127.f : v > 127.f ? 127.f : v);
+            qr[i] = (int8_t)(v != v ? 0.f : v < -127.f ? -127.f : v > 127.f ? 127.f : v);
         }
     }
 }

@@ -119,6 +119,7 @@ static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4
 #define KV_CAT(a, b) KV_CAT_(a, b)
 
 #define KV_T float
+#define KV_VECTOR 1
 #define KV_NAME(f) KV_CAT(f, f32)
 #define KV_LOAD8(p) _mm256_loadu_ps(p)
 #define KV_LOAD1(p) (*(p))
@@ -128,7 +129,13 @@ static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4
 #undef KV_LOAD8
 #undef KV_LOAD1
 
+#undef KV_VECTOR
 #define KV_T uint16_t
+#ifdef __F16C__
+#define KV_VECTOR 1
+#else
+#define KV_VECTOR 0 /* float16 rows take the scalar path */
+#endif
 #define KV_NAME(f) KV_CAT(f, f16)
 #define KV_LOAD8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define KV_LOAD1(p) half_to_float(*(p))
@@ -137,6 +144,8 @@ static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4
 #undef KV_LOAD8
 #undef KV_LOAD1
 
+#undef KV_VECTOR
+#define KV_VECTOR 1
 #define KV_NAME(f) KV_CAT(f, bf16)
 #define KV_LOAD8(p) _mm256_castsi256_ps(_mm256_slli_epi32( \
     _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))

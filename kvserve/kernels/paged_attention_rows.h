@@ -4,11 +4,12 @@
  *   KV_NAME(f)      f with the type's suffix (paged_attention_rows -> ..._f16)
  *   KV_LOAD8(p)     eight elements at p as an __m256 (AVX2 builds)
  *   KV_LOAD1(p)     one element at p as a float
+ *   KV_VECTOR       1 when KV_LOAD8 can be built (float16 needs F16C besides AVX2)
  * Queries, scores, sums and outputs are float32 whatever the pool holds: a lower-
  * precision pool only halves the bytes streamed per key, the bound of decode attention.
  */
 
-#ifdef __AVX2__
+#if defined(__AVX2__) && KV_VECTOR
 /* One sequence with head_dim D known at compile time (inlined per D).
  * Scores: eight keys at a time per head, eight running sums reduced together, so the
  * horizontal reduction is paid once per eight keys instead of once per key. Values:
@@ -103,7 +104,7 @@ void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_
         const float *qs = q + s * num_heads * head_dim;
         float *os = out + s * num_heads * head_dim;
         float *scores = malloc(sizeof(float) * (size_t)(num_heads * n)); /* [H, n] */
-#ifdef __AVX2__
+#if defined(__AVX2__) && KV_VECTOR
         if (head_dim == 64 || head_dim == 128) {
             if (head_dim == 64)
                 KV_NAME(decode_seq_avx2)(qs, k_pool, v_pool, table, os, scores, first, len,

@@ -90,13 +90,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, H, d], k/v [T, Hkv, d] for the step's tokens -> output [T, H, d]."""
     cache.write(meta.slot_mapping, k, v)
-    if cache.k.dtype != k.dtype:  # attend to this step's keys as the pool holds them
-        k, v = k.to(cache.k.dtype).to(k.dtype), v.to(cache.v.dtype).to(v.dtype)
     out = torch.empty_like(q)
     if meta.native is not None:
         meta.native.paged_attention_rows(q, cache.k, cache.v, meta.row_block_tables,
                                          meta.row_seq_lens, out, scale, meta.sliding_window)
         return out
+    if cache.k.dtype != k.dtype:  # attend to this step's keys as the pool holds them
+        k, v = k.to(cache.k.dtype).to(k.dtype), v.to(cache.v.dtype).to(v.dtype)
     gqa = q.shape[1] != k.shape[1]
     nd = meta.num_decodes
     if nd:

@@ -32,7 +32,7 @@ class GPT2MLP(nn.Module):
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return in_row_chunks(self._forward, x, self.c_fc.out_features * 4)
+        return in_row_chunks(self._forward, x, self.c_fc.out_features)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self.act(self.c_fc(x)))

@@ -71,10 +71,11 @@ def use_native_kernels(model: nn.Module, kernels) -> int:
 MAX_INTERMEDIATE_BYTES = 16 * 2**20
 
 
-def in_row_chunks(fn, x: torch.Tensor, bytes_per_row: int) -> torch.Tensor:
+def in_row_chunks(fn, x: torch.Tensor, row_elements: int) -> torch.Tensor:
     """``fn(x)`` for a row-wise ``fn``, run on row chunks whose largest intermediate
-    (``bytes_per_row`` per row) stays under MAX_INTERMEDIATE_BYTES."""
-    rows = max(1, MAX_INTERMEDIATE_BYTES // bytes_per_row)
+    (``row_elements`` per row, counted at 4 bytes: float32, or an int8 layer's int32
+    sums) stays under MAX_INTERMEDIATE_BYTES; a row larger than that runs alone."""
+    rows = max(1, MAX_INTERMEDIATE_BYTES // (4 * row_elements))
     if x.shape[0] <= rows:
         return fn(x)
     return torch.cat([fn(chunk) for chunk in x.split(rows)])

@@ -50,7 +50,7 @@ class LlamaMLP(nn.Module):
         self.act = GatedActivation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return in_row_chunks(self._forward, x, 2 * self.inter * 4)
+        return in_row_chunks(self._forward, x, 2 * self.inter)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))

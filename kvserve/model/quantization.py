@@ -19,11 +19,12 @@ leave them): the head is a small share of the FLOPs and most sensitive to roundi
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 from kvserve.config import QUANTIZATION_METHODS
-from kvserve.model.layers import Linear
 
 _QMAX = 127
 
@@ -73,16 +74,34 @@ class Int8Linear(nn.Module):
         return self.qweight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native is not None and x.dtype == torch.float32 and x.is_contiguous():
-            xq, x_scale = self.native.quantize_rows(x)
+        rows = x.reshape(-1, x.shape[-1])  # one activation scale per token
+        if self.native is not None and rows.dtype == torch.float32:
+            xq, x_scale = self.native.quantize_rows(rows.contiguous())
             acc = torch._int_mm(xq, self.qweight.t())
-            return self.native.rescale_int32(acc, x_scale, self.weight_scale, self.bias)
-        xq, x_scale = quantize_rows(x)
-        acc = torch._int_mm(xq, self.qweight.t())
-        out = acc.float() * x_scale[:, None] * self.weight_scale[None, :]
-        if self.bias is not None:
-            out = out + self.bias.float()
-        return out.to(self.out_dtype)
+            out = self.native.rescale_int32(acc, x_scale, self.weight_scale, self.bias)
+        else:
+            xq, x_scale = quantize_rows(rows)
+            acc = torch._int_mm(xq, self.qweight.t())
+            out = acc.float() * x_scale[:, None] * self.weight_scale[None, :]
+            if self.bias is not None:
+                out = out + self.bias.float()
+            out = out.to(self.out_dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+@functools.cache
+def int8_matmul_is_exact() -> bool:
+    """Whether ``torch._int_mm`` sums int8 products exactly on this CPU. With int8
+    dot-product instructions (VNNI) it does; without them oneDNN may pair products into
+    saturating 16-bit sums or halve the weights, which this probe of extreme values
+    (a row and a column of +-127) catches."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (16, 256), dtype=torch.int8, generator=g)
+    b = torch.randint(-127, 128, (256, 32), dtype=torch.int8, generator=g)
+    a[0], a[1], b[:, 0], b[:, 1] = 127, -127, 127, -127
+    b[::2, 2] = -127
+    b[1::2, 2] = 127
+    return torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long())
 
 
 def quantize_model(model: nn.Module, method: str) -> int:
@@ -91,8 +110,12 @@ def quantize_model(model: nn.Module, method: str) -> int:
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization {method!r} is not supported; supported: "
                          f"{', '.join(QUANTIZATION_METHODS)}")
+    if not int8_matmul_is_exact():
+        raise ValueError("quantization 'int8' needs an int8 matmul that sums exactly; "
+                         "torch._int_mm on this CPU does not (no VNNI int8 instructions?): "
+                         "run without --quantization")
     targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, (Linear, nn.Linear)) and not name.endswith("lm_head")]
+               if isinstance(module, nn.Linear) and not name.endswith("lm_head")]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

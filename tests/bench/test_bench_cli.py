@@ -127,6 +127,10 @@ def test_run_compare_with_stub_engine(tiny_model_dir: Path, monkeypatch: pytest.
     assert out["results"]["kvserve int8"]["decode"]["vs_gemv_floor"] == pytest.approx(1.0)
     assert out["rows"][0]["roofline_share"] is not None
     assert out["rows"][1]["roofline_share"] is None
+    base_int8 = run_compare(tiny_model_dir, reqs, [], {"quantization": "int8"}, roofline=roof,
+                            log=lambda s: None)
+    assert base_int8["rows"][0]["name"] == "kvserve"
+    assert base_int8["rows"][0]["roofline_share"] is None  # int8 however it was asked for
     assert out["results"]["kvserve"]["useful_output_tokens"] == 5  # capped at max_tokens
     assert out["results"]["kvserve"]["generated_tokens"] == 7
     assert out["rows"][2]["vs_hf_static"] == 1.0

@@ -54,3 +54,15 @@ def test_measure_smoke() -> None:
     r = RooflineResult(2, {"a": 10.0, "b": 30.0}, 35.0, 17.0)
     assert r.peak_gflops == 30.0 and r.bandwidth_gbs == 35.0
     assert r.to_dict()["peak_gflops"] == 30.0
+
+
+def test_roofline_command_writes_json_and_plot(tmp_path) -> None:
+    import json
+
+    from kvserve.entrypoints.cli import main
+    out = tmp_path / "roof.json"
+    rc = main(["bench", "roofline", "--ms", "1,4", "--k", "64", "--n", "64", "--cube", "0",
+               "--repeats", "1", "--json", str(out), "--plot", str(tmp_path / "roof.png")])
+    assert rc == 0 and (tmp_path / "roof.png").stat().st_size > 0
+    data = json.loads(out.read_text())
+    assert set(data["roofline"]["gemm_gflops"]) >= {"1x64x64", "4x64x64"}

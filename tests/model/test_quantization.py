@@ -127,6 +127,26 @@ def test_int8_reference_differs_from_float(model_dirs):
         hf_greedy(d, prompts, MAX_NEW)
 
 
+def test_int8_matmul_probe(monkeypatch):
+    from kvserve.model import quantization
+    assert quantization.int8_matmul_is_exact()  # the int8 tests above rely on it here
+    monkeypatch.setattr(quantization, "int8_matmul_is_exact", lambda: False)
+    with pytest.raises(ValueError, match="needs an int8 matmul that sums exactly"):
+        quantize_model(nn.Sequential(Linear(8, 8)), "int8")
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
+def test_int8_linear_takes_any_leading_shape(native):
+    torch.manual_seed(3)
+    layer = Int8Linear.from_linear(Linear(16, 24))
+    layer.native = _native() if native else None
+    x = torch.randn(2, 5, 16)
+    got = layer(x)
+    assert got.shape == (2, 5, 24)
+    assert torch.equal(got.reshape(10, 24), layer(x.reshape(10, 16)))
+    assert torch.equal(layer(x.transpose(0, 1).contiguous().transpose(0, 1)), got)
+
+
 def test_quantization_setting_is_validated():
     from kvserve.config import EngineArgs
     with pytest.raises(ValueError, match=r"quantization must be one of \['int8'\]"):
