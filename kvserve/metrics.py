@@ -94,6 +94,13 @@ class ServerMetrics:
         self.kv_transfer_bytes = {k: moved.labels(model_name, k) for k in TRANSFER_KINDS}
         self.kv_transfer_seconds = {k: seconds.labels(model_name, k) for k in TRANSFER_KINDS}
 
+    def publish_cache_config(self, info: dict[str, object]) -> None:
+        """``kvserve:cache_config_info``: the KV cache settings as labels of a gauge at 1
+        (vLLM's cache_config_info), set once the engine is loaded."""
+        names = sorted(info)
+        Gauge("kvserve:cache_config_info", "Information of the engine's KV cache config.",
+              names, registry=self.registry).labels(*(str(info[n]) for n in names)).set(1)
+
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

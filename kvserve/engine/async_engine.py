@@ -114,6 +114,8 @@ class AsyncLLMEngine:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.metrics = metrics
+        if metrics is not None:
+            metrics.publish_cache_config(engine.cache_config_info())
         self.snapshot = EngineSnapshot()
         self._stats = StatsRecorder(metrics, log_stats_interval)
         self._idle_wait = min(log_stats_interval, 1.0) if log_stats_interval > 0 else 1.0

@@ -98,6 +98,12 @@ class LLMEngine:
 
     # -- set-up ----------------------------------------------------------------------------
 
+    def cache_config_info(self) -> dict[str, object]:
+        """The KV cache settings in force (exported as kvserve:cache_config_info)."""
+        return {"block_size": self.args.block_size, "cache_dtype": str(self.kv_dtype)[6:],
+                "num_kv_blocks": self.num_kv_blocks, "kv_manager": self.args.kv_manager,
+                "enable_prefix_caching": self.args.enable_prefix_caching}
+
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
         wanted = self.args.max_model_len or limit

@@ -326,6 +326,9 @@ def test_metrics_and_stats_log(server):
     assert m["kvserve:e2e_request_latency_seconds_count"] >= 64
     assert m["kvserve:inter_token_latency_seconds_count"] > 0
     assert m["kvserve:prefix_cache_queries_total"] >= m["kvserve:prompt_tokens_total"] > 0
+    info = [line for line in text.splitlines() if line.startswith("kvserve:cache_config_info{")]
+    assert len(info) == 1 and info[0].endswith(" 1.0")
+    assert 'cache_dtype="float32"' in info[0] and 'block_size="16"' in info[0]
     deadline = time.monotonic() + 5
     while "Avg generation throughput" not in server.log() and time.monotonic() < deadline:
         time.sleep(0.2)
