@@ -87,6 +87,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.model_config, self.num_kv_blocks,
                                   args.block_size, self.kv_dtype, args.seed, swap_slots,
                                   disk_slots, disk_path, args.attention_backend == "auto")
+        self.runner.warm_up(min(args.max_num_batched_tokens, self.max_model_len - 1))
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_id, self.extra_stop_ids = self._eos_ids()
         self._ids = itertools.count()
