@@ -75,6 +75,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(args.dtype, self.model_config)
         self.kv_dtype = (self.dtype if args.kv_cache_dtype == "auto"
                          else getattr(torch, args.kv_cache_dtype))
+        self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")
         start = time.perf_counter()
         model = load_model(self.model_dir, self.model_config, self.dtype, args.quantization)
         self.num_kv_blocks = self._num_kv_blocks()
@@ -101,7 +102,7 @@ class LLMEngine:
 
     def cache_config_info(self) -> dict[str, object]:
         """The KV cache settings in force (exported as kvserve:cache_config_info)."""
-        return {"block_size": self.args.block_size, "cache_dtype": str(self.kv_dtype)[6:],
+        return {"block_size": self.args.block_size, "cache_dtype": self.kv_dtype_name,
                 "num_kv_blocks": self.num_kv_blocks, "kv_manager": self.args.kv_manager,
                 "enable_prefix_caching": self.args.enable_prefix_caching}
 
@@ -132,7 +133,7 @@ class LLMEngine:
             source = (f"default: min({_DEFAULT_KV_SHARE:.0%} of available RAM, "
                       f"{_DEFAULT_KV_CAP / 2**30:g} GiB, max_num_seqs x max_model_len)")
         logger.info("KV cache: %d blocks x %d tokens = %.1f MiB of %s (%s)", num,
-                    args.block_size, num * per_block / 2**20, str(self.kv_dtype)[6:], source)
+                    args.block_size, num * per_block / 2**20, self.kv_dtype_name, source)
         return num
 
     def _tier_slots(self) -> tuple[int, int]:

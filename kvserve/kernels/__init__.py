@@ -83,9 +83,10 @@ class Kernels:
         q = q.contiguous()
         s, h, d = q.shape
         _, bs, kvh, _ = k_pool.shape
-        self._attention[k_pool.dtype](q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
-                     tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs,
-                     scale, window)
+        self._attention[k_pool.dtype](
+            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
+            tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs, scale,
+            window)
 
     def rms_norm(self, x, weight, eps: float):
         """RMSNorm of float32 rows x [T, D] (contiguous) with weight [D]."""
