@@ -87,14 +87,28 @@ class KVCache:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, H, d], k/v [T, Hkv, d] for the step's tokens -> output [T, H, d]."""
+                    meta: AttentionMetadata, scale: float,
+                    out_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, d], k/v [T, Hkv, d] for the step's tokens -> output [T, H, d].
+
+    ``out_rows``: only these rows' outputs are wanted (-> [len(out_rows), H, d]); the K/V
+    of every row are still written to the pool."""
     cache.write(meta.slot_mapping, k, v)
-    out = torch.empty_like(q)
     if meta.native is not None:
-        meta.native.paged_attention_rows(q, cache.k, cache.v, meta.row_block_tables,
-                                         meta.row_seq_lens, out, scale, meta.sliding_window)
+        tables, seq_lens = meta.row_block_tables, meta.row_seq_lens
+        if out_rows is not None:
+            q, tables, seq_lens = q[out_rows], tables[out_rows], seq_lens[out_rows]
+        out = torch.empty(q.shape, dtype=q.dtype)
+        meta.native.paged_attention_rows(q, cache.k, cache.v, tables, seq_lens, out, scale,
+                                         meta.sliding_window)
         return out
+    out = _torch_attention(q, k, v, cache, meta, scale)
+    return out if out_rows is None else out[out_rows]
+
+
+def _torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
+                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q)
     if cache.k.dtype != k.dtype:  # attend to this step's keys as the pool holds them
         k, v = k.to(cache.k.dtype).to(k.dtype), v.to(cache.v.dtype).to(v.dtype)
     gqa = q.shape[1] != k.shape[1]

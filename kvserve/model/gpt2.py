@@ -17,11 +17,12 @@ class GPT2Attention(nn.Module):
         self.c_proj = Linear(cfg.hidden_size, cfg.hidden_size)
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
         t, hidden = x.shape
         q, k, v = self.c_attn(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)
-        out = paged_attention(q, k, v, cache, meta, self.scale)
-        return self.c_proj(out.reshape(t, hidden))
+        out = paged_attention(q, k, v, cache, meta, self.scale, out_rows)
+        return self.c_proj(out.reshape(-1, hidden))
 
 
 class GPT2MLP(nn.Module):
@@ -46,8 +47,9 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.mlp = GPT2MLP(cfg)
 
-    def forward(self, x, cache, meta):
-        x = x + self.attn(self.ln_1(x), cache, meta)
+    def forward(self, x, cache, meta, out_rows=None):
+        attn = self.attn(self.ln_1(x), cache, meta, out_rows)
+        x = (x if out_rows is None else x[out_rows]) + attn
         return x + self.mlp(self.ln_2(x))
 
 
@@ -80,10 +82,11 @@ class GPT2LMHeadModel(nn.Module):
         return "transformer." + name
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, out_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """As LlamaForCausalLM.forward: ``out_rows`` limits the last layer's outputs."""
         x = self.transformer.wte(tokens) + self.transformer.wpe(positions)
-        for block, cache in zip(self.transformer.h, caches):
-            x = block(x, cache, meta)
+        for i, (block, cache) in enumerate(zip(self.transformer.h, caches)):
+            x = block(x, cache, meta, out_rows if i == len(caches) - 1 else None)
         return self.transformer.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

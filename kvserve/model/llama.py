@@ -26,7 +26,8 @@ class LlamaAttention(nn.Module):
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-                cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+                cache: KVCache, meta: AttentionMetadata,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         rotated = rotary.rotate_qkv_(positions, qkv, self.num_heads, self.num_kv_heads,
@@ -37,8 +38,8 @@ class LlamaAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if not rotated:
             q, k = rotary(positions, q, k)
-        out = paged_attention(q, k, v, cache, meta, self.scale)
-        return self.o_proj(out.reshape(t, self.q_size))
+        out = paged_attention(q, k, v, cache, meta, self.scale, out_rows)
+        return self.o_proj(out.reshape(-1, self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -64,8 +65,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x, positions, rotary, cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, cache, meta)
+    def forward(self, x, positions, rotary, cache, meta, out_rows=None):
+        attn = self.self_attn(self.input_layernorm(x), positions, rotary, cache, meta, out_rows)
+        x = (x if out_rows is None else x[out_rows]) + attn
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -78,7 +80,9 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """forward(tokens, positions, caches, meta) -> final hidden states [T, hidden]."""
+    """forward(tokens, positions, caches, meta, out_rows) -> final hidden states [T, hidden],
+    or [len(out_rows), hidden] for the rows ``out_rows``: the last layer then computes only
+    the K/V of the other rows, whose outputs nothing reads."""
 
     # checkpoint name fragment -> (our parameter fragment, shard index)
     stacked_params = {
@@ -103,10 +107,11 @@ class LlamaForCausalLM(nn.Module):
         return [cfg.intermediate_size] * 2
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, out_rows: torch.Tensor | None = None) -> torch.Tensor:
         x = self.model.embed_tokens(tokens)
-        for layer, cache in zip(self.model.layers, caches):
-            x = layer(x, positions, self.rotary, cache, meta)
+        for i, (layer, cache) in enumerate(zip(self.model.layers, caches)):
+            last = i == len(caches) - 1
+            x = layer(x, positions, self.rotary, cache, meta, out_rows if last else None)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

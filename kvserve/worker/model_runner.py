@@ -10,7 +10,7 @@ from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.model.attention import KVCache
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import use_native_kernels, use_packed_linear
-from kvserve.worker.input_batch import build_inputs
+from kvserve.worker.input_batch import StepInputs, build_inputs
 from kvserve.worker.kv_tiers import BlockStore, TierMover
 from kvserve.worker.sampler import Sampler, SampleResult
 
@@ -70,10 +70,8 @@ class ModelRunner:
                  [ScheduledRequest(f"warm-up-{i}", [0], prompt_len, t, None)
                   for i, t in enumerate(tables)]]
         for scheduled in steps:
-            inputs = build_inputs(scheduled, bs, self.config.sliding_window,
-                                  self.native_attention)
-            hidden = self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta)
-            self.model.compute_logits(hidden[-num_prompts:])
+            self._forward(build_inputs(scheduled, bs, self.config.sliding_window,
+                                       self.native_attention))
         return num_prompts * prompt_len
 
     def close(self) -> None:
@@ -95,10 +93,20 @@ class ModelRunner:
             return {}
         inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
                               self.native_attention)
-        hidden = self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta)
+        logits = self._forward(inputs)
         if not inputs.sample_order:
             return {}
-        logits = self.model.compute_logits(hidden[inputs.sample_rows])
         ids = [s.request_id for s in inputs.sample_order]
         results = self.sampler(logits, ids, [s.sampling for s in inputs.sample_order])
         return dict(zip(ids, results))
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The logits of the step's sampling rows. Only those rows go through the last
+        layer's attention output, o_proj and MLP (the other rows' K/V are all a later
+        step needs): a prompt chunk skips 1/num_layers of its work but its K/V
+        projection (bench-100m, 12 layers: ~7 % of a prefill's linear work)."""
+        rows = inputs.sample_rows
+        out_rows = None if len(rows) == len(inputs.tokens) else rows
+        hidden = self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta,
+                            out_rows)
+        return self.model.compute_logits(hidden)
