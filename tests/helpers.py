@@ -103,10 +103,11 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int,
 
 
 @torch.inference_mode()
-def hf_logprobs(model_dir: str, prompt: list[int], continuation: list[int]) -> torch.Tensor:
+def hf_logprobs(model_dir: str, prompt: list[int], continuation: list[int],
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """log-softmax of the next-token distribution at each continuation position."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     ids = torch.tensor([prompt + continuation])
     logits = model(input_ids=ids).logits[0, len(prompt) - 1:len(prompt) + len(continuation) - 1]
     return logits.float().log_softmax(-1)

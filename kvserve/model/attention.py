@@ -94,14 +94,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     ``out_rows``: only these rows' outputs are wanted (-> [len(out_rows), H, d]); the K/V
     of every row are still written to the pool."""
     cache.write(meta.slot_mapping, k, v)
-    if meta.native is not None:
+    if meta.native is not None:  # float32 math; a bf16/fp16 model's queries are widened
         tables, seq_lens = meta.row_block_tables, meta.row_seq_lens
         if out_rows is not None:
             q, tables, seq_lens = q[out_rows], tables[out_rows], seq_lens[out_rows]
-        out = torch.empty(q.shape, dtype=q.dtype)
-        meta.native.paged_attention_rows(q, cache.k, cache.v, tables, seq_lens, out, scale,
-                                         meta.sliding_window)
-        return out
+        out = torch.empty(q.shape, dtype=torch.float32)
+        meta.native.paged_attention_rows(q.float(), cache.k, cache.v, tables, seq_lens, out,
+                                         scale, meta.sliding_window)
+        return out.to(q.dtype)
     out = _torch_attention(q, k, v, cache, meta, scale)
     return out if out_rows is None else out[out_rows]
 

@@ -40,14 +40,14 @@ class ModelRunner:
         self.swap = BlockStore(swap_slots, self.caches) if swap_slots else None
         self.disk = BlockStore(disk_slots, self.caches, disk_path) if disk_slots else None
         self.mover = TierMover(self.caches, self.swap, self.disk)
-        self.native = None  # the native kernels, used where the compute dtype is float32
-        if native_kernels and compute_dtype(model) == torch.float32:
+        self.native = None  # the native kernels; each layer uses them on float32 only
+        if native_kernels:
             kernels = load_kernels()
             self.native = kernels if kernels.available else None
-        if native_kernels:
             use_packed_linear(model)
         if self.native is not None:
             use_native_kernels(model, self.native)
+        # attention math is float32 whatever the compute dtype (see paged_attention)
         self.native_attention = self.native if kv_dtype in NATIVE_KV_DTYPES else None
 
     @torch.inference_mode()
