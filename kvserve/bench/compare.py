@@ -92,7 +92,8 @@ def compare_rows(
     quantized: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Table rows: rates, ratios against ``baseline``'s and vLLM's useful tok/s, share of
-    the float32 GEMM roofline (none for the ``quantized`` rows: their GEMMs are int8)."""
+    the float32 GEMM roofline (none for the ``quantized`` rows: their GEMMs are int8 or
+    16-bit)."""
     base = dict(results).get(baseline) if baseline else None
     vllm = dict(results).get("vllm-cpu")
     rows = []
@@ -148,8 +149,8 @@ def run_compare(
         gc.collect()
         results.append((name, res))
         raw[name] = {**res.to_dict(), "repeat_useful_tok_s": rates}
-        if settings.get("quantization"):
-            quantized.append(name)
+        if settings.get("quantization") or settings.get("dtype") in ("bfloat16", "float16"):
+            quantized.append(name)  # not float32 GEMMs: the float32 roofline does not apply
         if overrides:
             raw[name]["engine_args"] = settings
             raw[name]["decode"] = decode_figures(row_decode, roofline)

@@ -131,6 +131,9 @@ def test_run_compare_with_stub_engine(tiny_model_dir: Path, monkeypatch: pytest.
                             log=lambda s: None)
     assert base_int8["rows"][0]["name"] == "kvserve"
     assert base_int8["rows"][0]["roofline_share"] is None  # int8 however it was asked for
+    bf16 = run_compare(tiny_model_dir, reqs, [], {}, roofline=roof, log=lambda s: None,
+                       variants=[("bf16", {"dtype": "bfloat16"})])
+    assert [r["roofline_share"] is None for r in bf16["rows"]] == [False, True]  # bf16 GEMMs
     assert out["results"]["kvserve"]["useful_output_tokens"] == 5  # capped at max_tokens
     assert out["results"]["kvserve"]["generated_tokens"] == 7
     assert out["rows"][2]["vs_hf_static"] == 1.0
