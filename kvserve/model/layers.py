@@ -39,15 +39,19 @@ def packed_linear_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def packed_bf16_available() -> bool:
+    """oneDNN runs bf16 GEMMs in hardware here (AVX512-BF16 or AMX)."""
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return packed_linear_available() and supported is not None and bool(supported())
+
+
 def use_packed_linear(model: nn.Module) -> int:
     """Pack the weight of every float32 Linear for oneDNN, and of every bfloat16 one where
     oneDNN runs bf16 in hardware (bench-100m's shapes: 1.6x F.linear at 16 rows, 1.1x at
     128, same results); returns how many were packed."""
     if not packed_linear_available():
         return 0
-    dtypes = {torch.float32}
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        dtypes.add(torch.bfloat16)
+    dtypes = {torch.float32, torch.bfloat16} if packed_bf16_available() else {torch.float32}
     count = 0
     for module in model.modules():
         if isinstance(module, Linear) and module.weight.dtype in dtypes:

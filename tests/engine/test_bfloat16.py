@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
-from kvserve.model.layers import Linear
+from kvserve.model.layers import Linear, packed_bf16_available
 from tests.helpers import hf_logprobs, prompts_of_lengths
 
 
@@ -45,6 +45,6 @@ def test_bfloat16_runs_native_attention_and_packed_weights(llama_dir):
     runner = LLM(llama_dir, dtype="bfloat16").engine.runner
     assert runner.native_attention is not None
     assert runner.caches[0].k.dtype == torch.bfloat16
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if packed_bf16_available():
         linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
         assert all(m.packed_weight is not None for m in linears)
