@@ -25,6 +25,8 @@ _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "ele
 _HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_rows.h"))
 # KV pool element types the attention kernel reads (queries and sums are float32)
 NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# activation dtypes of the RMSNorm and rotary kernels (SiLU-and-multiply: float32)
+NATIVE_ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _cache_dir() -> Path:
@@ -69,9 +71,13 @@ class Kernels:
             dtype: _bind(getattr(lib, f"paged_attention_rows_{suffix}"),
                          [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32, i64])
             for dtype, suffix in NATIVE_KV_DTYPES.items()}
-        self._rms_norm = _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
+        self._rms_norm = {
+            torch.float32: _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32]),
+            torch.bfloat16: _bind(lib.rms_norm_bf16, [ptr, ptr, ptr, i64, i64, f32])}
         self._silu_mul = _bind(lib.silu_mul, [ptr, ptr, i64, i64])
-        self._rotary = _bind(lib.rotary, [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64])
+        rotary_args = [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64]
+        self._rotary = {torch.float32: _bind(lib.rotary, rotary_args),
+                        torch.bfloat16: _bind(lib.rotary_bf16, rotary_args)}
         self._quantize_rows = _bind(lib.quantize_rows_int8, [ptr, ptr, ptr, i64, i64])
         self._rescale_int32 = _bind(lib.rescale_int32, [ptr, ptr, ptr, ptr, ptr, i64, i64])
         self.available = True
@@ -89,9 +95,10 @@ class Kernels:
             window)
 
     def rms_norm(self, x, weight, eps: float):
-        """RMSNorm of float32 rows x [T, D] (contiguous) with weight [D]."""
+        """RMSNorm of rows x [T, D] (contiguous) with weight [D], both float32 or both
+        bfloat16 (NATIVE_ELEMENTWISE_DTYPES)."""
         out = torch.empty_like(x)
-        self._rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0],
+        self._rms_norm[x.dtype](x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0],
                        x.shape[1], eps)
         return out
 
@@ -103,8 +110,9 @@ class Kernels:
         return out
 
     def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):
-        """Rotate the q and k heads at the start of each float32 qkv row in place."""
-        self._rotary(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
+        """Rotate the q and k heads at the start of each qkv row in place (qkv and the
+        cos/sin tables all float32 or all bfloat16)."""
+        self._rotary[qkv.dtype](qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
                      cos.data_ptr(), sin.data_ptr(), num_q, num_k, head_dim)
 
     def quantize_rows(self, x):

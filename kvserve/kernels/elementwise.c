@@ -1,12 +1,13 @@
-/* The layers' elementwise work in one pass each (float32, CPU): RMSNorm, SiLU-and-
- * multiply, rotary embedding. As torch ops they are five to ten small kernels per
- * call, each reading and writing the whole activation; in a step of a few hundred
- * tokens that traffic and the per-op dispatch cost several percent of the step.
- * Each follows torch's formula and order of operations, so results differ from
+/* The layers' elementwise work in one pass each (CPU; float32, and bfloat16 below):
+ * RMSNorm, SiLU-and-multiply, rotary embedding. As torch ops they are five to ten
+ * small kernels per call, each reading and writing the whole activation; in a step of
+ * a few hundred tokens that traffic and the per-op dispatch cost several percent of the
+ * step. Each follows torch's formula and order of operations, so results differ from
  * torch's only by float32 rounding.
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include "vec_math.h"
 
 /* out = weight * (x * 1/sqrt(mean(x^2) + eps)) per row of dim. */
@@ -63,6 +64,119 @@ void rotary(float *qkv, int64_t row_stride, int64_t rows, const int64_t *positio
                 const float a = x[i], b = x[i + half];
                 x[i] = a * c[i] + (-b) * s[i];
                 x[i + half] = b * c[i + half] + a * s[i + half];
+            }
+        }
+    }
+}
+
+/* The same three for bfloat16 activations (a bf16 model), computed in float32 and
+ * rounded to bf16 where torch's bf16 ops round: after x * 1/rms and after the weight
+ * product; after each rotary product and after their sum. (SiLU-and-multiply in bf16
+ * measured slower than torch's and stays there.) */
+static inline float bf16_to_f32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+#ifdef __AVX2__
+/* The same conversions eight at a time. */
+static inline __m256 bf16x8_load(const uint16_t *p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline __m256 bf16x8_round(__m256 f) { /* to the nearest bf16, kept as float32 */
+    const __m256i bits = _mm256_castps_si256(f), high = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_and_si256(
+        _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), high);
+    const __m256i quiet_nan = _mm256_or_si256(_mm256_and_si256(bits, high),
+                                              _mm256_set1_epi32(0x00400000));
+    const __m256 is_nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+    return _mm256_castsi256_ps(
+        _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(is_nan)));
+}
+
+static inline void bf16x8_store(uint16_t *p, __m256 f) {
+    const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(bf16x8_round(f)), 16);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0xd8);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+#endif
+
+void rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows,
+                   int64_t dim, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * dim;
+        uint16_t *o = out + r * dim;
+        float ss = 0.f;
+        int64_t i = 0;
+#ifdef __AVX2__
+        __m256 acc = _mm256_setzero_ps();
+        for (; i + 8 <= dim; i += 8) {
+            const __m256 v = bf16x8_load(xr + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        ss = hsum(acc);
+#endif
+        for (; i < dim; i++) ss += bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
+        const float inv = 1.f / sqrtf(ss / (float)dim + eps);
+        i = 0;
+#ifdef __AVX2__
+        const __m256 vinv = _mm256_set1_ps(inv);
+        for (; i + 8 <= dim; i += 8)
+            bf16x8_store(o + i, _mm256_mul_ps(bf16x8_load(weight + i),
+                                              bf16x8_round(_mm256_mul_ps(bf16x8_load(xr + i), vinv))));
+#endif
+        for (; i < dim; i++)
+            o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_bf16(bf16_to_f32(xr[i]) * inv));
+    }
+}
+
+void rotary_bf16(uint16_t *qkv, int64_t row_stride, int64_t rows, const int64_t *positions,
+                 const uint16_t *cos_table, const uint16_t *sin_table, int64_t num_q,
+                 int64_t num_k, int64_t head_dim) {
+    const int64_t half = head_dim / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < rows; t++) {
+        const uint16_t *c = cos_table + positions[t] * head_dim;
+        const uint16_t *s = sin_table + positions[t] * head_dim;
+        for (int64_t h = 0; h < num_q + num_k; h++) {
+            uint16_t *x = qkv + t * row_stride + h * head_dim;
+            int64_t i = 0;
+#ifdef __AVX2__
+            for (; i + 8 <= half; i += 8) {
+                const __m256 a = bf16x8_load(x + i), b = bf16x8_load(x + i + half);
+                const __m256 neg_b = _mm256_xor_ps(b, _mm256_set1_ps(-0.f));
+                const __m256 lo = _mm256_add_ps(
+                    bf16x8_round(_mm256_mul_ps(a, bf16x8_load(c + i))),
+                    bf16x8_round(_mm256_mul_ps(neg_b, bf16x8_load(s + i))));
+                const __m256 hi = _mm256_add_ps(
+                    bf16x8_round(_mm256_mul_ps(b, bf16x8_load(c + i + half))),
+                    bf16x8_round(_mm256_mul_ps(a, bf16x8_load(s + i + half))));
+                bf16x8_store(x + i, lo);
+                bf16x8_store(x + i + half, hi);
+            }
+#endif
+            for (; i < half; i++) {
+                const float a = bf16_to_f32(x[i]), b = bf16_to_f32(x[i + half]);
+                x[i] = f32_to_bf16(round_bf16(a * bf16_to_f32(c[i]))
+                                   + round_bf16(-b * bf16_to_f32(s[i])));
+                x[i + half] = f32_to_bf16(round_bf16(b * bf16_to_f32(c[i + half]))
+                                          + round_bf16(a * bf16_to_f32(s[i + half])));
             }
         }
     }

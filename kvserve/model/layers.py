@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve.kernels import NATIVE_ELEMENTWISE_DTYPES
 from kvserve.model.config import RopeConfig
 
 
@@ -99,10 +100,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def native_ok(self) -> bool:
-        return self.weight.dtype == torch.float32
+        return self.weight.dtype in NATIVE_ELEMENTWISE_DTYPES
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native is not None and x.dim() == 2 and x.dtype == torch.float32:
+        if self.native is not None and x.dim() == 2 and x.dtype == self.weight.dtype:
             return self.native.rms_norm(x.contiguous(), self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
@@ -143,13 +144,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin(), persistent=False)
 
     def native_ok(self) -> bool:
-        return self.cos.dtype == torch.float32
+        return self.cos.dtype in NATIVE_ELEMENTWISE_DTYPES
 
     def rotate_qkv_(self, positions: torch.Tensor, qkv: torch.Tensor, num_q: int,
                     num_k: int, head_dim: int) -> bool:
         """Rotate q and k inside a fused [T, q|k|v] activation in place, when the native
         kernel can; False means nothing was done (use ``forward`` on the split q, k)."""
-        if (self.native is None or qkv.dtype != torch.float32 or qkv.stride(1) != 1
+        if (self.native is None or qkv.dtype != self.cos.dtype or qkv.stride(1) != 1
                 or positions.dtype != torch.int64 or not positions.is_contiguous()):
             return False
         self.native.rotary_(qkv, positions, self.cos, self.sin, num_q, num_k, head_dim)

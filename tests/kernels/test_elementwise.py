@@ -55,3 +55,33 @@ def test_rotary_in_place_on_fused_qkv(num_q, num_k, head_dim):
     torch.testing.assert_close(q.reshape(t, num_q, head_dim), eq, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k.reshape(t, num_k, head_dim), ek, rtol=1e-5, atol=1e-5)
     assert torch.equal(v, v_before)
+
+
+def _bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance between two bf16 tensors in units in the last place."""
+    ia, ib = (t.view(torch.int16).to(torch.int32) for t in (a, b))
+    ia = torch.where(ia < 0, -32768 - ia, ia)  # sign-magnitude -> ordered integers
+    ib = torch.where(ib < 0, -32768 - ib, ib)
+    return int((ia - ib).abs().max())
+
+
+def test_bfloat16_rms_norm_and_rotary_match_torch():
+    """bf16 activations: the native passes round where torch's bf16 ops round, so they
+    agree with the torch path to within one bf16 step (float32 sums in another order)."""
+    torch.manual_seed(0)
+    norm = RMSNorm(768, 1e-5).to(torch.bfloat16)
+    norm.weight.data.normal_()
+    x = (torch.randn(33, 768) * 3).to(torch.bfloat16)
+    rope = RotaryEmbedding(RopeConfig(), 64, 256).to(torch.bfloat16)
+    qkv = torch.randn(7, 16 * 64).to(torch.bfloat16)
+    positions = torch.tensor([0, 1, 2, 100, 101, 5, 255])
+    q, k, _ = qkv.split([12 * 64, 2 * 64, 2 * 64], dim=-1)
+    eq, ek = rope(positions, q.reshape(7, 12, 64), k.reshape(7, 2, 64))
+    expected = norm(x)
+    assert use_native_kernels(norm, kernels) + use_native_kernels(rope, kernels) == 2
+    got = norm(x)
+    assert rope.rotate_qkv_(positions, qkv, 12, 2, 64)
+    q, k, _ = qkv.split([12 * 64, 2 * 64, 2 * 64], dim=-1)
+    assert got.dtype == torch.bfloat16 and _bf16_ulps(got, expected) <= 1
+    assert _bf16_ulps(q.reshape(7, 12, 64), eq) <= 1
+    assert _bf16_ulps(k.reshape(7, 2, 64), ek) <= 1
