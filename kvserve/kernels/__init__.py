@@ -98,8 +98,8 @@ class Kernels:
         """RMSNorm of rows x [T, D] (contiguous) with weight [D], both float32 or both
         bfloat16 (NATIVE_ELEMENTWISE_DTYPES)."""
         out = torch.empty_like(x)
-        self._rms_norm[x.dtype](x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0],
-                       x.shape[1], eps)
+        self._rms_norm[x.dtype](x.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                                x.shape[0], x.shape[1], eps)
         return out
 
     def silu_mul(self, gate_up):
@@ -112,8 +112,9 @@ class Kernels:
     def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):
         """Rotate the q and k heads at the start of each qkv row in place (qkv and the
         cos/sin tables all float32 or all bfloat16)."""
-        self._rotary[qkv.dtype](qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
-                     cos.data_ptr(), sin.data_ptr(), num_q, num_k, head_dim)
+        self._rotary[qkv.dtype](qkv.data_ptr(), qkv.stride(0), qkv.shape[0],
+                                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), num_q,
+                                num_k, head_dim)
 
     def quantize_rows(self, x):
         """Per-row symmetric int8 of float32 x [R, C] (contiguous) -> (q int8, scale [R])."""

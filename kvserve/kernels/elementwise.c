@@ -137,9 +137,10 @@ void rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int
         i = 0;
 #ifdef __AVX2__
         const __m256 vinv = _mm256_set1_ps(inv);
-        for (; i + 8 <= dim; i += 8)
-            bf16x8_store(o + i, _mm256_mul_ps(bf16x8_load(weight + i),
-                                              bf16x8_round(_mm256_mul_ps(bf16x8_load(xr + i), vinv))));
+        for (; i + 8 <= dim; i += 8) {
+            const __m256 normed = bf16x8_round(_mm256_mul_ps(bf16x8_load(xr + i), vinv));
+            bf16x8_store(o + i, _mm256_mul_ps(bf16x8_load(weight + i), normed));
+        }
 #endif
         for (; i < dim; i++)
             o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_bf16(bf16_to_f32(xr[i]) * inv));

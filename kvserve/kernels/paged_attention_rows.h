@@ -107,7 +107,8 @@ void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_
         float *scores = malloc(sizeof(float) * (size_t)(num_heads * n)); /* [H, n] */
         /* A row after the first of a prompt chunk finds its keys in cache, put there by
          * the row before it: prefetching them again only costs (15 % of a prefill). */
-        const int continues = s > 0 && len == seq_lens[s - 1] + 1 && table[0] == table[-table_stride];
+        const int continues =
+            s > 0 && len == seq_lens[s - 1] + 1 && table[0] == table[-table_stride];
         const int64_t pf_len = continues ? 0 : len;
 #if defined(__AVX2__) && KV_VECTOR
         if (head_dim == 64 || head_dim == 128) {
