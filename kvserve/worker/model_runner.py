@@ -20,11 +20,6 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
-def compute_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the model computes in: its first floating-point parameter's."""
-    return next(p.dtype for p in model.parameters() if p.is_floating_point())
-
-
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
                  block_size: int, kv_dtype: torch.dtype, seed: int, swap_slots: int = 0,
@@ -40,7 +35,7 @@ class ModelRunner:
         self.swap = BlockStore(swap_slots, self.caches) if swap_slots else None
         self.disk = BlockStore(disk_slots, self.caches, disk_path) if disk_slots else None
         self.mover = TierMover(self.caches, self.swap, self.disk)
-        self.native = None  # the native kernels; each layer uses them on float32 only
+        self.native = None  # the native kernels; each layer uses them for the dtypes it can
         if native_kernels:
             kernels = load_kernels()
             self.native = kernels if kernels.available else None
