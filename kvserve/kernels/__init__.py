@@ -71,6 +71,10 @@ class Kernels:
             dtype: _bind(getattr(lib, f"paged_attention_rows_{suffix}"),
                          [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32, i64])
             for dtype, suffix in NATIVE_KV_DTYPES.items()}
+        self._write_kv = {
+            dtype: _bind(getattr(lib, f"write_kv_{suffix}"),
+                         [ptr, ptr, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64])
+            for dtype, suffix in NATIVE_KV_DTYPES.items()}
         self._rms_norm = {
             torch.float32: _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32]),
             torch.bfloat16: _bind(lib.rms_norm_bf16, [ptr, ptr, ptr, i64, i64, f32])}
@@ -84,15 +88,24 @@ class Kernels:
 
     def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
                              window: int) -> None:
-        """q/out [S, H, D] float32 contiguous; pools [B, bs, KVH, D] of a NATIVE_KV_DTYPES
-        type; tables/seq_lens int64."""
+        """q/out [S, H, D] float32 contiguous; pools k [B, KVH, D, bs] and v [B, KVH, bs, D]
+        of a NATIVE_KV_DTYPES type; tables/seq_lens int64."""
         q = q.contiguous()
         s, h, d = q.shape
-        _, bs, kvh, _ = k_pool.shape
+        _, kvh, _, bs = k_pool.shape
         self._attention[k_pool.dtype](
             q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
             tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs, scale,
             window)
+
+    def write_kv(self, k, v, slots, k_pool, v_pool) -> None:
+        """Write k/v [T, KVH, D] of the pools' dtype, each token's KVH x D contiguous (rows
+        of a fused qkv are), into the pools (laid out as for paged_attention_rows) at flat
+        slots [T] int64."""
+        _, kvh, d, bs = k_pool.shape
+        self._write_kv[k_pool.dtype](k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
+                                     slots.data_ptr(), slots.shape[0], k_pool.data_ptr(),
+                                     v_pool.data_ptr(), kvh, d, bs)
 
     def rms_norm(self, x, weight, eps: float):
         """RMSNorm of rows x [T, D] (contiguous) with weight [D], both float32 or both

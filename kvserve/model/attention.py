@@ -58,32 +58,60 @@ class AttentionMetadata:
 
 
 class KVCache:
-    """The K and V pools of one layer: [num_blocks, block_size, kv_heads, head_dim] each."""
+    """The K and V pools of one layer, laid out for the attention kernel to stream:
+
+    k [num_blocks, kv_heads, head_dim, block_size] (keys transposed within a block)
+    v [num_blocks, kv_heads, block_size, head_dim]
+
+    Each kv head's keys or values of a block are one contiguous run, read in address
+    order (see kvserve/kernels/paged_attention.c). Slot ``s`` is token ``s % block_size``
+    of block ``s // block_size``.
+    """
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype) -> None:
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeros, not empty: masked-out keys are multiplied by 0, which must not meet NaN.
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = torch.zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype=dtype)
+        self.v = torch.zeros((num_blocks, num_kv_heads, block_size, head_dim), dtype=dtype)
 
-    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        kv_heads, head_dim = self.k.shape[2:]
-        self.k.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(self.k.dtype))
-        self.v.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(self.v.dtype))
+    @property
+    def block_size(self) -> int:
+        return self.v.shape[2]
+
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              native: Kernels | None = None) -> None:
+        """Store k/v [T, kv_heads, head_dim] at slots [T], through ``native`` when set."""
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        if native is not None:
+            native.write_kv(_rows_contiguous(k), _rows_contiguous(v), slot_mapping, self.k,
+                            self.v)
+            return
+        blocks, offsets = slot_mapping // self.block_size, slot_mapping % self.block_size
+        self.k[blocks, :, :, offsets] = k
+        self.v[blocks, :, offsets, :] = v
+
+    def read(self, slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V stored at slots [T], each [T, kv_heads, head_dim]."""
+        blocks, offsets = slot_mapping // self.block_size, slot_mapping % self.block_size
+        return self.k[blocks, :, :, offsets], self.v[blocks, :, offsets, :]
 
     def gather(self, block_tables: torch.Tensor, dtype: torch.dtype
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of each row's blocks as [B, kv_heads, blocks*block_size, head_dim]."""
         b, n = block_tables.shape
-        _, bs, h, d = self.k.shape
-        k = self.k[block_tables].view(b, n * bs, h, d).transpose(1, 2)
-        v = self.v[block_tables].view(b, n * bs, h, d).transpose(1, 2)
+        _, h, d, bs = self.k.shape
+        k = self.k[block_tables].permute(0, 2, 1, 4, 3).reshape(b, h, n * bs, d)
+        v = self.v[block_tables].transpose(1, 2).reshape(b, h, n * bs, d)
         return k.to(dtype), v.to(dtype)
 
     def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self.k[dst] = self.k[src]
         self.v[dst] = self.v[src]
+
+
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] whose rows are each H x D contiguous (a slice of fused qkv rows is)."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
@@ -93,7 +121,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
 
     ``out_rows``: only these rows' outputs are wanted (-> [len(out_rows), H, d]); the K/V
     of every row are still written to the pool."""
-    cache.write(meta.slot_mapping, k, v)
+    cache.write(meta.slot_mapping, k, v, meta.native)
     if meta.native is not None:  # float32 math; a bf16/fp16 model's queries are widened
         tables, seq_lens = meta.row_block_tables, meta.row_seq_lens
         if out_rows is not None:

@@ -1,7 +1,8 @@
 """Where KV blocks live outside the pool: host swap space and a memory-mapped file.
 
-Both are a tensor of slots shaped [slots, layers, 2 (K/V), block_size, kv_heads,
-head_dim]; the disk tier's tensor is backed by a file, so the OS pages it in and out.
+Both are a tensor of slots shaped [slots, layers, 2 (K/V), elements of a block's K (or V)
+in the pool's layout]; the disk tier's tensor is backed by a file, so the OS pages it in
+and out.
 """
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from kvserve.model.attention import KVCache
 
 
 def _slot_shape(caches: list[KVCache]) -> tuple[int, ...]:
-    _, bs, heads, dim = caches[0].k.shape
-    return (len(caches), 2, bs, heads, dim)
+    return (len(caches), 2, caches[0].k[0].numel())
 
 
 class BlockStore:
@@ -47,14 +47,15 @@ class BlockStore:
 
 def read_blocks(caches: list[KVCache], blocks: list[int]) -> torch.Tensor:
     idx = torch.tensor(blocks)
-    return torch.stack([torch.stack((c.k[idx], c.v[idx]), dim=1) for c in caches], dim=1)
+    return torch.stack([torch.stack((c.k[idx].flatten(1), c.v[idx].flatten(1)), dim=1)
+                        for c in caches], dim=1)
 
 
 def write_blocks(caches: list[KVCache], blocks: list[int], data: torch.Tensor) -> None:
     idx = torch.tensor(blocks)
     for layer, c in enumerate(caches):
-        c.k[idx] = data[:, layer, 0]
-        c.v[idx] = data[:, layer, 1]
+        c.k[idx] = data[:, layer, 0].view(-1, *c.k.shape[1:])
+        c.v[idx] = data[:, layer, 1].view(-1, *c.v.shape[1:])
 
 
 class TierMover:

@@ -15,25 +15,32 @@ pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16],
                          ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("heads, kv_heads, dim, window", [
-    (4, 2, 16, None), (12, 4, 64, None), (4, 4, 32, 5), (6, 1, 24, None),
-    (8, 2, 128, None), (6, 3, 64, 11)])  # 64 and 128: the AVX2 path
-def test_kernel_matches_torch(heads, kv_heads, dim, window, kv_dtype):
+@pytest.mark.parametrize("heads, kv_heads, dim, window, bs", [
+    (4, 2, 16, None, 4), (12, 4, 64, None, 4), (4, 4, 32, 5, 4), (6, 1, 24, None, 4),
+    # the AVX2 path: head_dim 64 or 128 and blocks of 16 (tiles of 16 keys) or 8 (of 8);
+    # 1-4 query heads per kv head share key loads, a group of 5 takes tiles of 4 and 1
+    (12, 4, 64, None, 16), (8, 2, 128, None, 16), (6, 3, 64, 11, 16), (8, 8, 64, None, 16),
+    (10, 2, 64, 21, 8), (16, 2, 128, None, 8)])
+def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype):
     """Decodes, a fresh prompt and chunks after cached keys, in one flat batch, with a
-    float32 pool or a half-precision one (float32 math on the stored values)."""
+    float32 pool or a half-precision one (float32 math on the stored values); the table
+    mixes blocks in order with jumps."""
     torch.manual_seed(0)
-    bs, num_blocks = 4, 96
+    num_blocks = 96
     cache = KVCache(num_blocks, bs, kv_heads, dim, kv_dtype)
     cache.k.normal_()
     cache.v.normal_()
-    perm = torch.randperm(num_blocks).tolist()
+    perm = list(range(48)) + torch.randperm(48).add(48).tolist()
     # (tokens already cached, tokens computed this step); decodes first, as the scheduler
     steps = [(1, 1), (3, 1), (4, 1), (5, 1), (17, 1), (30, 1), (47, 1),
              (0, 13), (8, 9), (21, 6)]
+    if bs > 4:  # the same shapes in tokens, so that the contexts span several blocks
+        steps = [(s * 4, 1) if q == 1 else (s * 4, q * 4) for s, q in steps]
     scheduled, used = [], 0
     for i, (start, q_len) in enumerate(steps):
         blocks = perm[used:used + (start + q_len - 1) // bs + 1]
         used += len(blocks)
+        assert len(blocks) == (start + q_len - 1) // bs + 1
         scheduled.append(ScheduledRequest(f"r{i}", [7] * q_len, start, blocks, None))
     t = sum(q for _, q in steps)
     q = torch.randn(t, heads, dim)
@@ -48,6 +55,24 @@ def test_kernel_matches_torch(heads, kv_heads, dim, window, kv_dtype):
         assert (meta.native is None) == (native is None)
         outs.append(paged_attention(q, k, v, c, meta, dim ** -0.5))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["f32", "f16", "bf16"])
+def test_native_write_matches_torch_write(kv_dtype):
+    """Rows of a fused qkv (strided) land in the same slots, keys transposed, either way."""
+    torch.manual_seed(0)
+    caches = [KVCache(8, 16, 2, 64, kv_dtype) for _ in range(2)]
+    qkv = torch.randn(20, 3 * 128)
+    k, v = (qkv[:, i * 128:(i + 1) * 128].view(20, 2, 64) for i in (1, 2))
+    slots = torch.randperm(8 * 16)[:20]
+    caches[0].write(slots, k, v)
+    caches[1].write(slots, k, v, kernels)
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+    read_k, read_v = caches[1].read(slots)
+    assert torch.equal(read_k, k.to(kv_dtype)) and torch.equal(read_v, v.to(kv_dtype))
+    block, offset = int(slots[0]) // 16, int(slots[0]) % 16
+    assert torch.equal(caches[1].k[block, 1, :, offset], k[0, 1].to(kv_dtype))
 
 
 def test_engine_uses_kernel_and_torch_backend_agrees(llama_dir):

@@ -40,7 +40,6 @@ def test_last_layer_on_sampling_rows_only(model_dirs, arch, backend):
     torch.testing.assert_close(part, full[rows], rtol=1e-5, atol=1e-5)
     full_slots, part_slots = full_inputs.meta.slot_mapping, part_inputs.meta.slot_mapping
     for cache in caches:  # every row's K/V written, the chunk's included
-        for pool in (cache.k, cache.v):
-            flat = pool.view(-1, *pool.shape[2:])
-            assert torch.equal(flat[part_slots], flat[full_slots])
-            assert flat[part_slots].abs().amin(dim=(1, 2)).gt(0).all()
+        for part_kv, full_kv in zip(cache.read(part_slots), cache.read(full_slots)):
+            assert torch.equal(part_kv, full_kv)
+            assert part_kv.abs().amin(dim=(1, 2)).gt(0).all()
