@@ -21,8 +21,11 @@ static inline __attribute__((always_inline)) void KV_NAME(score_tile)(
     __m256 lo[4], hi[4];
     for (int i = 0; i < TH; i++) lo[i] = hi[i] = _mm256_setzero_ps();
     for (int64_t c = 0; c < D; c++) {
-        const __m256 k0 = KV_LOAD8(keys + c * block_size);
-        const __m256 k1 = NT == 16 ? KV_LOAD8(keys + c * block_size + 8) : k0;
+        __m256 k0 = KV_LOAD8(keys + c * block_size);
+        __m256 k1 = NT == 16 ? KV_LOAD8(keys + c * block_size + 8) : k0;
+        /* keep the keys in registers: folded into each FMA as a memory operand, they
+         * are loaded once per head, and the loads, not the FMAs, set the pace */
+        __asm__("" : "+x"(k0), "+x"(k1));
         for (int i = 0; i < TH; i++) {
             const __m256 qb = _mm256_broadcast_ss(qh + i * D + c);
             lo[i] = _mm256_fmadd_ps(qb, k0, lo[i]);
