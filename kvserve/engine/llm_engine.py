@@ -27,7 +27,8 @@ from kvserve.outputs import RequestOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
-from kvserve.worker.platform import available_memory_bytes, keep_freed_memory, physical_cores
+from kvserve.worker.platform import available_memory_bytes, freeze_startup_objects, \
+    keep_freed_memory, physical_cores
 
 logger = init_logger(__name__)
 
@@ -97,6 +98,7 @@ class LLMEngine:
                     torch.get_num_threads(), time.perf_counter() - start, self.max_model_len)
         if args.warmup_prompts:
             self.warm_up(args.warmup_prompts)
+        freeze_startup_objects()
 
     # -- set-up ----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ process-wide allocator setting the engine makes."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 from pathlib import Path
 
@@ -57,3 +58,14 @@ def keep_freed_memory() -> bool:
     libc = ctypes.CDLL(None)  # the process's own symbols, glibc's among them
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
                 and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_HEAP_BYTES))
+
+
+def freeze_startup_objects() -> int:
+    """Take every object alive after start-up (imported modules, the model's modules and
+    parameters: ~290,000 with bench-100m) out of the garbage collector's reach, as vLLM
+    does after its start-up. A full collection walked them all, ~130 ms during which the
+    engine stood still: a stall in the latency of whichever requests were running.
+    Objects created later are collected as usual. Returns how many were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
