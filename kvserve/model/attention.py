@@ -86,14 +86,17 @@ class KVCache:
             native.write_kv(_rows_contiguous(k), _rows_contiguous(v), slot_mapping, self.k,
                             self.v)
             return
-        blocks, offsets = slot_mapping // self.block_size, slot_mapping % self.block_size
+        blocks, offsets = self._locate(slot_mapping)
         self.k[blocks, :, :, offsets] = k
         self.v[blocks, :, offsets, :] = v
 
     def read(self, slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V stored at slots [T], each [T, kv_heads, head_dim]."""
-        blocks, offsets = slot_mapping // self.block_size, slot_mapping % self.block_size
+        blocks, offsets = self._locate(slot_mapping)
         return self.k[blocks, :, :, offsets], self.v[blocks, :, offsets, :]
+
+    def _locate(self, slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return slot_mapping // self.block_size, slot_mapping % self.block_size
 
     def gather(self, block_tables: torch.Tensor, dtype: torch.dtype
                ) -> tuple[torch.Tensor, torch.Tensor]:
