@@ -11,58 +11,162 @@
  */
 
 #if defined(__AVX2__) && KV_VECTOR
-/* Scores of TH query heads of one kv head against NT (8 or 16) tokens of a block,
- * scaled, into tile[i * 16 + j]. The block's keys for the kv head are D rows of
- * block_size tokens: at each dim c, one broadcast query element times NT contiguous
- * keys adds to NT scores at once, with no horizontal sums. */
+/* Scores of TQ (1-6) query vectors of one kv head against NT (8 or 16) tokens of a
+ * block, scaled, into out[i][0..NT). The block's keys for the kv head are D rows of
+ * block_size tokens: at each dim c, one broadcast query element times NT contiguous keys
+ * adds to NT scores at once, with no horizontal sums. Six queries by sixteen tokens is
+ * twelve sums in flight, enough to keep both FMA units busy; each token's score is one
+ * chain over c = 0..D-1 whatever the tile, so every tiling gives the same bits. */
 static inline __attribute__((always_inline)) void KV_NAME(score_tile)(
-        const float *qh, const KV_T *keys, int64_t block_size, float *tile, __m256 vscale,
-        const int TH, const int NT, const int64_t D) {
-    __m256 lo[4], hi[4];
-    for (int i = 0; i < TH; i++) lo[i] = hi[i] = _mm256_setzero_ps();
+        const float *const *qv, const KV_T *keys, int64_t block_size, float *const *out,
+        __m256 vscale, const int TQ, const int NT, const int64_t D) {
+    __m256 lo[KV_SCORE_TILE], hi[KV_SCORE_TILE];
+    for (int i = 0; i < TQ; i++) lo[i] = hi[i] = _mm256_setzero_ps();
     for (int64_t c = 0; c < D; c++) {
         __m256 k0 = KV_LOAD8(keys + c * block_size);
         __m256 k1 = NT == 16 ? KV_LOAD8(keys + c * block_size + 8) : k0;
         /* keep the keys in registers: folded into each FMA as a memory operand, they
-         * are loaded once per head, and the loads, not the FMAs, set the pace */
+         * are loaded once per query, and the loads, not the FMAs, set the pace */
         __asm__("" : "+x"(k0), "+x"(k1));
-        for (int i = 0; i < TH; i++) {
-            const __m256 qb = _mm256_broadcast_ss(qh + i * D + c);
+        for (int i = 0; i < TQ; i++) {
+            const __m256 qb = _mm256_broadcast_ss(qv[i] + c);
             lo[i] = _mm256_fmadd_ps(qb, k0, lo[i]);
             if (NT == 16) hi[i] = _mm256_fmadd_ps(qb, k1, hi[i]);
         }
     }
-    for (int i = 0; i < TH; i++) {
-        _mm256_storeu_ps(tile + i * 16, _mm256_mul_ps(lo[i], vscale));
-        if (NT == 16) _mm256_storeu_ps(tile + i * 16 + 8, _mm256_mul_ps(hi[i], vscale));
+    for (int i = 0; i < TQ; i++) {
+        _mm256_storeu_ps(out[i], _mm256_mul_ps(lo[i], vscale));
+        if (NT == 16) _mm256_storeu_ps(out[i] + 8, _mm256_mul_ps(hi[i], vscale));
     }
 }
 
 static inline __attribute__((always_inline)) void KV_NAME(score_tile_any)(
-        const float *qh, const KV_T *keys, int64_t block_size, float *tile, __m256 vscale,
-        int th, int nt, const int64_t D) {
-#define KV_TILE(TH_, NT_) KV_NAME(score_tile)(qh, keys, block_size, tile, vscale, TH_, NT_, D)
+        const float *const *qv, const KV_T *keys, int64_t block_size, float *const *out,
+        __m256 vscale, int tq, int nt, const int64_t D) {
+#define KV_TILE(TQ_, NT_) KV_NAME(score_tile)(qv, keys, block_size, out, vscale, TQ_, NT_, D)
+#define KV_TILES(NT_)                        \
+    switch (tq) {                            \
+    case 6: KV_TILE(6, NT_); break;          \
+    case 5: KV_TILE(5, NT_); break;          \
+    case 4: KV_TILE(4, NT_); break;          \
+    case 3: KV_TILE(3, NT_); break;          \
+    case 2: KV_TILE(2, NT_); break;          \
+    default: KV_TILE(1, NT_);                \
+    }
     if (nt == 16) {
-        switch (th) {
-        case 4: KV_TILE(4, 16); break;
-        case 3: KV_TILE(3, 16); break;
-        case 2: KV_TILE(2, 16); break;
-        default: KV_TILE(1, 16);
-        }
+        KV_TILES(16)
     } else {
-        switch (th) {
-        case 4: KV_TILE(4, 8); break;
-        case 3: KV_TILE(3, 8); break;
-        case 2: KV_TILE(2, 8); break;
-        default: KV_TILE(1, 8);
+        KV_TILES(8)
+    }
+#undef KV_TILES
+#undef KV_TILE
+}
+
+/* out[i][0..32) = sum over the first len tokens t of p[i][t] * value[t][0..32) for TQ
+ * query vectors of one kv head (v_pool offset to the kv head's run and the 32 dims):
+ * each value row is loaded once for all TQ queries, and the sums stay in registers over
+ * the whole context. Token order and one chain per output element: the row path's sums. */
+static inline __attribute__((always_inline)) void KV_NAME(value_tile)(
+        float *const *p, const KV_T *v_pool, const int64_t *table, int64_t len,
+        int64_t block_elems, int64_t block_size, float *const *out, const int TQ,
+        const int64_t D) {
+    __m256 acc[KV_VALUE_TILE][4];
+    for (int i = 0; i < TQ; i++)
+        for (int d = 0; d < 4; d++) acc[i][d] = _mm256_setzero_ps();
+    for (int64_t b = 0; b * block_size < len; b++) {
+        const KV_T *vb = v_pool + table[b] * block_elems;
+        const int64_t t0 = b * block_size;
+        const int64_t nb = len - t0 < block_size ? len - t0 : block_size;
+        for (int64_t u = 0; u < nb; u++) {
+            const KV_T *vr = vb + u * D;
+            const __m256 v0 = KV_LOAD8(vr), v1 = KV_LOAD8(vr + 8);
+            const __m256 v2 = KV_LOAD8(vr + 16), v3 = KV_LOAD8(vr + 24);
+            for (int i = 0; i < TQ; i++) {
+                const __m256 w = _mm256_broadcast_ss(p[i] + t0 + u);
+                acc[i][0] = _mm256_fmadd_ps(w, v0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(w, v1, acc[i][1]);
+                acc[i][2] = _mm256_fmadd_ps(w, v2, acc[i][2]);
+                acc[i][3] = _mm256_fmadd_ps(w, v3, acc[i][3]);
+            }
         }
+    }
+    for (int i = 0; i < TQ; i++)
+        for (int d = 0; d < 4; d++) _mm256_storeu_ps(out[i] + 8 * d, acc[i][d]);
+}
+
+static inline __attribute__((always_inline)) void KV_NAME(value_tile_any)(
+        float *const *p, const KV_T *v_pool, const int64_t *table, int64_t len,
+        int64_t block_elems, int64_t block_size, float *const *out, int tq,
+        const int64_t D) {
+#define KV_TILE(TQ_) KV_NAME(value_tile)(p, v_pool, table, len, block_elems, block_size, out, \
+                                         TQ_, D)
+    switch (tq) {
+#if KV_VALUE_TILE == 6
+    case 6: KV_TILE(6); break;
+    case 5: KV_TILE(5); break;
+    case 4: KV_TILE(4); break;
+    case 3: KV_TILE(3); break;
+#endif
+    case 2: KV_TILE(2); break;
+    default: KV_TILE(1);
     }
 #undef KV_TILE
 }
 
+/* The rows r = 0..R-1 of one prompt chunk, whose contexts are the first len0 + r keys of
+ * the same block table, none cut by a window: per kv head, the R x group query vectors
+ * are scored in tiles of six against each key, softmaxed, and summed over the values in
+ * tiles sharing each value load. Where the row path reads a key or value for the group's
+ * heads of one row, this reads it for R rows at once. A row's scores past its own length
+ * are set to 0 before the values pass, adding exact zeros, so each row gets the bits the
+ * row path gives it. scores: nq x stride floats, stride >= len rounded up to 16. */
+static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
+        const float *qs, const KV_T *k_pool, const KV_T *v_pool, const int64_t *table,
+        float *os, float *scores, int64_t stride, int64_t len0, int64_t R,
+        int64_t num_heads, int64_t num_kv_heads, int64_t block_size, float scale,
+        const int64_t D) {
+    const int64_t group = num_heads / num_kv_heads, nq = R * group, len = len0 + R - 1;
+    const int64_t run = D * block_size, block_elems = num_kv_heads * run;
+    const int nt = block_size % 16 == 0 ? 16 : 8;
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const float *qv[KV_MAX_ROW_QUERIES];
+    float *srow[KV_MAX_ROW_QUERIES], *orow[KV_MAX_ROW_QUERIES], *out[KV_SCORE_TILE];
+    for (int64_t g = 0; g < num_kv_heads; g++) {
+        for (int64_t i = 0; i < nq; i++) {
+            const int64_t at = ((i / group) * num_heads + g * group + i % group) * D;
+            qv[i] = qs + at;
+            orow[i] = os + at;
+            srow[i] = scores + i * stride;
+        }
+        for (int64_t i0 = 0; i0 < nq; i0 += KV_SCORE_TILE) {
+            const int tq = nq - i0 < KV_SCORE_TILE ? (int)(nq - i0) : KV_SCORE_TILE;
+            for (int64_t b = 0; b * block_size < len; b++) {
+                const KV_T *kb = k_pool + table[b] * block_elems + g * run;
+                for (int64_t j = 0; j < block_size && b * block_size + j < len; j += nt) {
+                    for (int i = 0; i < tq; i++) out[i] = srow[i0 + i] + b * block_size + j;
+                    KV_NAME(score_tile_any)(qv + i0, kb + j, block_size, out, vscale, tq, nt, D);
+                }
+            }
+        }
+        for (int64_t i = 0; i < nq; i++) {
+            const int64_t n = len0 + i / group;
+            softmax(srow[i], n);
+            for (int64_t t = n; t < len; t++) srow[i][t] = 0.f;
+        }
+        for (int64_t i0 = 0; i0 < nq; i0 += KV_VALUE_TILE) {
+            const int tq = nq - i0 < KV_VALUE_TILE ? (int)(nq - i0) : KV_VALUE_TILE;
+            for (int64_t c = 0; c < D; c += 32) {
+                for (int i = 0; i < tq; i++) out[i] = orow[i0 + i] + c;
+                KV_NAME(value_tile_any)(srow + i0, v_pool + g * run + c, table, len,
+                                        block_elems, block_size, out, tq, D);
+            }
+        }
+    }
+}
+
 /* One row with head_dim D known at compile time (inlined per D); block_size % 8 == 0.
  * Keys: block by block, kv head by kv head, each of the kv head's query heads in tiles
- * of up to four sharing the key loads. Values: per query head, the block's value rows
+ * of up to six sharing the key loads. Values: per query head, the block's value rows
  * summed into an output held in registers. Both passes read each block's runs in
  * address order. Same sums as the generic path in another order: results agree to
  * float rounding. */
@@ -75,7 +179,10 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_row_avx2)(
     const int64_t run = D * block_size, block_elems = num_kv_heads * run;
     const int nt = block_size % 16 == 0 ? 16 : 8;
     const __m256 vscale = _mm256_set1_ps(scale);
-    float tile[4 * 16];
+    float tile[KV_SCORE_TILE * 16];
+    const float *qv[KV_SCORE_TILE];
+    float *out[KV_SCORE_TILE];
+    for (int i = 0; i < KV_SCORE_TILE; i++) out[i] = tile + i * 16;
     for (int64_t b = first / block_size; b * block_size < len; b++) {
         const KV_T *kb = k_pool + table[b] * block_elems;
         const int jump = next_block_jumps(table, b, pf_len, block_size);
@@ -88,10 +195,11 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_row_avx2)(
                 const int64_t lo = t0 > first ? t0 : first;
                 const int64_t hi = t0 + nt < len ? t0 + nt : len;
                 if (hi <= lo) continue;
-                for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += 4) {
-                    const int th = (g + 1) * group - h0 < 4 ? (int)((g + 1) * group - h0) : 4;
-                    KV_NAME(score_tile_any)(qs + h0 * D, kg + j, block_size, tile, vscale,
-                                            th, nt, D);
+                for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += KV_SCORE_TILE) {
+                    const int th = (g + 1) * group - h0 < KV_SCORE_TILE
+                                       ? (int)((g + 1) * group - h0) : KV_SCORE_TILE;
+                    for (int i = 0; i < th; i++) qv[i] = qs + (h0 + i) * D;
+                    KV_NAME(score_tile_any)(qv, kg + j, block_size, out, vscale, th, nt, D);
                     for (int i = 0; i < th; i++)
                         memcpy(scores + (h0 + i) * n + (lo - first), tile + i * 16 + (lo - t0),
                                sizeof(float) * (size_t)(hi - lo));
@@ -164,14 +272,34 @@ void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_
                                    const int64_t *seq_lens, float *out, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                    int64_t block_size, float scale, int64_t window) {
+    int vector = 0;
+#if defined(__AVX2__) && KV_VECTOR
+    vector = (head_dim == 64 || head_dim == 128) && block_size % 8 == 0;
+#endif
+    int64_t num_groups = 0;
+    int64_t *starts = row_groups(tables, table_stride, seq_lens, num_seqs, block_size, window,
+                                 vector ? rows_per_group(num_heads / num_kv_heads) : 1,
+                                 &num_groups);
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t s = 0; s < num_seqs; s++) {
+    for (int64_t gi = 0; gi < num_groups; gi++) {
+        const int64_t s = starts[gi], rows = starts[gi + 1] - s;
         const int64_t len = seq_lens[s];
         const int64_t first = (window > 0 && len > window) ? len - window : 0;
         const int64_t n = len - first;
         const int64_t *table = tables + s * table_stride;
         const float *qs = q + s * num_heads * head_dim;
         float *os = out + s * num_heads * head_dim;
+#if defined(__AVX2__) && KV_VECTOR
+        if (rows > 1) { /* first == 0: row_groups leaves rows cut by a window alone */
+            const int64_t stride = (len + rows - 1 + 15) / 16 * 16;
+            const int64_t nq = rows * (num_heads / num_kv_heads);
+            float *scores = malloc(sizeof(float) * (size_t)(nq * stride));
+            KV_WITH_DIM(KV_NAME(attend_rows_avx2), qs, k_pool, v_pool, table, os, scores,
+                        stride, len, rows, num_heads, num_kv_heads, block_size, scale);
+            free(scores);
+            continue;
+        }
+#endif
         float *scores = malloc(sizeof(float) * (size_t)(num_heads * n)); /* [H, n] */
         /* A row after the first of a prompt chunk finds its keys in cache, put there by
          * the row before it: prefetching them again only costs. */
@@ -179,14 +307,9 @@ void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_
             s > 0 && len == seq_lens[s - 1] + 1 && table[0] == table[-table_stride];
         const int64_t pf_len = continues ? 0 : len;
 #if defined(__AVX2__) && KV_VECTOR
-        if ((head_dim == 64 || head_dim == 128) && block_size % 8 == 0) {
-            if (head_dim == 64)
-                KV_NAME(attend_row_avx2)(qs, k_pool, v_pool, table, os, scores, first, len,
-                                         pf_len, num_heads, num_kv_heads, block_size, scale, 64);
-            else
-                KV_NAME(attend_row_avx2)(qs, k_pool, v_pool, table, os, scores, first, len,
-                                         pf_len, num_heads, num_kv_heads, block_size, scale,
-                                         128);
+        if (vector) {
+            KV_WITH_DIM(KV_NAME(attend_row_avx2), qs, k_pool, v_pool, table, os, scores,
+                        first, len, pf_len, num_heads, num_kv_heads, block_size, scale);
             free(scores);
             continue;
         }
@@ -195,6 +318,7 @@ void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_
                                     num_heads, num_kv_heads, head_dim, block_size, scale);
         free(scores);
     }
+    free(starts);
 }
 
 /* Write n tokens' K and V (rows of KVH * D elements of the pool's type, k_stride and

@@ -57,6 +57,44 @@ def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
 
 
+def _attend(q, cache, tables, lens, window):
+    out = torch.empty_like(q)
+    kernels.paged_attention_rows(q, cache.k, cache.v, tables, lens, out, 0.125, window)
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("heads, kv_heads, dim, window, bs", [
+    (12, 4, 64, 0, 16), (8, 8, 64, 0, 16), (8, 4, 128, 0, 8), (12, 3, 64, 0, 16),
+    (10, 2, 64, 0, 16), (16, 2, 64, 0, 16), (12, 4, 64, 40, 16), (4, 4, 32, 0, 4)])
+def test_prompt_rows_together_give_each_row_alone_bits(heads, kv_heads, dim, window, bs,
+                                                       kv_dtype):
+    """The rows of a prompt chunk are attended several at a time (sharing each key and
+    value load); every row must come out bit for bit as when it is the only row. The
+    batch also holds a row that shares its first blocks and its length + 1 with the
+    chunk before it but not its last block (prefix caching): it must not join."""
+    torch.manual_seed(0)
+    cache = KVCache(64, bs, kv_heads, dim, kv_dtype)
+    cache.k.normal_()
+    cache.v.normal_()
+    perm = torch.randperm(64)
+    table_a = perm[:80 // bs + 1]
+    table_b = table_a.clone()
+    table_b[67 // bs] = perm[-1]  # the same first blocks, another block for token 67 on
+    rows = [(table_a, n) for n in range(3, 68)] + [(table_b, 68), (table_b, 69)]
+    rows += [(table_a, 9), (table_a, 17)]  # decodes after the chunks
+    tables = torch.stack([t for t, _ in rows])
+    lens = torch.tensor([n for _, n in rows])
+    q = torch.randn(len(rows), heads, dim)
+    together = _attend(q, cache, tables, lens, window)
+    alone = torch.cat([_attend(q[i:i + 1], cache, tables[i:i + 1], lens[i:i + 1], window)
+                       for i in range(len(rows))])
+    assert torch.equal(together, alone)
+    # and the last rows read table_b's last block, not table_a's
+    wrong = _attend(q[-4:-2], cache, table_a.repeat(2, 1), lens[-4:-2], window)
+    assert not torch.equal(wrong, together[-4:-2])
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16],
                          ids=["f32", "f16", "bf16"])
 def test_native_write_matches_torch_write(kv_dtype):
