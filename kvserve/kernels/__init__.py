@@ -78,6 +78,9 @@ class Kernels:
         self._rms_norm = {
             torch.float32: _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32]),
             torch.bfloat16: _bind(lib.rms_norm_bf16, [ptr, ptr, ptr, i64, i64, f32])}
+        self._add_rms_norm = {
+            torch.float32: _bind(lib.add_rms_norm, [ptr, ptr, ptr, ptr, i64, i64, f32]),
+            torch.bfloat16: _bind(lib.add_rms_norm_bf16, [ptr, ptr, ptr, ptr, i64, i64, f32])}
         self._silu_mul = _bind(lib.silu_mul, [ptr, ptr, i64, i64])
         rotary_args = [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64]
         self._rotary = {torch.float32: _bind(lib.rotary, rotary_args),
@@ -113,6 +116,14 @@ class Kernels:
         out = torch.empty_like(x)
         self._rms_norm[x.dtype](x.data_ptr(), weight.data_ptr(), out.data_ptr(),
                                 x.shape[0], x.shape[1], eps)
+        return out
+
+    def add_rms_norm(self, x, residual, weight, eps: float):
+        """residual += x in place, then RMSNorm(residual) returned; x, residual [T, D]
+        contiguous, all three of one NATIVE_ELEMENTWISE_DTYPES type."""
+        out = torch.empty_like(x)
+        self._add_rms_norm[x.dtype](x.data_ptr(), residual.data_ptr(), weight.data_ptr(),
+                                    out.data_ptr(), x.shape[0], x.shape[1], eps)
         return out
 
     def silu_mul(self, gate_up):

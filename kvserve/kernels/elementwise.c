@@ -10,19 +10,35 @@
 #include <string.h>
 #include "vec_math.h"
 
-/* out = weight * (x * 1/sqrt(mean(x^2) + eps)) per row of dim. */
+/* o = weight * (x * 1/sqrt(mean(x^2) + eps)) for one row of dim. */
+static inline void rms_norm_row(const float *xr, const float *weight, float *o, int64_t dim,
+                                float eps) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < dim; i++) ss += xr[i] * xr[i];
+    const float inv = 1.f / sqrtf(ss / (float)dim + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; i++) o[i] = weight[i] * (xr[i] * inv);
+}
+
 void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
               float eps) {
 #pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) rms_norm_row(x + r * dim, weight, out + r * dim, dim, eps);
+}
+
+/* residual += x, then out = RMSNorm(residual), row by row: the residual add and the next
+ * norm in one pass over rows still in cache (as separate ops, each read the activation a
+ * GEMM had just left in the other core's cache). The same sums as add, then rms_norm. */
+void add_rms_norm(const float *x, float *residual, const float *weight, float *out,
+                  int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
+        float *res = residual + r * dim;
         const float *xr = x + r * dim;
-        float *o = out + r * dim;
-        float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < dim; i++) ss += xr[i] * xr[i];
-        const float inv = 1.f / sqrtf(ss / (float)dim + eps);
 #pragma omp simd
-        for (int64_t i = 0; i < dim; i++) o[i] = weight[i] * (xr[i] * inv);
+        for (int64_t i = 0; i < dim; i++) res[i] = res[i] + xr[i];
+        rms_norm_row(res, weight, out + r * dim, dim, eps);
     }
 }
 
@@ -116,34 +132,48 @@ static inline void bf16x8_store(uint16_t *p, __m256 f) {
 }
 #endif
 
+static inline void rms_norm_row_bf16(const uint16_t *xr, const uint16_t *weight, uint16_t *o,
+                                     int64_t dim, float eps) {
+    float ss = 0.f;
+    int64_t i = 0;
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= dim; i += 8) {
+        const __m256 v = bf16x8_load(xr + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    ss = hsum(acc);
+#endif
+    for (; i < dim; i++) ss += bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
+    const float inv = 1.f / sqrtf(ss / (float)dim + eps);
+    i = 0;
+#ifdef __AVX2__
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (; i + 8 <= dim; i += 8) {
+        const __m256 normed = bf16x8_round(_mm256_mul_ps(bf16x8_load(xr + i), vinv));
+        bf16x8_store(o + i, _mm256_mul_ps(bf16x8_load(weight + i), normed));
+    }
+#endif
+    for (; i < dim; i++)
+        o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_bf16(bf16_to_f32(xr[i]) * inv));
+}
+
 void rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows,
                    int64_t dim, float eps) {
 #pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        rms_norm_row_bf16(x + r * dim, weight, out + r * dim, dim, eps);
+}
+
+/* add_rms_norm for bfloat16: the sum rounded to bfloat16, as torch's bf16 add. */
+void add_rms_norm_bf16(const uint16_t *x, uint16_t *residual, const uint16_t *weight,
+                       uint16_t *out, int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
+        uint16_t *res = residual + r * dim;
         const uint16_t *xr = x + r * dim;
-        uint16_t *o = out + r * dim;
-        float ss = 0.f;
-        int64_t i = 0;
-#ifdef __AVX2__
-        __m256 acc = _mm256_setzero_ps();
-        for (; i + 8 <= dim; i += 8) {
-            const __m256 v = bf16x8_load(xr + i);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        ss = hsum(acc);
-#endif
-        for (; i < dim; i++) ss += bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
-        const float inv = 1.f / sqrtf(ss / (float)dim + eps);
-        i = 0;
-#ifdef __AVX2__
-        const __m256 vinv = _mm256_set1_ps(inv);
-        for (; i + 8 <= dim; i += 8) {
-            const __m256 normed = bf16x8_round(_mm256_mul_ps(bf16x8_load(xr + i), vinv));
-            bf16x8_store(o + i, _mm256_mul_ps(bf16x8_load(weight + i), normed));
-        }
-#endif
-        for (; i < dim; i++)
-            o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_bf16(bf16_to_f32(xr[i]) * inv));
+        for (int64_t i = 0; i < dim; i++) res[i] = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(xr[i]));
+        rms_norm_row_bf16(res, weight, out + r * dim, dim, eps);
     }
 }
 

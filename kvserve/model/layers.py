@@ -102,9 +102,21 @@ class RMSNorm(nn.Module):
     def native_ok(self) -> bool:
         return self.weight.dtype in NATIVE_ELEMENTWISE_DTYPES
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native is not None and x.dim() == 2 and x.dtype == self.weight.dtype:
-            return self.native.rms_norm(x.contiguous(), self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """RMSNorm(x); with ``residual``: residual + x (written into ``residual``) and its
+        RMSNorm, returned as (normed, sum) — the residual add fused into the norm."""
+        native = (self.native is not None and x.dim() == 2 and x.dtype == self.weight.dtype)
+        if residual is None:
+            if native:
+                return self.native.rms_norm(x.contiguous(), self.weight, self.eps)
+            return self._norm(x)
+        if native and residual.dtype == x.dtype and residual.is_contiguous():
+            return self.native.add_rms_norm(x.contiguous(), residual, self.weight,
+                                            self.eps), residual
+        residual = residual.add_(x)
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -65,10 +65,20 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x, positions, rotary, cache, meta, out_rows=None):
-        attn = self.self_attn(self.input_layernorm(x), positions, rotary, cache, meta, out_rows)
-        x = (x if out_rows is None else x[out_rows]) + attn
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, rotary, cache, meta, out_rows=None):
+        """x: the previous layer's MLP output, or the embeddings at the first layer
+        (residual None); residual: the hidden state before it. Returns this layer's MLP
+        output and the hidden state before it; each residual add is fused into the norm
+        after it (the sums are the same as adding, then norming)."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, rotary, cache, meta, out_rows)
+        if out_rows is not None:
+            residual = residual[out_rows]
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -108,11 +118,12 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
                 meta: AttentionMetadata, out_rows: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.model.embed_tokens(tokens)
+        x, residual = self.model.embed_tokens(tokens), None
         for i, (layer, cache) in enumerate(zip(self.model.layers, caches)):
             last = i == len(caches) - 1
-            x = layer(x, positions, self.rotary, cache, meta, out_rows if last else None)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, positions, self.rotary, cache, meta,
+                                out_rows if last else None)
+        return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -23,6 +23,25 @@ def test_rms_norm(rows, dim):
     torch.testing.assert_close(norm(x), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("rows, dim", [(1, 64), (5, 100), (33, 768)])
+def test_add_rms_norm_is_add_then_norm(rows, dim, dtype):
+    """The fused residual add + norm returns the bits of torch's add followed by the
+    unfused norm (native or torch), and leaves the sum in the residual."""
+    torch.manual_seed(0)
+    norm = RMSNorm(dim, 1e-5).to(dtype)
+    norm.weight.data.normal_()
+    x, residual = (torch.randn(rows, dim) * 3).to(dtype), torch.randn(rows, dim).to(dtype)
+    total = residual + x
+    torch_normed, torch_sum = norm(x, residual.clone())
+    assert torch.equal(torch_sum, total) and torch.equal(torch_normed, norm(total))
+    assert use_native_kernels(norm, kernels) == 1
+    fused_residual = residual.clone()
+    normed, out_sum = norm(x, fused_residual)
+    assert out_sum is fused_residual and torch.equal(fused_residual, total)
+    assert torch.equal(normed, norm(total))
+
+
 @pytest.mark.parametrize("rows, inter", [(1, 16), (4, 37), (9, 2048)])
 def test_silu_mul(rows, inter):
     torch.manual_seed(0)
