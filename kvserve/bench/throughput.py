@@ -117,6 +117,7 @@ def run_throughput(
         llm, load_s = load_llm(model_dir, engine_args)
     if warmup and requests:
         generate_timed(llm, [BenchRequest(list(requests[0].prompt_token_ids[:8]), 2)])
+    llm.reset_prefix_cache()  # a repeat must compute its prompts, not find them cached
     wall_s, outputs = generate_timed(llm, requests)
     useful, generated = count_output_tokens(requests, outputs)
     return ThroughputResult(

@@ -2,14 +2,16 @@
 
 vLLM lives in its own venv (it pins its own torch), so the runner script is written
 to a temporary directory at run time and started as ``python -m`` there; it loads
-the same model in float32, times one ``generate`` over the same token-id prompts
-(greedy, ``ignore_eos``) and prints a JSON line behind a marker.
+the same model in float32, times ``generate`` over the same token-id prompts (greedy,
+``ignore_eos``; ``repeats`` times in one process, the prefix cache emptied before each)
+and prints a JSON line behind a marker.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -45,12 +47,15 @@ def main():
               for n in spec["max_tokens"]]
     warm = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     llm.generate([TokensPrompt(prompt_token_ids=spec["prompts"][0][:8])], [warm], use_tqdm=False)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    wall_s = time.perf_counter() - t0
-    generated = [len(o.outputs[0].token_ids) for o in outs]
-    print(MARKER + json.dumps({"wall_s": wall_s, "load_s": load_s, "generated": generated}),
-          flush=True)
+    runs = []
+    for _ in range(spec["repeats"]):
+        if hasattr(llm, "reset_prefix_cache"):  # each repeat computes its prompts
+            llm.reset_prefix_cache()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs.append({"wall_s": time.perf_counter() - t0,
+                     "generated": [len(o.outputs[0].token_ids) for o in outs]})
+    print(MARKER + json.dumps({"runs": runs, "load_s": load_s}), flush=True)
 
 
 MARKER = "%s"
@@ -91,8 +96,10 @@ def run_vllm_throughput(
     omp_bind: str = "0-1",
     engine_args: dict[str, Any] | None = None,
     timeout_s: float = 3600.0,
-) -> ThroughputResult:
-    """Time vLLM's offline ``generate`` over ``requests`` in a subprocess of ``python``."""
+    repeats: int = 1,
+) -> tuple[ThroughputResult, list[float]]:
+    """Time vLLM's offline ``generate`` over ``requests`` in a subprocess of ``python``,
+    ``repeats`` times: the run with the median useful tok/s, and every run's."""
     engine_args = dict(engine_args or {})
     with tempfile.TemporaryDirectory(prefix="kvserve-vllm-") as tmp:
         tmpdir = Path(tmp)
@@ -102,6 +109,7 @@ def run_vllm_throughput(
             "engine_args": engine_args,
             "prompts": [list(r.prompt_token_ids) for r in requests],
             "max_tokens": [r.max_tokens for r in requests],
+            "repeats": max(1, repeats),
         }
         spec_path = tmpdir / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -120,13 +128,17 @@ def run_vllm_throughput(
         tail = (proc.stderr or proc.stdout)[-2000:]
         raise RuntimeError(f"vLLM runner failed (exit {proc.returncode}):\n{tail}")
     out = json.loads(lines[-1][len(MARKER) :])
-    generated = out["generated"]
-    return ThroughputResult(
-        wall_s=float(out["wall_s"]),
-        num_requests=len(requests),
-        prompt_tokens=sum(r.prompt_len for r in requests),
-        useful_output_tokens=sum(min(g, r.max_tokens) for g, r in zip(generated, requests)),
-        generated_tokens=sum(generated),
-        engine_args={"kv_cache_gib": kv_cache_gib, "omp_bind": omp_bind, **engine_args},
-        load_s=float(out["load_s"]),
-    )
+    results = [
+        ThroughputResult(
+            wall_s=float(run["wall_s"]),
+            num_requests=len(requests),
+            prompt_tokens=sum(r.prompt_len for r in requests),
+            useful_output_tokens=sum(min(g, r.max_tokens)
+                                     for g, r in zip(run["generated"], requests)),
+            generated_tokens=sum(run["generated"]),
+            engine_args={"kv_cache_gib": kv_cache_gib, "omp_bind": omp_bind, **engine_args},
+            load_s=float(out["load_s"]),
+        )
+        for run in out["runs"]]
+    rates = [r.useful_tok_s for r in results]
+    return results[rates.index(statistics.median_low(rates))], rates

@@ -26,6 +26,10 @@ class LLM:
                             f"allowed: {sorted(EngineArgs.field_names() - {'model'})}")
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget cached prompt blocks; False while requests are running."""
+        return self.engine.reset_prefix_cache()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

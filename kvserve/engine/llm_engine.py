@@ -250,6 +250,15 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt block (as vLLM's ``reset_prefix_cache``): the next
+        requests compute their prompts in full. Only while no request runs; returns
+        whether it was done."""
+        if self.has_unfinished_requests():
+            return False
+        self.kv.reset_prefix_cache()
+        return True
+
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

@@ -31,6 +31,19 @@ def test_cache_on_off_and_transformers_agree(llama_dir):
     assert all(o.num_cached_tokens > 0 for o in outs)
     stats = on.engine.kv.stats()
     assert stats.prefix_hits > 0 and stats.num_used_blocks == 0
+    assert on.reset_prefix_cache()  # forgotten: the prompts are computed in full again
+    third, outs = _run(on, prompts)
+    assert third == ref and all(o.num_cached_tokens == 0 for o in outs[:1])
+
+
+def test_reset_prefix_cache_refused_while_requests_run(llama_dir):
+    llm = LLM(llama_dir, block_size=4)
+    llm.engine.add_request("a", {"prompt_token_ids": _shared_prompts()[0]},
+                           SamplingParams(max_tokens=3))
+    assert not llm.reset_prefix_cache()
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    assert llm.reset_prefix_cache()
 
 
 def test_same_step_sharing_and_chunking(llama_dir):
