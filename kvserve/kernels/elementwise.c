@@ -172,7 +172,8 @@ void add_rms_norm_bf16(const uint16_t *x, uint16_t *residual, const uint16_t *we
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *res = residual + r * dim;
         const uint16_t *xr = x + r * dim;
-        for (int64_t i = 0; i < dim; i++) res[i] = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(xr[i]));
+        for (int64_t i = 0; i < dim; i++)
+            res[i] = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(xr[i]));
         rms_norm_row_bf16(res, weight, out + r * dim, dim, eps);
     }
 }

@@ -114,22 +114,31 @@ static int64_t rows_per_group(int64_t group) {
     return group >= KV_SCORE_TILE ? 1 : KV_SCORE_TILE / gcd64(KV_SCORE_TILE, group);
 }
 
+/* Whether row s (s > 0) is the next token of row s - 1's context: one more key, over
+ * the same blocks as row `same` (s - 1 or an earlier row of that context). Compared by
+ * table contents, not by request: two rows with the same blocks and consecutive lengths
+ * attend to the same keys whoever they belong to, and rows that share only a prefix's
+ * blocks differ in the block of their last key. */
+static int next_token_row(const int64_t *tables, int64_t table_stride, const int64_t *seq_lens,
+                          int64_t s, int64_t same, int64_t block_size) {
+    const int64_t len = seq_lens[s];
+    return len == seq_lens[s - 1] + 1 &&
+           memcmp(tables + s * table_stride, tables + same * table_stride,
+                  sizeof(int64_t) * (size_t)((len + block_size - 1) / block_size)) == 0;
+}
+
 /* Split the rows into runs attended together, returned as starts [*count + 1] (the last
  * entry num_rows; free() it): a row joins the run before it when it is the next token of
- * the same context (one more key, the same blocks) and no window cuts its context, up to
- * max_rows rows a run. Compared by table contents, not by request: two rows with the same
- * blocks and consecutive lengths attend to the same keys whoever they belong to. */
+ * the same context and no window cuts its context, up to max_rows rows a run. */
 static int64_t *row_groups(const int64_t *tables, int64_t table_stride,
                            const int64_t *seq_lens, int64_t num_rows, int64_t block_size,
                            int64_t window, int64_t max_rows, int64_t *count) {
     int64_t *starts = malloc(sizeof(int64_t) * (size_t)(num_rows + 1)), n = 0;
     for (int64_t s = 0; s < num_rows; s++) {
-        const int64_t len = seq_lens[s], start = n ? starts[n - 1] : 0;
-        const int joins =
-            n > 0 && s - start < max_rows && len == seq_lens[s - 1] + 1 &&
-            (window <= 0 || len <= window) &&
-            memcmp(tables + s * table_stride, tables + start * table_stride,
-                   sizeof(int64_t) * (size_t)((len + block_size - 1) / block_size)) == 0;
+        const int64_t start = n ? starts[n - 1] : 0;
+        const int joins = n > 0 && s - start < max_rows &&
+                          (window <= 0 || seq_lens[s] <= window) &&
+                          next_token_row(tables, table_stride, seq_lens, s, start, block_size);
         if (!joins) starts[n++] = s;
     }
     starts[n] = num_rows;

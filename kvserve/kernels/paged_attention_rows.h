@@ -284,8 +284,6 @@ void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_
     for (int64_t gi = 0; gi < num_groups; gi++) {
         const int64_t s = starts[gi], rows = starts[gi + 1] - s;
         const int64_t len = seq_lens[s];
-        const int64_t first = (window > 0 && len > window) ? len - window : 0;
-        const int64_t n = len - first;
         const int64_t *table = tables + s * table_stride;
         const float *qs = q + s * num_heads * head_dim;
         float *os = out + s * num_heads * head_dim;
@@ -300,11 +298,13 @@ void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_
             continue;
         }
 #endif
+        const int64_t first = (window > 0 && len > window) ? len - window : 0;
+        const int64_t n = len - first;
         float *scores = malloc(sizeof(float) * (size_t)(num_heads * n)); /* [H, n] */
         /* A row after the first of a prompt chunk finds its keys in cache, put there by
          * the row before it: prefetching them again only costs. */
         const int continues =
-            s > 0 && len == seq_lens[s - 1] + 1 && table[0] == table[-table_stride];
+            s > 0 && next_token_row(tables, table_stride, seq_lens, s, s - 1, block_size);
         const int64_t pf_len = continues ? 0 : len;
 #if defined(__AVX2__) && KV_VECTOR
         if (vector) {
