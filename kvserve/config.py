@@ -22,6 +22,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch")
 QUANTIZATION_METHODS = ("int8",)
+MAX_LINEAR_MIN_ROWS = 16
 
 
 def parse_size(value: int | float | str) -> int:
@@ -118,6 +119,11 @@ class EngineArgs:
         "auto (native attention and elementwise kernels when they build and the compute "
         "dtype is float32; oneDNN packed linear layers) or torch (gather + SDPA, F.linear)",
         choices=ATTENTION_BACKENDS))
+    linear_min_rows: int | None = field(default=None, metadata=_help(
+        "packed linear layers run GEMMs of fewer rows padded to this many (the real rows "
+        "computed as in a GEMM of that size); default: measured at start among 1-8 rows "
+        "on the model's own layers (some CPUs stream the weights of a 1-row GEMM slower "
+        "than of a 6-row one); 1: no padding"))
     num_threads: int | None = field(default=None, metadata=_help(
         "torch threads (default: physical cores)"))
 
@@ -133,6 +139,11 @@ class EngineArgs:
         if not isinstance(self.prefill_join_tokens, int) or self.prefill_join_tokens < 0:
             raise ValueError("prefill_join_tokens must be an integer >= 0 (0: no limit), "
                              f"got {self.prefill_join_tokens!r}")
+        if self.linear_min_rows is not None:
+            _positive_int("linear_min_rows", self.linear_min_rows)
+            if self.linear_min_rows > MAX_LINEAR_MIN_ROWS:
+                raise ValueError(f"linear_min_rows must be at most {MAX_LINEAR_MIN_ROWS}, got "
+                                 f"{self.linear_min_rows}")
         for name in ("max_model_len", "num_kv_blocks", "num_threads"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))

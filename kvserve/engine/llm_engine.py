@@ -90,6 +90,13 @@ class LLMEngine:
                                   args.block_size, self.kv_dtype, args.seed, swap_slots,
                                   disk_slots, disk_path, args.attention_backend == "auto")
         self.runner.warm_up(min(args.max_num_batched_tokens, self.max_model_len - 1))
+        self.linear_min_rows, pass_times = self.runner.pad_small_gemms(args.linear_min_rows)
+        if pass_times:
+            rows = self.linear_min_rows
+            logger.info("linear layers, one pass at 1-%d rows (ms): %s; %s", len(pass_times),
+                        " ".join(f"{1000 * t:.2f}" for t in pass_times.values()),
+                        f"GEMMs of fewer rows run padded to {rows}" if rows > 1
+                        else "no padding (no row count clearly faster)")
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_id, self.extra_stop_ids = self._eos_ids()
         self._ids = itertools.count()

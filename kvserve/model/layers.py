@@ -26,12 +26,26 @@ class Linear(nn.Linear):
     """
 
     packed_weight: torch.Tensor | None = None
+    # a packed GEMM of fewer rows runs on min_rows rows, the real ones first
+    # (kvserve.worker.row_padding chooses it; 1: never padded)
+    min_rows: int = 1
+    _padded: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is not None and x.dim() == 2:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
-                                                      "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if self.packed_weight is None or x.dim() != 2:
+            return F.linear(x, self.weight, self.bias)
+        rows = x.shape[0]
+        if rows < self.min_rows:
+            # GEMM rows are independent: the padding rows (left from earlier calls)
+            # change nothing in the real ones, whose results are sliced out
+            if (self._padded is None or self._padded.shape[0] != self.min_rows
+                    or self._padded.dtype != x.dtype):
+                self._padded = x.new_zeros(self.min_rows, x.shape[1])
+            self._padded[:rows].copy_(x)
+            x = self._padded
+        out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
+                                                 "none", [], "")
+        return out[:rows] if rows < out.shape[0] else out
 
 
 def packed_linear_available() -> bool:

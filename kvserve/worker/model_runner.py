@@ -12,6 +12,7 @@ from kvserve.model.config import ModelConfig
 from kvserve.model.layers import use_native_kernels, use_packed_linear
 from kvserve.worker.input_batch import StepInputs, build_inputs
 from kvserve.worker.kv_tiers import BlockStore, TierMover
+from kvserve.worker.row_padding import set_min_rows, tune_min_rows
 from kvserve.worker.sampler import Sampler, SampleResult
 
 
@@ -68,6 +69,15 @@ class ModelRunner:
             self._forward(build_inputs(scheduled, bs, self.config.sliding_window,
                                        self.native_attention))
         return num_prompts * prompt_len
+
+    def pad_small_gemms(self, min_rows: int | None) -> tuple[int, dict[int, float]]:
+        """Set the row count small GEMMs of the packed linear layers are padded to; None
+        measures it (see :mod:`kvserve.worker.row_padding`). Returns (rows, the pass
+        times measured, empty when not measured)."""
+        if min_rows is None:
+            return tune_min_rows(self.model)
+        set_min_rows(self.model, min_rows)
+        return min_rows, {}
 
     def close(self) -> None:
         if self.disk is not None:

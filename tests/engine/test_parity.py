@@ -44,7 +44,10 @@ def test_parity_default_settings(arch, model_dirs, oracle):
     {"num_kv_blocks": 14, "block_size": 8},          # forces preemption by recompute
     {"max_num_seqs": 2},
     {"attention_backend": "torch", "block_size": 8},
-], ids=["block4", "chunked", "preempt", "two-seqs", "torch-attention"])
+    {"linear_min_rows": 1},
+    {"linear_min_rows": 16, "max_num_seqs": 3},      # every decode GEMM padded
+], ids=["block4", "chunked", "preempt", "two-seqs", "torch-attention", "no-row-padding",
+        "row-padding-16"])
 def test_parity_engine_settings(arch, engine_args, model_dirs, oracle):
     llm_args = dict(engine_args)
     got = _kvserve_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), **llm_args)
