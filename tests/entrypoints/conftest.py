@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+MODEL = "llama"  # --served-model-name of the main server
 
 
 def free_port() -> int:
@@ -88,7 +90,7 @@ def server_pair(llama_dir, tmp_path_factory):
     2 KiB body limit, for the 401 / 413 / 429 / SIGTERM tests.
     """
     logs = tmp_path_factory.mktemp("server_logs")
-    main = ServerProcess(llama_dir, logs / "main.log", "--served-model-name", "llama",
+    main = ServerProcess(llama_dir, logs / "main.log", "--served-model-name", MODEL,
                          "--max-body-bytes", "1000000",
                          "--log-stats-interval", "1")
     strict = ServerProcess(llama_dir, logs / "strict.log", "--api-key", "sesame",
@@ -111,3 +113,11 @@ def server(server_pair) -> ServerProcess:
 @pytest.fixture(scope="session")
 def strict_server(server_pair) -> ServerProcess:
     return server_pair[1]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official openai client on the main server."""
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                       timeout=60) as c:
+        yield c

@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-MODEL = "llama"  # --served-model-name of the main server
+from tests.entrypoints.conftest import MODEL
+
 REQUIRED_METRICS = [
     "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
     "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
@@ -20,13 +21,6 @@ REQUIRED_METRICS = [
     "request_prefill_time_seconds", "request_decode_time_seconds",
     "prefix_cache_queries_total", "prefix_cache_hits_total", "kv_transfer_bytes_total",
     "kv_transfer_seconds_total", "kv_cache_utilization_perc", "kv_cache_fragmentation_perc"]
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                       timeout=60) as c:
-        yield c
 
 
 def _count_tokens(server, text: str) -> int:
@@ -157,91 +151,6 @@ def test_tokenize_round_trip(server):
     assert back["prompt"] == text
     with_bos = httpx.post(f"{server.url}/tokenize", json={"prompt": text}).json()
     assert with_bos["count"] == tok["count"] + 1  # the tokenizer adds <|bos|>
-
-
-# -- bad requests -------------------------------------------------------------------------
-
-_C, _CHAT = "/v1/completions", "/v1/chat/completions"
-_MSG = [{"role": "user", "content": "hi"}]
-BAD_REQUESTS = [
-    # (id, path, json body or raw bytes, headers, expected status)
-    ("malformed-json", _C, b'{"prompt": "x",', None, 400),
-    ("invalid-utf8", _C, b'{"prompt": "\xff\xfe"}', None, 400),
-    ("not-an-object", _C, b"[1, 2]", None, 400),
-    ("empty-body", _C, b"", None, 400),
-    ("wrong-content-type", _C, b'{"prompt": "x"}', {"content-type": "text/plain"}, 415),
-    ("missing-prompt", _C, {"model": MODEL}, None, 400),
-    ("prompt-wrong-type", _C, {"prompt": 5}, None, 400),
-    ("prompt-empty-string", _C, {"prompt": ""}, None, 400),
-    ("prompt-empty-list", _C, {"prompt": []}, None, 400),
-    ("prompt-token-out-of-vocab", _C, {"prompt": [3, 999999]}, None, 400),
-    ("prompt-negative-token", _C, {"prompt": [-1]}, None, 400),
-    ("prompt-too-long", _C, {"prompt": [5] * 600}, None, 400),
-    ("max-tokens-negative", _C, {"prompt": "x", "max_tokens": -1}, None, 400),
-    ("max-tokens-string", _C, {"prompt": "x", "max_tokens": "ten"}, None, 400),
-    ("max-tokens-huge", _C, {"prompt": "x", "max_tokens": 10**9}, None, 400),
-    ("temperature-negative", _C, {"prompt": "x", "temperature": -1}, None, 400),
-    ("temperature-nan", _C, b'{"prompt": "x", "temperature": NaN}', None, 400),
-    ("top-p-zero", _C, {"prompt": "x", "top_p": 0}, None, 400),
-    ("top-p-above-one", _C, {"prompt": "x", "top_p": 1.5}, None, 400),
-    ("top-k-below-minus-one", _C, {"prompt": "x", "top_k": -5}, None, 400),
-    ("n-zero", _C, {"prompt": "x", "n": 0}, None, 400),
-    ("n-huge", _C, {"prompt": "x", "n": 100000}, None, 400),
-    ("stop-50-strings", _C, {"prompt": "x", "stop": [f"s{i}" for i in range(50)]}, None, 400),
-    ("stop-wrong-type", _C, {"prompt": "x", "stop": 3}, None, 400),
-    ("logprobs-too-many", _C, {"prompt": "x", "logprobs": 50}, None, 400),
-    ("presence-penalty-range", _C, {"prompt": "x", "presence_penalty": 5}, None, 400),
-    ("repetition-penalty-zero", _C, {"prompt": "x", "repetition_penalty": 0}, None, 400),
-    ("min-tokens-over-max", _C, {"prompt": "x", "max_tokens": 2, "min_tokens": 5}, None, 400),
-    ("stop-token-ids-negative", _C, {"prompt": "x", "stop_token_ids": [-5]}, None, 400),
-    ("seed-string", _C, {"prompt": "x", "seed": "abc"}, None, 400),
-    ("stream-not-bool", _C, {"prompt": "x", "stream": "yes"}, None, 400),
-    ("logit-bias-unsupported", _C, {"prompt": "x", "logit_bias": {"5": 1.0}}, None, 400),
-    ("unknown-model", _C, {"model": "gpt-17", "prompt": "x"}, None, 404),
-    ("body-too-large", _C, {"prompt": "x" * 1_100_000}, None, 413),
-    ("chat-messages-not-list", _CHAT, {"messages": "hello"}, None, 400),
-    ("chat-messages-empty", _CHAT, {"messages": []}, None, 400),
-    ("chat-unknown-role", _CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, None, 400),
-    ("chat-missing-role", _CHAT, {"messages": [{"content": "x"}]}, None, 400),
-    ("chat-content-wrong-type", _CHAT, {"messages": [{"role": "user", "content": 3}]}, None,
-     400),
-    ("chat-top-logprobs-without-logprobs", _CHAT, {"messages": _MSG, "top_logprobs": 2}, None,
-     400),
-    ("chat-max-completion-tokens-zero", _CHAT, {"messages": _MSG, "max_completion_tokens": 0},
-     None, 400),
-    ("chat-prompt-too-long", _CHAT,
-     {"messages": [{"role": "user", "content": "qz " * 900}]}, None, 400),
-    ("chat-unknown-model", _CHAT, {"model": "nope", "messages": _MSG}, None, 404),
-    ("tokenize-nothing", "/tokenize", {"add_special_tokens": True}, None, 400),
-    ("detokenize-out-of-vocab", "/detokenize", {"tokens": [1, 10**7]}, None, 400),
-    ("unknown-route", "/v1/nothing-here", {"x": 1}, None, 404),
-]
-
-
-@pytest.mark.parametrize("case", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
-def test_bad_request(server, case):
-    _, path, body, headers, status = case
-    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
-    headers = headers or ({"content-type": "application/json"} if isinstance(body, bytes)
-                          else None)
-    r = httpx.post(f"{server.url}{path}", headers=headers, timeout=30, **kwargs)
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"], err
-    if case[0] == "prompt-too-long":
-        assert "600" in err["message"] and "512" in err["message"]
-    if status == 404 and "model" in case[0]:
-        assert err["code"] == "model_not_found" and err["param"] == "model"
-
-
-def test_wrong_method_and_healthy_after_bad_requests(server, client):
-    r = httpx.get(f"{server.url}/v1/completions")
-    assert r.status_code == 405 and "error" in r.json()
-    assert httpx.get(f"{server.url}/health").status_code == 200
-    out = client.completions.create(model=MODEL, prompt="ok", max_tokens=2)
-    assert out.choices[0].finish_reason in ("stop", "length")
-    m = server.metrics()
-    assert m["kvserve:num_requests_running"] == 0 and m["kvserve:kv_cache_usage_perc"] == 0
 
 
 # -- load, disconnects, metrics ---------------------------------------------------------------
