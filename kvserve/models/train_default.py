@@ -26,36 +26,25 @@ What it does:
 
 ``--probe`` measures training throughput of the size presets for a short while each.
 The corpus and tokenizer are in :mod:`kvserve.models.training_data`, the evaluation and
-loss curve in :mod:`kvserve.models.training_eval`. transformers and matplotlib are
+loss curve in :mod:`kvserve.models.training_eval`, the files written at the end in
+:mod:`kvserve.models.training_report`. transformers and matplotlib are
 dev/bench dependencies: imported only where they are used.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
-from kvserve.models.training_data import (BOS, EOS, HELD_OUT_FRACTION, PAD, SPECIAL_TOKENS,
-                                          fmt_int, prepare_data)
+from kvserve.models.training_data import fmt_int, prepare_data
 from kvserve.models.training_eval import (gzip_bits_per_byte, heldout_bits_per_byte,
                                           plot_loss_curve)
-
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
-    "{{ '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
-)
+from kvserve.models.training_report import training_info, write_model_files
 
 # Size presets: (hidden, layers, heads, kv_heads, intermediate). head_dim = hidden/heads.
 PRESETS = {
@@ -217,47 +206,6 @@ def final_evaluation(args, data, model, T: int, log):
         nb += len(data["docs"][p].encode("utf-8"))
     tres = heldout_bits_per_byte(model, tok, [data["docs"][p] for p in train_eval_files], ids, ctx=T)
     return res, tres, gz, eval_files
-
-
-def write_model_files(out: Path, model, tok, ids: dict) -> None:
-    """The model in HF layout (safetensors, config, generation config) with its tokenizer
-    files and chat template; ``out`` is emptied first (only our outputs live there)."""
-    import torch
-    from transformers import GenerationConfig
-
-    out.mkdir(parents=True, exist_ok=True)
-    for child in out.iterdir():  # only our own outputs live here: start clean
-        if child.is_dir():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
-    model.config.bos_token_id = ids["bos"]
-    model.config.eos_token_id = ids["eos"]
-    model.config.pad_token_id = ids["pad"]
-    model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
-                                               pad_token_id=ids["pad"], do_sample=False)
-    model.to(torch.float32).save_pretrained(out, safe_serialization=True)
-    os.chmod(out / "model.safetensors", 0o644)  # package data: world-readable
-    cfg_path = out / "config.json"
-    cfg_json = json.loads(cfg_path.read_text())
-    cfg_json.setdefault("rope_theta", 10000.0)  # also the transformers 4.x spelling
-    cfg_path.write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
-    tok.save(str(out / "tokenizer.json"))
-    tok_cfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS,
-        "eos_token": EOS,
-        "pad_token": PAD,
-        "unk_token": None,
-        "model_max_length": model.config.max_position_embeddings,
-        "clean_up_tokenization_spaces": False,
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "chat_template": CHAT_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
 
 
 def main(argv=None) -> int:
@@ -432,60 +380,8 @@ def main(argv=None) -> int:
 
     write_model_files(out, model, tok, ids)
 
-    held_sha = hashlib.sha256("\n".join(data["held_files"]).encode()).hexdigest()
-    info = {
-        "description": "kvserve embedded default model: a small Llama-architecture code-completion LM "
-                       "trained from scratch on the Python standard library's .py sources",
-        "corpus": {
-            "source": "Python standard library .py files (sysconfig stdlib path), test dirs included; "
-                      "site-packages, non-UTF-8, empty and >512KB files skipped",
-            "python_version": sys.version.split()[0],
-            "python_implementation": sys.implementation.name,
-            "n_files": len(data["paths"]),
-            "n_train_files": len(data["train_files"]),
-            "n_heldout_files": len(data["held_files"]),
-            "file_list_sha256": data["hash"],
-            "heldout_file_list_sha256": held_sha,
-            "split_seed": args.seed,
-            "heldout_fraction": HELD_OUT_FRACTION,
-            "train_tokens_per_epoch": int(len(stream)),
-            "heldout_files": data["held_files"],
-        },
-        "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": tok.get_vocab_size(),
-                      "special_tokens": SPECIAL_TOKENS,
-                      "heldout_bytes_per_token": None},
-        "model": {"architecture": "LlamaForCausalLM", **preset,
-                  "head_dim": model.config.head_dim,
-                  "max_position_embeddings": model.config.max_position_embeddings,
-                  "tie_word_embeddings": True, "params": n_params, "non_embedding_params": n_nonemb},
-        "training": {
-            "seq_len": T, "batch_size": B, "tokens_per_step": B * T, "lr": args.lr,
-            "schedule": f"linear warmup {args.warmup_steps} steps, cosine over training time to 10%",
-            "optimizer": "AdamW(0.9, 0.95), weight decay %.2f on matrices, grad clip 1.0" % args.weight_decay,
-            "dtype": "float32", "threads": args.threads, "compiled": bool(args.compile),
-            "steps": st["step"], "tokens_seen": st["tokens"], "epochs": st["tokens"] / len(stream),
-            "train_time_s": round(st["train_time"], 1), "wall_time_s": round(st["wall_time_total"], 1),
-            "tokens_per_s": round(st["tokens"] / max(st["train_time"], 1e-9), 1),
-            "started": st["started"], "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-        },
-        "final": {
-            "train_loss_ema": ema,
-            "train_loss": tres["loss"],
-            "train_bits_per_byte": tres["bits_per_byte"],
-            "heldout_loss": res["loss"],
-            "heldout_bits_per_byte": res["bits_per_byte"],
-            "gzip9_bits_per_byte": gz,
-            "heldout_eval_files": len(eval_files),
-            "heldout_eval_bytes": res["bytes"],
-            "heldout_eval_tokens": res["tokens"],
-            "heldout_eval_context": T,
-            "bits_per_byte_method": "sum of token NLL (nats) / ln 2 / UTF-8 bytes; each file bos+text+eos, "
-                                    f"windows of {T} tokens; gzip: 8*len(gzip.compress(concat, 9))/len(concat)",
-        },
-        "history": st["history"],
-    }
-    info["tokenizer"]["heldout_bytes_per_token"] = round(res["bytes"] / max(res["tokens"], 1), 3)
+    info = training_info(args, data, model, tok, preset, st, T, B, len(stream), ema,
+                         (res, tres, gz, eval_files), transformers.__version__)
     (out / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
     plot_loss_curve(st["history"], out / "loss_curve.png", gz_loss=None, title=
                     f"{fmt_int(n_params)}-param Llama on the Python stdlib: held-out "
