@@ -243,6 +243,33 @@ def test_every_command_prints_its_help(argv, capsys):
     assert "usage: kvserve" in capsys.readouterr().out
 
 
+def test_vllm_runs_right_after_kvserve_defaults(tiny_model_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine drifts over tens of minutes: the two runs whose ratio is the target
+    are timed back to back, before the variants and HF; the table order stays."""
+    from kvserve.bench import compare, throughput, vllm_runner
+    from kvserve.bench.decode import DecodeResult
+    from kvserve.bench.throughput import ThroughputResult
+
+    monkeypatch.setattr(throughput, "load_llm", lambda model_dir, engine_args: (_FakeLLM(), 0.1))
+    monkeypatch.setattr(throughput, "_sampling_params", lambda n: SimpleNamespace(max_tokens=n))
+    monkeypatch.setattr(compare, "measure_decode", lambda llm, ids: DecodeResult(5, 0.02, 3e8))
+    monkeypatch.setattr(vllm_runner, "vllm_importable", lambda python: True)
+    monkeypatch.setattr(vllm_runner, "run_vllm_throughput",
+                        lambda *a, **k: (ThroughputResult(10.0, 2, 5, 5, 5), [0.5]))
+    lines: list[str] = []
+    reqs = [BenchRequest([3, 4, 5], 2), BenchRequest([6, 7], 3)]
+    out = run_compare(tiny_model_dir, reqs, ["hf", "vllm-cpu"], {}, hf_batch_size=2,
+                      hf_threads=None, vllm_python="python", log=lines.append,
+                      variants=[("int8", {"quantization": "int8"})])
+    assert [line.split(" (")[0].split(" {")[0] for line in lines] == [
+        "running kvserve ...", "running vLLM CPU in a subprocess ...", "running kvserve int8",
+        "running HF static batching"]
+    assert [r["name"] for r in out["rows"]] == ["kvserve", "kvserve int8", "hf-static-2",
+                                                "vllm-cpu"]
+    assert out["rows"][-1]["vs_vllm"] == 1.0 and out["results"]["vllm-cpu"]["repeat_useful_tok_s"] == [0.5]
+
+
 def test_compare_command_measures_the_ceilings_twice_and_keeps_the_higher(
         tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from kvserve.bench import roofline
