@@ -54,3 +54,16 @@ def test_engine_measures_or_takes_the_setting(llama_dir):
 def test_setting_is_validated(value):
     with pytest.raises(ValueError, match="linear_min_rows"):
         EngineArgs(linear_min_rows=value)
+
+
+@pytest.mark.skipif(not packed_linear_available(), reason="torch without oneDNN")
+def test_measuring_leaves_the_global_generator_alone(llama_dir):
+    import torch
+
+    from kvserve import LLM
+    model = LLM(llama_dir, linear_min_rows=1).engine.runner.model
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    tune_min_rows(model, rounds=1)
+    assert torch.equal(torch.rand(3), expected)
