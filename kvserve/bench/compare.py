@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import gc
 import json
-import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kvserve.bench.decode import DecodeResult, measure_decode
 from kvserve.bench.roofline import RooflineResult, matmul_params, workload_flops
+from kvserve.bench.throughput import median_result
 
 __all__ = ["PEERS", "run_compare", "compare_rows", "parse_against", "parse_variant"]
 
@@ -96,10 +96,7 @@ def _run_vllm(vllm_python: str | None, model_dir: Path, requests: Sequence[Any],
 
 def _median_run(run: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
     """Run ``repeats`` times; the result with the median useful tok/s, and all rates."""
-    results = [run() for _ in range(max(1, repeats))]
-    rates = [r.useful_tok_s for r in results]
-    med = statistics.median_low(rates)
-    return results[rates.index(med)], rates
+    return median_result([run() for _ in range(max(1, repeats))])
 
 
 def _model_shape(model_dir: Path) -> tuple[int, int, int]:

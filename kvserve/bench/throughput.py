@@ -7,6 +7,7 @@ Only each request's own ``max_tokens`` count as useful output tokens.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,3 +130,10 @@ def run_throughput(
         engine_args=engine_args,
         load_s=load_s,
     )
+
+
+def median_result(results: Sequence[ThroughputResult]) -> tuple[ThroughputResult, list[float]]:
+    """The run with the median useful tok/s (the lower one of an even count), and every
+    run's rate."""
+    rates = [r.useful_tok_s for r in results]
+    return results[rates.index(statistics.median_low(rates))], rates

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvserve.bench.throughput import ThroughputResult
+from kvserve.bench.throughput import ThroughputResult, median_result
 from kvserve.bench.workloads import BenchRequest
 
 __all__ = ["RUNNER_SOURCE", "vllm_importable", "run_vllm_throughput"]
@@ -140,5 +139,4 @@ def run_vllm_throughput(
             load_s=float(out["load_s"]),
         )
         for run in out["runs"]]
-    rates = [r.useful_tok_s for r in results]
-    return results[rates.index(statistics.median_low(rates))], rates
+    return median_result(results)

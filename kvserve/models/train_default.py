@@ -376,12 +376,10 @@ def main(argv=None) -> int:
 
     # ---- final evaluation on the held-out files, then the model directory
     res, tres, gz, eval_files = final_evaluation(args, data, model, T, log)
-    import transformers
-
     write_model_files(out, model, tok, ids)
 
     info = training_info(args, data, model, tok, preset, st, T, B, len(stream), ema,
-                         (res, tres, gz, eval_files), transformers.__version__)
+                         (res, tres, gz, eval_files))
     (out / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
     plot_loss_curve(st["history"], out / "loss_curve.png", gz_loss=None, title=
                     f"{fmt_int(n_params)}-param Llama on the Python stdlib: held-out "

@@ -25,11 +25,11 @@ CHAT_TEMPLATE = (
 
 
 def training_info(args, data: dict, model, tok, preset: dict, st: dict, T: int, B: int,
-                  stream_tokens: int, ema: float, evaluation: tuple, transformers_version: str
-                  ) -> dict:
+                  stream_tokens: int, ema: float, evaluation: tuple) -> dict:
     """``evaluation``: (held-out result, train result, gzip bits per byte, files evaluated)
     as :func:`kvserve.models.train_default.final_evaluation` returns them."""
     import torch
+    import transformers
 
     res, tres, gz, eval_files = evaluation
     n_params = sum(p.numel() for p in model.parameters())
@@ -69,7 +69,7 @@ def training_info(args, data: dict, model, tok, preset: dict, st: dict, T: int, 
             "train_time_s": round(st["train_time"], 1), "wall_time_s": round(st["wall_time_total"], 1),
             "tokens_per_s": round(st["tokens"] / max(st["train_time"], 1e-9), 1),
             "started": st["started"], "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "torch": torch.__version__, "transformers": transformers_version,
+            "torch": torch.__version__, "transformers": transformers.__version__,
         },
         "final": {
             "train_loss_ema": ema,

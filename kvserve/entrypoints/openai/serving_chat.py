@@ -129,8 +129,8 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
                 if state.done:
                     continue
                 text, ids, lps = state.advance(o)
-                if not text and not ids and not state.done:
-                    continue  # a chunk per new token, as vLLM: text may be held back
+                if state.nothing_to_send(text, ids):
+                    continue
                 logprobs = None
                 if req.logprobs:
                     logprobs = ChatChoiceLogprobs(content=chat_logprobs(

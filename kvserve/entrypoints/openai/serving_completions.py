@@ -154,8 +154,8 @@ async def _stream(ctx: ServerContext, req: CompletionRequest, request_id: str, s
                 text, ids, lps = state.advance(o)
                 if first and req.echo:
                     text = echo_texts[i] + text
-                if not text and not ids and not state.done:
-                    continue  # a chunk per new token, as vLLM: text may be held back
+                if state.nothing_to_send(text, ids):
+                    continue
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs, offsets[index] = completion_logprobs(

@@ -185,6 +185,11 @@ class ChoiceState:
         self.done = finished
         return text, ids, lps
 
+    def nothing_to_send(self, text: str, ids: list[int]) -> bool:
+        """A chunk goes out for every delta with new tokens, as vLLM's: their text may be
+        held back (half a character, a possible stop string) and still be empty."""
+        return not text and not ids and not self.done
+
 
 def hold_back(params: SamplingParams) -> int:
     return max((len(s) for s in params.stop_list), default=1) - 1
