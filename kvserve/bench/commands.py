@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if out["roofline"] is not None:  # the ceilings after the runs' re-measurement
         print(f"roofline: peak GEMM {out['roofline']['peak_gflops']:.1f} GFLOP/s; workload "
               f"{out['workload_flops'] / 1e12:.4g} TFLOP -> GEMM-bound {out['gemm_bound_s']:.3g} s")
+    ratios = out["results"].get("vllm-cpu", {}).get("round_ratios")
+    if ratios:
+        print("kvserve / vLLM by round: " + ", ".join(f"{r:.3f}" for r in ratios)
+              + f" (median {statistics.median(ratios):.3f})")
     print(_decode_line("kvserve", out["decode"]))
     for name, res in out["results"].items():
         if "decode" in res:

