@@ -9,7 +9,9 @@ class BlockPool:
 
     Invariant: a block is in the free list exactly when its refcount is 0. Blocks are
     taken from the front of the free list and returned to its back, so a freed block
-    that still holds cached KV is reused last (least recently freed goes first).
+    that still holds cached KV is reused last (least recently freed goes first) — except
+    a free block right after a growing table's last one, which that table takes first
+    (see allocate).
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -21,10 +23,26 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self._free)
 
-    def allocate(self, n: int) -> list[int]:
+    def allocate(self, n: int, after: int | None = None) -> list[int]:
+        """n free blocks for the end of a block table whose last block is ``after``.
+
+        Decode attention streams a context's blocks in table order, and the hardware
+        prefetcher follows a table only where its blocks are consecutive in memory: the
+        blocks after ``after`` are taken while they are free, and the rest, least
+        recently freed first, are handed out in address order. Once earlier requests
+        have come and gone, the free list is in no address order; handed out in its
+        order, their tables made 48 requests of bench-100m's ``mixed`` run 5-8 % longer.
+        """
         if n > len(self._free):
             raise MemoryError(f"asked for {n} KV blocks, {len(self._free)} free")
-        blocks = [self._free.popitem(last=False)[0] for _ in range(n)]
+        blocks = []
+        if after is not None:
+            nxt = after + 1
+            while len(blocks) < n and nxt < self.num_blocks and self.ref_counts[nxt] == 0:
+                del self._free[nxt]
+                blocks.append(nxt)
+                nxt += 1
+        blocks += sorted(self._free.popitem(last=False)[0] for _ in range(n - len(blocks)))
         for b in blocks:
             self.ref_counts[b] = 1
         return blocks

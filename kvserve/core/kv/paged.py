@@ -21,7 +21,8 @@ class PagedKVCacheManager(KVCacheManager):
     With prefix caching, every block that a request fills is registered by content
     hash; a later request whose prompt starts with the same full blocks takes them
     (refcount + 1) instead of computing them. A freed block keeps its KV and its hash
-    until the pool reuses it, least recently freed first. Blocks are registered when
+    until the pool reuses it, least recently freed first (or first, when it follows the
+    last block of a growing request: see BlockPool.allocate). Blocks are registered when
     scheduled, before the step writes them: K/V of a step are written before any
     attention of that step reads them, so a hit in the same step reads valid KV.
 
@@ -147,8 +148,8 @@ class PagedKVCacheManager(KVCacheManager):
 
     # -- allocation --------------------------------------------------------------------
 
-    def _take_blocks(self, n: int) -> list[int]:
-        blocks = self.pool.allocate(n)
+    def _take_blocks(self, n: int, after: int | None = None) -> list[int]:
+        blocks = self.pool.allocate(n, after)
         if self.cache is not None:
             for block in blocks:
                 block_hash = self.cache.hash_of(block)
@@ -168,7 +169,7 @@ class PagedKVCacheManager(KVCacheManager):
         if need > self.pool.num_free:
             return False
         if need > 0:
-            table = table + self._take_blocks(need)
+            table = table + self._take_blocks(need, table[-1] if table else None)
         self._tables[rid] = table
         self._tokens[rid] = total
         if self.cache is not None:
