@@ -112,7 +112,7 @@ class PagedKVCacheManager(KVCacheManager):
         if (donor is req or len(table) < full or donor.num_computed_tokens < end
                 or len(donor_table) <= full or self.pool.num_free == 0):
             return 0
-        block = self._take_blocks(1)[0]
+        block = self._take_blocks(1, table[-1] if table else None)[0]
         self._pending_copies.append((donor_table[full], block))
         table.append(block)
         self.tail_copies += 1
