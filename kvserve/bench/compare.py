@@ -3,9 +3,9 @@
 Runs kvserve offline throughput (and any ``--variant``: kvserve again with other
 engine settings, e.g. int8 or a float16 KV cache), the HF static-batching baseline
 (and, when asked, HF at its best batch size over a sweep and vLLM's CPU build in
-another venv), then prints a table of ratios against HF static batching and vLLM and
-each system's share of the machine's float32 GEMM roofline, and writes JSON and a PNG
-bar chart.
+another venv, its runs alternating with those of kvserve's defaults), then prints a
+table of ratios against HF static batching and vLLM and each system's share of the
+machine's float32 GEMM roofline, and writes JSON and a PNG bar chart.
 """
 
 from __future__ import annotations
