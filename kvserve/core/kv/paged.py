@@ -148,9 +148,10 @@ class PagedKVCacheManager(KVCacheManager):
 
     # -- allocation --------------------------------------------------------------------
 
-    def _take_blocks(self, n: int, table: list[int] | None = None) -> list[int]:
-        """n blocks for the end of ``table`` (a new table when None or empty)."""
-        blocks = self.pool.allocate(n, table[-1] if table else None)
+    def _take_blocks(self, n: int, table: list[int] | None = None, room: int = 0) -> list[int]:
+        """n blocks for the end of ``table`` (a new table when None or empty), which may
+        grow by ``room`` more blocks."""
+        blocks = self.pool.allocate(n, table[-1] if table else None, room)
         if self.cache is not None:
             for block in blocks:
                 block_hash = self.cache.hash_of(block)
@@ -170,7 +171,8 @@ class PagedKVCacheManager(KVCacheManager):
         if need > self.pool.num_free:
             return False
         if need > 0:
-            table = table + self._take_blocks(need, table)
+            room = self.blocks_for(req.max_total_tokens) - len(table) - need
+            table = table + self._take_blocks(need, table, max(room, 0))
         self._tables[rid] = table
         self._tokens[rid] = total
         if self.cache is not None:
