@@ -148,3 +148,20 @@ def test_decoding_requests_of_a_fresh_pool_keep_consecutive_tables():
     for r in reqs:
         kv.free(r)
     assert kv.pool.num_free == 256
+
+
+def test_a_swapped_in_request_gets_room_to_grow_too():
+    kv = PagedKVCacheManager(64, 4, enable_prefix_caching=False, swap_slots=16)
+    a = Request("a", [1] * 6, SamplingParams(max_tokens=10), None, 10)  # up to 4 blocks
+    assert kv.allocate_slots(a, 6)
+    a.num_computed_tokens = 6
+    assert kv.swap_out(a)
+    kv.take_transfers()
+    assert kv.swap_in(a, 1)
+    a.num_computed_tokens = 7
+    b = Request("b", [2] * 8, SamplingParams(max_tokens=4), None, 4)
+    assert kv.allocate_slots(b, 8)
+    assert kv.allocate_slots(a, 9)  # 16 tokens: all four blocks
+    table = kv.block_table(a)
+    assert table == list(range(table[0], table[0] + 4))
+    assert not set(table) & set(kv.block_table(b))

@@ -22,7 +22,8 @@ class PagedKVCacheManager(KVCacheManager):
     hash; a later request whose prompt starts with the same full blocks takes them
     (refcount + 1) instead of computing them. A freed block keeps its KV and its hash
     until the pool reuses it, least recently freed first (or first, when it follows the
-    last block of a growing request: see BlockPool.allocate). Blocks are registered when
+    last block of a growing request; while the pool has never-used blocks, a new table
+    leaves room after it to grow into: see BlockPool.allocate). Blocks are registered when
     scheduled, before the step writes them: K/V of a step are written before any
     attention of that step reads them, so a hit in the same step reads valid KV.
 
@@ -163,6 +164,10 @@ class PagedKVCacheManager(KVCacheManager):
                 self.cache.evict(block)
         return blocks
 
+    def _room(self, req: Request, num_blocks: int) -> int:
+        """How many blocks past its first ``num_blocks`` a request may still grow into."""
+        return max(0, self.blocks_for(req.max_total_tokens) - num_blocks)
+
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         rid = req.request_id
         table = self._tables.get(rid, [])
@@ -171,8 +176,7 @@ class PagedKVCacheManager(KVCacheManager):
         if need > self.pool.num_free:
             return False
         if need > 0:
-            room = self.blocks_for(req.max_total_tokens) - len(table) - need
-            table = table + self._take_blocks(need, table, max(room, 0))
+            table = table + self._take_blocks(need, table, self._room(req, len(table) + need))
         self._tables[rid] = table
         self._tokens[rid] = total
         if self.cache is not None:
@@ -237,7 +241,8 @@ class PagedKVCacheManager(KVCacheManager):
         if slots is None or self.blocks_for(total) > self.pool.num_free:
             return False
         del self._swapped[req.request_id]
-        blocks = self._take_blocks(self.blocks_for(total))
+        need = self.blocks_for(total)
+        blocks = self._take_blocks(need, room=self._room(req, need))
         self._transfers += [KVTransfer(SWAP_IN, b, s) for b, s in zip(blocks, slots)]
         self.moved[SWAP_IN] += len(slots)
         self._slots_released.extend(slots)
