@@ -95,15 +95,17 @@ def test_prompt_rows_together_give_each_row_alone_bits(heads, kv_heads, dim, win
     assert not torch.equal(wrong, together[-4:-2])
 
 
+@pytest.mark.parametrize("rows", [8, 20, 300])  # the writer splits 16 rows and more
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16],
                          ids=["f32", "f16", "bf16"])
-def test_native_write_matches_torch_write(kv_dtype):
-    """Rows of a fused qkv (strided) land in the same slots, keys transposed, either way."""
+def test_native_write_matches_torch_write(kv_dtype, rows):
+    """Rows of a fused qkv (strided) land in the same slots, keys transposed, either way
+    (also when the threads' rows share blocks)."""
     torch.manual_seed(0)
-    caches = [KVCache(8, 16, 2, 64, kv_dtype) for _ in range(2)]
-    qkv = torch.randn(20, 3 * 128)
-    k, v = (qkv[:, i * 128:(i + 1) * 128].view(20, 2, 64) for i in (1, 2))
-    slots = torch.randperm(8 * 16)[:20]
+    caches = [KVCache(32, 16, 2, 64, kv_dtype) for _ in range(2)]
+    qkv = torch.randn(rows, 3 * 128)
+    k, v = (qkv[:, i * 128:(i + 1) * 128].view(rows, 2, 64) for i in (1, 2))
+    slots = torch.randperm(32 * 16)[:rows]
     caches[0].write(slots, k, v)
     caches[1].write(slots, k, v, kernels)
     assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
