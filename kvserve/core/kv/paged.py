@@ -238,10 +238,10 @@ class PagedKVCacheManager(KVCacheManager):
         ``num_new_tokens`` more; False, changing nothing, if the pool lacks room."""
         slots = self._swapped.get(req.request_id)
         total = req.num_computed_tokens + num_new_tokens
-        if slots is None or self.blocks_for(total) > self.pool.num_free:
+        need = self.blocks_for(total)
+        if slots is None or need > self.pool.num_free:
             return False
         del self._swapped[req.request_id]
-        need = self.blocks_for(total)
         blocks = self._take_blocks(need, room=self._room(req, need))
         self._transfers += [KVTransfer(SWAP_IN, b, s) for b, s in zip(blocks, slots)]
         self.moved[SWAP_IN] += len(slots)
