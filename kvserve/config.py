@@ -124,6 +124,10 @@ class EngineArgs:
         "computed as in a GEMM of that size); default: measured at start among 1-8 rows "
         "on the model's own layers (some CPUs stream the weights of a 1-row GEMM slower "
         "than of a 6-row one); 1: no padding"))
+    gemm_warmup_rows: int | None = field(default=None, metadata=_help(
+        "at start, run each linear layer shape at every row count 1..N so that oneDNN has "
+        "generated its GEMM kernels before the first steps need them (the CPU counterpart "
+        "of capturing a CUDA graph per batch size); default: max_num_seqs; 0: off"))
     num_threads: int | None = field(default=None, metadata=_help(
         "torch threads (default: physical cores)"))
 
@@ -144,6 +148,10 @@ class EngineArgs:
             if self.linear_min_rows > MAX_LINEAR_MIN_ROWS:
                 raise ValueError(f"linear_min_rows must be at most {MAX_LINEAR_MIN_ROWS}, got "
                                  f"{self.linear_min_rows}")
+        if self.gemm_warmup_rows is not None and (
+                not isinstance(self.gemm_warmup_rows, int) or self.gemm_warmup_rows < 0):
+            raise ValueError("gemm_warmup_rows must be a non-negative integer (0: off), got "
+                             f"{self.gemm_warmup_rows!r}")
         for name in ("max_model_len", "num_kv_blocks", "num_threads"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))

@@ -97,6 +97,7 @@ class LLMEngine:
                         " ".join(f"{1000 * t:.2f}" for t in pass_times.values()),
                         f"GEMMs of fewer rows run padded to {rows}" if rows > 1
                         else "no padding (no row count clearly faster)")
+        self._warm_gemm_kernels()
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_id, self.extra_stop_ids = self._eos_ids()
         self._ids = itertools.count()
@@ -114,6 +115,18 @@ class LLMEngine:
         return {"block_size": self.args.block_size, "cache_dtype": self.kv_dtype_name,
                 "num_kv_blocks": self.num_kv_blocks, "kv_manager": self.args.kv_manager,
                 "enable_prefix_caching": self.args.enable_prefix_caching}
+
+    def _warm_gemm_kernels(self) -> None:
+        rows = self.args.gemm_warmup_rows
+        rows = self.args.max_num_seqs if rows is None else rows
+        if not rows:
+            return
+        start = time.perf_counter()
+        shapes, warmed = self.runner.warm_gemm_kernels(rows)
+        if shapes:
+            capped = f" (of {rows}: the kernel caches' room)" if warmed < rows else ""
+            logger.info("GEMM kernels generated for %d shapes x 1-%d rows%s in %.1fs", shapes,
+                        warmed, capped, time.perf_counter() - start)
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings

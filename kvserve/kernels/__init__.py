@@ -69,7 +69,8 @@ class Kernels:
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
         self._attention = {
             dtype: _bind(getattr(lib, f"paged_attention_rows_{suffix}"),
-                         [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32, i64])
+                         [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32,
+                          i64])
             for dtype, suffix in NATIVE_KV_DTYPES.items()}
         self._write_kv = {
             dtype: _bind(getattr(lib, f"write_kv_{suffix}"),
@@ -91,13 +92,15 @@ class Kernels:
 
     def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
                              window: int) -> None:
-        """q/out [S, H, D] float32 contiguous; pools k [B, KVH, D, bs] and v [B, KVH, bs, D]
+        """q/out [S, H, D] float32, out contiguous, q's rows H x D contiguous (the q part
+        of fused qkv rows is: read in place); pools k [B, KVH, D, bs] and v [B, KVH, bs, D]
         of a NATIVE_KV_DTYPES type; tables/seq_lens int64."""
-        q = q.contiguous()
         s, h, d = q.shape
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
         _, kvh, _, bs = k_pool.shape
         self._attention[k_pool.dtype](
-            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
+            q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
             tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs, scale,
             window)
 

@@ -121,8 +121,8 @@ static inline __attribute__((always_inline)) void KV_NAME(value_tile_any)(
  * are set to 0 before the values pass, adding exact zeros, so each row gets the bits the
  * row path gives it. scores: nq x stride floats, stride >= len rounded up to 16. */
 static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
-        const float *qs, const KV_T *k_pool, const KV_T *v_pool, const int64_t *table,
-        float *os, float *scores, int64_t stride, int64_t len0, int64_t R,
+        const float *qs, int64_t q_stride, const KV_T *k_pool, const KV_T *v_pool,
+        const int64_t *table, float *os, float *scores, int64_t stride, int64_t len0, int64_t R,
         int64_t num_heads, int64_t num_kv_heads, int64_t block_size, float scale,
         const int64_t D) {
     const int64_t group = num_heads / num_kv_heads, nq = R * group, len = len0 + R - 1;
@@ -133,9 +133,9 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
     float *srow[KV_MAX_ROW_QUERIES], *orow[KV_MAX_ROW_QUERIES], *out[KV_SCORE_TILE];
     for (int64_t g = 0; g < num_kv_heads; g++) {
         for (int64_t i = 0; i < nq; i++) {
-            const int64_t at = ((i / group) * num_heads + g * group + i % group) * D;
-            qv[i] = qs + at;
-            orow[i] = os + at;
+            const int64_t head = g * group + i % group;
+            qv[i] = qs + (i / group) * q_stride + head * D;
+            orow[i] = os + ((i / group) * num_heads + head) * D;
             srow[i] = scores + i * stride;
         }
         for (int64_t i0 = 0; i0 < nq; i0 += KV_SCORE_TILE) {
@@ -267,7 +267,8 @@ static void KV_NAME(attend_row_generic)(
     }
 }
 
-void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_T *v_pool,
+void KV_NAME(paged_attention_rows)(const float *q, int64_t q_stride, const KV_T *k_pool,
+                                   const KV_T *v_pool,
                                    const int64_t *tables, int64_t table_stride,
                                    const int64_t *seq_lens, float *out, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -285,15 +286,15 @@ void KV_NAME(paged_attention_rows)(const float *q, const KV_T *k_pool, const KV_
         const int64_t s = starts[gi], rows = starts[gi + 1] - s;
         const int64_t len = seq_lens[s];
         const int64_t *table = tables + s * table_stride;
-        const float *qs = q + s * num_heads * head_dim;
+        const float *qs = q + s * q_stride;
         float *os = out + s * num_heads * head_dim;
 #if defined(__AVX2__) && KV_VECTOR
         if (rows > 1) { /* first == 0: row_groups leaves rows cut by a window alone */
             const int64_t stride = (len + rows - 1 + 15) / 16 * 16;
             const int64_t nq = rows * (num_heads / num_kv_heads);
             float *scores = malloc(sizeof(float) * (size_t)(nq * stride));
-            KV_WITH_DIM(KV_NAME(attend_rows_avx2), qs, k_pool, v_pool, table, os, scores,
-                        stride, len, rows, num_heads, num_kv_heads, block_size, scale);
+            KV_WITH_DIM(KV_NAME(attend_rows_avx2), qs, q_stride, k_pool, v_pool, table, os,
+                        scores, stride, len, rows, num_heads, num_kv_heads, block_size, scale);
             free(scores);
             continue;
         }

@@ -10,6 +10,7 @@ from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.model.attention import KVCache
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import use_native_kernels, use_packed_linear
+from kvserve.worker.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.input_batch import StepInputs, build_inputs
 from kvserve.worker.kv_tiers import BlockStore, TierMover
 from kvserve.worker.row_padding import set_min_rows, tune_min_rows
@@ -78,6 +79,11 @@ class ModelRunner:
             return tune_min_rows(self.model)
         set_min_rows(self.model, min_rows)
         return min_rows, {}
+
+    def warm_gemm_kernels(self, max_rows: int) -> tuple[int, int]:
+        """Generate the GEMM kernels of row counts 1..max_rows (see
+        :mod:`kvserve.worker.gemm_warmup`); returns (shapes, row counts warmed)."""
+        return warm_gemm_kernels(self.model, max_rows)
 
     def close(self) -> None:
         if self.disk is not None:

@@ -58,7 +58,7 @@ def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype):
 
 
 def _attend(q, cache, tables, lens, window):
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape)
     kernels.paged_attention_rows(q, cache.k, cache.v, tables, lens, out, 0.125, window)
     return out
 
@@ -70,7 +70,8 @@ def _attend(q, cache, tables, lens, window):
 def test_prompt_rows_together_give_each_row_alone_bits(heads, kv_heads, dim, window, bs,
                                                        kv_dtype):
     """The rows of a prompt chunk are attended several at a time (sharing each key and
-    value load); every row must come out bit for bit as when it is the only row. The
+    value load); every row must come out bit for bit as when it is the only row, and as
+    when the queries are read in place from fused qkv rows. The
     batch also holds a row that shares its first blocks and its length + 1 with the
     chunk before it but not its last block (prefix caching): it must not join."""
     torch.manual_seed(0)
@@ -90,6 +91,11 @@ def test_prompt_rows_together_give_each_row_alone_bits(heads, kv_heads, dim, win
     alone = torch.cat([_attend(q[i:i + 1], cache, tables[i:i + 1], lens[i:i + 1], window)
                        for i in range(len(rows))])
     assert torch.equal(together, alone)
+    # queries read in place from fused qkv rows (strided): the same bits
+    qkv = torch.cat([q.flatten(1), torch.randn(len(rows), 2 * kv_heads * dim)], dim=1)
+    in_place = _attend(qkv[:, :heads * dim].view(len(rows), heads, dim), cache, tables, lens,
+                       window)
+    assert torch.equal(in_place, together)
     # and the last rows read table_b's last block, not table_a's
     wrong = _attend(q[-4:-2], cache, table_a.repeat(2, 1), lens[-4:-2], window)
     assert not torch.equal(wrong, together[-4:-2])
