@@ -17,10 +17,10 @@
  * about a third of the time with the context in cache.
  *
  * Layouts: q/out [S, H, D] float32, out contiguous, q rows q_stride floats apart (the
- * queries of a fused qkv activation are read in place); k pool [blocks, KVH, D, block_size], v pool
- * [blocks, KVH, block_size, D], of float32, float16 or bfloat16 (paged_attention_rows_f32
- * / _f16 / _bf16, one body in paged_attention_rows.h); tables [S, table_stride] (block
- * ids); seq_lens [S] (keys to attend to). Rows run in parallel.
+ * queries of a fused qkv activation are read in place); k pool [blocks, KVH, D,
+ * block_size], v pool [blocks, KVH, block_size, D], of float32, float16 or bfloat16
+ * (paged_attention_rows_f32 / _f16 / _bf16, one body in paged_attention_rows.h); tables
+ * [S, table_stride] (block ids); seq_lens [S] (keys to attend to). Rows run in parallel.
  *
  * A prompt chunk's rows read the same keys and values, from cache. With one row at a
  * time each key load feeds a group of query heads, and the loads, not the FMAs, set the

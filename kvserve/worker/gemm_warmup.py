@@ -65,12 +65,14 @@ def warm_gemm_kernels(model: nn.Module, max_rows: int) -> tuple[int, int]:
     zero inputs; the layers keep no state from it. Returns (shapes, n)."""
     linears = distinct_shapes(model)
     rows = rows_to_warm(max_rows, len(linears), kernel_cache_capacity())
-    inputs = {}
+    zeros: dict[tuple, torch.Tensor] = {}  # one input per (width, dtype), sliced per count
+    pairs = []
     for linear in linears:
         key = (linear.in_features, linear.packed_weight.dtype)
-        if key not in inputs:
-            inputs[key] = torch.zeros(rows, linear.in_features, dtype=key[1])
+        if key not in zeros:
+            zeros[key] = torch.zeros(rows, key[0], dtype=key[1])
+        pairs.append((linear, zeros[key]))
     for count in range(1, rows + 1):
-        for linear in linears:
-            linear(inputs[(linear.in_features, linear.packed_weight.dtype)][:count])
+        for linear, x in pairs:
+            linear(x[:count])
     return len(linears), rows
