@@ -35,8 +35,10 @@ def _cache_dir() -> Path:
     return Path(base) / "kernels"
 
 
-def _build(sources: tuple[Path, ...], headers: tuple[Path, ...]) -> Path:
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources + headers)).hexdigest()
+def _build(sources: tuple[Path, ...], headers: tuple[Path, ...],
+           extra_flags: tuple[str, ...] = ()) -> Path:
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources + headers)
+                            + " ".join(extra_flags).encode()).hexdigest()
     target = _cache_dir() / f"kvserve-kernels-{digest[:16]}.so"
     if target.exists():
         return target
@@ -46,7 +48,7 @@ def _build(sources: tuple[Path, ...], headers: tuple[Path, ...]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+        cmd = [compiler, "-O3", "-march=native", *extra_flags, "-fopenmp", "-shared", "-fPIC",
                *map(str, sources), "-o", str(out), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         os.replace(out, target)  # atomic: concurrent builders never see half a file
@@ -54,13 +56,16 @@ def _build(sources: tuple[Path, ...], headers: tuple[Path, ...]) -> Path:
 
 
 class Kernels:
-    """Loaded native kernels; ``available`` is False when they could not be built."""
+    """Loaded native kernels; ``available`` is False when they could not be built.
 
-    def __init__(self) -> None:
+    ``extra_flags`` are added to the compiler's (tests build the AVX2 paths on an AVX-512
+    machine with ``-mno-avx512f``)."""
+
+    def __init__(self, extra_flags: tuple[str, ...] = ()) -> None:
         self.available = False
         self.reason = ""
         try:
-            lib = ctypes.CDLL(str(_build(_SOURCES, _HEADERS)))
+            lib = ctypes.CDLL(str(_build(_SOURCES, _HEADERS, extra_flags)))
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
             self.reason = detail.strip().splitlines()[-1] if detail.strip() else repr(e)

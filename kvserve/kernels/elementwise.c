@@ -50,13 +50,21 @@ void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t inter) {
         const float *g = gate_up + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;
         int64_t i = 0;
-#ifdef __AVX2__
-        const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+#ifdef __AVX2__ /* each lane the same steps whatever the width: the same bits */
+        const vecf one = vec_set1(1.f), zero = vec_zero();
+        for (; i + VEC_LANES <= inter; i += VEC_LANES) {
+            const vecf gv = vec_load(g + i);
+            const vecf s = vec_div(gv, vec_add(one, vec_exp(vec_sub(zero, gv))));
+            vec_store(o + i, vec_mul(s, vec_load(u + i)));
+        }
+#if VEC_LANES == 16 /* a last eight */
         for (; i + 8 <= inter; i += 8) {
             const __m256 gv = _mm256_loadu_ps(g + i);
-            const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp_avx2(_mm256_sub_ps(zero, gv))));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+            const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            const __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
         }
+#endif
 #endif
         for (; i < inter; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }

@@ -3,6 +3,7 @@
  *   KV_T            the pool's element type (float, or uint16_t for float16 / bfloat16)
  *   KV_NAME(f)      f with the type's suffix (paged_attention_rows -> ..._f16)
  *   KV_LOAD8(p)     eight elements at p as an __m256 (AVX2 builds)
+ *   KV_LOAD16(p)    sixteen as an __m512 (AVX-512 builds); KV_LOADV(p): the build's vecf
  *   KV_LOAD1(p)     one element at p as a float
  *   KV_VECTOR       1 when KV_LOAD8 can be built (float16 needs F16C besides AVX2)
  * Queries, scores, sums and outputs are float32 whatever the pool holds: a lower-
@@ -40,6 +41,53 @@ static inline __attribute__((always_inline)) void KV_NAME(score_tile)(
     }
 }
 
+#ifdef __AVX512F__
+/* Scores of TQ query vectors against NC chunks of sixteen tokens (each chunk's keys at
+ * its own pointer: chunks of several blocks), into out[i][offs[j] ..+16). Each
+ * score is one FMA chain over c = 0..D-1, 4 cycles a link: TQ x NC chains in flight
+ * keep both FMA units busy where one chunk's 3 (a group of 3 heads) left them waiting. */
+static inline __attribute__((always_inline)) void KV_NAME(score_chunks16)(
+        const float *const *qv, const KV_T *const *keys, int64_t block_size,
+        float *const *out, const int64_t *offs, __m512 vscale, const int TQ, const int NC,
+        const int64_t D) {
+    __m512 acc[KV_SCORE_TILE][KV_SCORE_CHUNKS];
+    for (int i = 0; i < TQ; i++)
+        for (int j = 0; j < NC; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c++) {
+        __m512 k[KV_SCORE_CHUNKS];
+        for (int j = 0; j < NC; j++) {
+            k[j] = KV_LOAD16(keys[j] + c * block_size);
+            __asm__("" : "+v"(k[j]));
+        }
+        for (int i = 0; i < TQ; i++) {
+            const __m512 qb = _mm512_set1_ps(qv[i][c]);
+            for (int j = 0; j < NC; j++) acc[i][j] = _mm512_fmadd_ps(qb, k[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < TQ; i++)
+        for (int j = 0; j < NC; j++)
+            _mm512_storeu_ps(out[i] + offs[j], _mm512_mul_ps(acc[i][j], vscale));
+}
+
+/* nc: 1 or KV_SCORE_CHUNKS, a constant at each (inlined) call */
+static inline __attribute__((always_inline)) void KV_NAME(score_chunks16_any)(
+        const float *const *qv, const KV_T *const *keys, int64_t block_size,
+        float *const *out, const int64_t *offs, __m512 vscale, int tq, const int nc,
+        const int64_t D) {
+#define KV_TILE(TQ_) KV_NAME(score_chunks16)(qv, keys, block_size, out, offs, vscale, TQ_, nc, D)
+    switch (tq) {
+    case 6: KV_TILE(6); break;
+    case 5: KV_TILE(5); break;
+    case 4: KV_TILE(4); break;
+    case 3: KV_TILE(3); break;
+    case 2: KV_TILE(2); break;
+    default: KV_TILE(1);
+    }
+#undef KV_TILE
+}
+
+#endif
+
 static inline __attribute__((always_inline)) void KV_NAME(score_tile_any)(
         const float *const *qv, const KV_T *keys, int64_t block_size, float *const *out,
         __m256 vscale, int tq, int nt, const int64_t D) {
@@ -54,7 +102,14 @@ static inline __attribute__((always_inline)) void KV_NAME(score_tile_any)(
     default: KV_TILE(1, NT_);                \
     }
     if (nt == 16) {
+#ifdef __AVX512F__ /* the sixteen in one register: the same chains, half the instructions */
+        const __m512 vs = _mm512_broadcastss_ps(_mm256_castps256_ps128(vscale));
+        const KV_T *chunk[1] = {keys};
+        const int64_t at[1] = {0};
+        KV_NAME(score_chunks16_any)(qv, chunk, block_size, out, at, vs, tq, 1, D);
+#else
         KV_TILES(16)
+#endif
     } else {
         KV_TILES(8)
     }
@@ -62,36 +117,38 @@ static inline __attribute__((always_inline)) void KV_NAME(score_tile_any)(
 #undef KV_TILE
 }
 
-/* out[i][0..32) = sum over the first len tokens t of p[i][t] * value[t][0..32) for TQ
- * query vectors of one kv head (v_pool offset to the kv head's run and the 32 dims):
- * each value row is loaded once for all TQ queries, and the sums stay in registers over
- * the whole context. Token order and one chain per output element: the row path's sums. */
+/* out[i][0..KV_VALUE_DIMS) = sum over the first len tokens t of p[i][t] * value[t][..]
+ * for TQ query vectors of one kv head (v_pool offset to the kv head's run and the tile's
+ * dims): each value row is loaded once for all TQ queries, and the sums stay in
+ * registers over the whole context. Token order and one chain per output element: the
+ * row path's sums, whatever the vector width. */
 static inline __attribute__((always_inline)) void KV_NAME(value_tile)(
         float *const *p, const KV_T *v_pool, const int64_t *table, int64_t len,
         int64_t block_elems, int64_t block_size, float *const *out, const int TQ,
         const int64_t D) {
-    __m256 acc[KV_VALUE_TILE][4];
+    vecf acc[TQ][4]; /* sized by the constant TQ: kept in registers */
     for (int i = 0; i < TQ; i++)
-        for (int d = 0; d < 4; d++) acc[i][d] = _mm256_setzero_ps();
+        for (int d = 0; d < 4; d++) acc[i][d] = vec_zero();
     for (int64_t b = 0; b * block_size < len; b++) {
         const KV_T *vb = v_pool + table[b] * block_elems;
         const int64_t t0 = b * block_size;
         const int64_t nb = len - t0 < block_size ? len - t0 : block_size;
         for (int64_t u = 0; u < nb; u++) {
             const KV_T *vr = vb + u * D;
-            const __m256 v0 = KV_LOAD8(vr), v1 = KV_LOAD8(vr + 8);
-            const __m256 v2 = KV_LOAD8(vr + 16), v3 = KV_LOAD8(vr + 24);
+            const vecf v0 = KV_LOADV(vr), v1 = KV_LOADV(vr + VEC_LANES);
+            const vecf v2 = KV_LOADV(vr + 2 * VEC_LANES), v3 = KV_LOADV(vr + 3 * VEC_LANES);
+#pragma GCC unroll 6
             for (int i = 0; i < TQ; i++) {
-                const __m256 w = _mm256_broadcast_ss(p[i] + t0 + u);
-                acc[i][0] = _mm256_fmadd_ps(w, v0, acc[i][0]);
-                acc[i][1] = _mm256_fmadd_ps(w, v1, acc[i][1]);
-                acc[i][2] = _mm256_fmadd_ps(w, v2, acc[i][2]);
-                acc[i][3] = _mm256_fmadd_ps(w, v3, acc[i][3]);
+                const vecf w = vec_set1(p[i][t0 + u]);
+                acc[i][0] = vec_fmadd(w, v0, acc[i][0]);
+                acc[i][1] = vec_fmadd(w, v1, acc[i][1]);
+                acc[i][2] = vec_fmadd(w, v2, acc[i][2]);
+                acc[i][3] = vec_fmadd(w, v3, acc[i][3]);
             }
         }
     }
     for (int i = 0; i < TQ; i++)
-        for (int d = 0; d < 4; d++) _mm256_storeu_ps(out[i] + 8 * d, acc[i][d]);
+        for (int d = 0; d < 4; d++) vec_store(out[i] + VEC_LANES * d, acc[i][d]);
 }
 
 static inline __attribute__((always_inline)) void KV_NAME(value_tile_any)(
@@ -140,6 +197,25 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
         }
         for (int64_t i0 = 0; i0 < nq; i0 += KV_SCORE_TILE) {
             const int tq = nq - i0 < KV_SCORE_TILE ? (int)(nq - i0) : KV_SCORE_TILE;
+#ifdef __AVX512F__
+            if (nt == 16) { /* KV_SCORE_CHUNKS chunks of 16 keys a tile (see row_scores16) */
+                const __m512 vs = _mm512_set1_ps(scale);
+                const int64_t end = (len + 15) / 16;
+                const KV_T *keys[KV_SCORE_CHUNKS];
+                int64_t offs[KV_SCORE_CHUNKS];
+                for (int64_t c0 = 0; c0 < end; c0 += KV_SCORE_CHUNKS) {
+                    for (int j = 0; j < KV_SCORE_CHUNKS; j++) {
+                        const int64_t t = (c0 + j < end ? c0 + j : end - 1) * 16;
+                        keys[j] = k_pool + table[t / block_size] * block_elems + g * run
+                                  + t % block_size;
+                        offs[j] = t;
+                    }
+                    KV_NAME(score_chunks16_any)(qv + i0, keys, block_size, srow + i0, offs, vs,
+                                                tq, KV_SCORE_CHUNKS, D);
+                }
+                continue;
+            }
+#endif
             for (int64_t b = 0; b * block_size < len; b++) {
                 const KV_T *kb = k_pool + table[b] * block_elems + g * run;
                 for (int64_t j = 0; j < block_size && b * block_size + j < len; j += nt) {
@@ -155,7 +231,7 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
         }
         for (int64_t i0 = 0; i0 < nq; i0 += KV_VALUE_TILE) {
             const int tq = nq - i0 < KV_VALUE_TILE ? (int)(nq - i0) : KV_VALUE_TILE;
-            for (int64_t c = 0; c < D; c += 32) {
+            for (int64_t c = 0; c < D; c += KV_VALUE_DIMS) {
                 for (int i = 0; i < tq; i++) out[i] = orow[i0 + i] + c;
                 KV_NAME(value_tile_any)(srow + i0, v_pool + g * run + c, table, len,
                                         block_elems, block_size, out, tq, D);
@@ -163,6 +239,7 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
         }
     }
 }
+
 
 /* One row with head_dim D known at compile time (inlined per D); block_size % 8 == 0.
  * Keys: block by block, kv head by kv head, each of the kv head's query heads in tiles

@@ -5,12 +5,23 @@ import pytest
 import torch
 
 from kvserve.core.scheduler_output import ScheduledRequest
-from kvserve.kernels import load_kernels
+from kvserve.kernels import Kernels, load_kernels
 from kvserve.model.attention import KVCache, paged_attention
 from kvserve.worker.input_batch import build_inputs
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
+
+
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def build(request):
+    """The kernels as built for this machine, and built without AVX-512: on a machine
+    with it, the AVX2 paths (what an AVX2-only machine runs) are checked too."""
+    if request.param == "native":
+        return kernels
+    built = Kernels(("-mno-avx512f",))
+    assert built.available, built.reason
+    return built
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16],
@@ -21,7 +32,7 @@ pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {
     # 1-4 query heads per kv head share key loads, a group of 5 takes tiles of 4 and 1
     (12, 4, 64, None, 16), (8, 2, 128, None, 16), (6, 3, 64, 11, 16), (8, 8, 64, None, 16),
     (10, 2, 64, 21, 8), (16, 2, 128, None, 8)])
-def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype):
+def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype, build):
     """Decodes, a fresh prompt and chunks after cached keys, in one flat batch, with a
     float32 pool or a half-precision one (float32 math on the stored values); the table
     mixes blocks in order with jumps."""
@@ -47,7 +58,7 @@ def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype):
     k = torch.randn(t, kv_heads, dim)
     v = torch.randn(t, kv_heads, dim)
     outs = []
-    for native in (None, kernels):
+    for native in (None, build):
         c = KVCache(num_blocks, bs, kv_heads, dim, kv_dtype)
         c.k.copy_(cache.k)
         c.v.copy_(cache.v)
@@ -57,9 +68,9 @@ def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
 
 
-def _attend(q, cache, tables, lens, window):
+def _attend(build, q, cache, tables, lens, window):
     out = torch.empty(q.shape)
-    kernels.paged_attention_rows(q, cache.k, cache.v, tables, lens, out, 0.125, window)
+    build.paged_attention_rows(q, cache.k, cache.v, tables, lens, out, 0.125, window)
     return out
 
 
@@ -68,7 +79,7 @@ def _attend(q, cache, tables, lens, window):
     (12, 4, 64, 0, 16), (8, 8, 64, 0, 16), (8, 4, 128, 0, 8), (12, 3, 64, 0, 16),
     (10, 2, 64, 0, 16), (16, 2, 64, 0, 16), (12, 4, 64, 40, 16), (4, 4, 32, 0, 4)])
 def test_prompt_rows_together_give_each_row_alone_bits(heads, kv_heads, dim, window, bs,
-                                                       kv_dtype):
+                                                       kv_dtype, build):
     """The rows of a prompt chunk are attended several at a time (sharing each key and
     value load); every row must come out bit for bit as when it is the only row, and as
     when the queries are read in place from fused qkv rows. The
@@ -87,17 +98,17 @@ def test_prompt_rows_together_give_each_row_alone_bits(heads, kv_heads, dim, win
     tables = torch.stack([t for t, _ in rows])
     lens = torch.tensor([n for _, n in rows])
     q = torch.randn(len(rows), heads, dim)
-    together = _attend(q, cache, tables, lens, window)
-    alone = torch.cat([_attend(q[i:i + 1], cache, tables[i:i + 1], lens[i:i + 1], window)
-                       for i in range(len(rows))])
+    together = _attend(build, q, cache, tables, lens, window)
+    alone = torch.cat([_attend(build, q[i:i + 1], cache, tables[i:i + 1], lens[i:i + 1],
+                               window) for i in range(len(rows))])
     assert torch.equal(together, alone)
     # queries read in place from fused qkv rows (strided): the same bits
     qkv = torch.cat([q.flatten(1), torch.randn(len(rows), 2 * kv_heads * dim)], dim=1)
-    in_place = _attend(qkv[:, :heads * dim].view(len(rows), heads, dim), cache, tables, lens,
-                       window)
+    in_place = _attend(build, qkv[:, :heads * dim].view(len(rows), heads, dim), cache, tables,
+                       lens, window)
     assert torch.equal(in_place, together)
     # and the last rows read table_b's last block, not table_a's
-    wrong = _attend(q[-4:-2], cache, table_a.repeat(2, 1), lens[-4:-2], window)
+    wrong = _attend(build, q[-4:-2], cache, table_a.repeat(2, 1), lens[-4:-2], window)
     assert not torch.equal(wrong, together[-4:-2])
 
 
