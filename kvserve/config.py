@@ -25,6 +25,21 @@ QUANTIZATION_METHODS = ("int8",)
 MAX_LINEAR_MIN_ROWS = 16
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """``"0-3,6"`` -> [0, 1, 2, 3, 6] (the format of taskset and vLLM's
+    VLLM_CPU_OMP_THREADS_BIND); a CPU named twice or a malformed item is an error."""
+    cpus: list[int] = []
+    for item in text.split(","):
+        lo, sep, hi = item.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
+            raise ValueError(f"CPU list {text!r}: {item.strip()!r} is not a CPU number or a "
+                             "range a-b (expected e.g. '0-3,6')")
+        cpus.extend(range(int(lo), int(hi if sep else lo) + 1))
+    if len(set(cpus)) != len(cpus):
+        raise ValueError(f"CPU list {text!r} names a CPU more than once")
+    return cpus
+
+
 def parse_size(value: int | float | str) -> int:
     """Bytes from an int or a string like ``"2GiB"`` / ``"512MB"`` / ``"1.5g"``."""
     if isinstance(value, bool):
@@ -130,6 +145,10 @@ class EngineArgs:
         "of capturing a CUDA graph per batch size); default: max_num_seqs; 0: off"))
     num_threads: int | None = field(default=None, metadata=_help(
         "torch threads (default: physical cores)"))
+    omp_threads_bind: str = field(default="auto", metadata=_help(
+        "CPUs the compute threads are bound to, one each, as vLLM's "
+        "VLLM_CPU_OMP_THREADS_BIND: auto (one CPU per physical core), nobind, or a list "
+        "such as 0-3 or 0,2"))
 
     def __post_init__(self) -> None:
         self.validate()
@@ -157,6 +176,8 @@ class EngineArgs:
                 _positive_int(name, getattr(self, name))
         if self.kv_cache_memory is not None:
             parse_size(self.kv_cache_memory)
+        if self.omp_threads_bind not in ("auto", "nobind"):
+            parse_cpu_list(self.omp_threads_bind)
         _choice("kv_manager", self.kv_manager, KV_MANAGER_NAMES)
         _choice("batching", self.batching, BATCHING_NAMES)
         _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)

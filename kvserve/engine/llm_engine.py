@@ -19,6 +19,7 @@ from kvserve.config import EngineArgs, parse_size
 from kvserve.core.kv import create_kv_manager
 from kvserve.core.scheduler import Scheduler
 from kvserve.engine.output_processor import OutputProcessor
+from kvserve.kernels import load_kernels
 from kvserve.logger import init_logger
 from kvserve.model.config import ModelConfig
 from kvserve.model.loader import load_model, resolve_dtype
@@ -27,8 +28,8 @@ from kvserve.outputs import RequestOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
-from kvserve.worker.platform import available_memory_bytes, freeze_startup_objects, \
-    keep_freed_memory, physical_cores
+from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
+    freeze_startup_objects, keep_freed_memory, physical_cores
 
 logger = init_logger(__name__)
 
@@ -69,6 +70,7 @@ class LLMEngine:
         self.args = args
         self.model_dir = resolve_model_dir(args.model)
         torch.set_num_threads(args.num_threads or physical_cores())
+        self.bound_cpus = self._bind_compute_threads()
         keep_freed_memory()
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.tokenizer = Tokenizer(self.model_dir)
@@ -115,6 +117,26 @@ class LLMEngine:
         return {"block_size": self.args.block_size, "cache_dtype": self.kv_dtype_name,
                 "num_kv_blocks": self.num_kv_blocks, "kv_manager": self.args.kv_manager,
                 "enable_prefix_caching": self.args.enable_prefix_caching}
+
+    def _bind_compute_threads(self) -> list[int] | None:
+        """Bind torch's compute threads one to a CPU (``omp_threads_bind``), as vLLM's CPU
+        worker does: unbound, the scheduler moves them between cores and stacks them with
+        other threads. Called from the thread that will run the model (its OpenMP team is
+        the one bound). Returns the CPUs, or None when not bound."""
+        threads = torch.get_num_threads()
+        cpus = cpus_to_bind(self.args.omp_threads_bind, threads)
+        if cpus is None:
+            return None
+        kernels = load_kernels()
+        if not kernels.available:
+            logger.info("compute threads not bound: no native kernels (%s)", kernels.reason)
+            return None
+        failed = kernels.bind_threads(cpus)
+        if failed:
+            raise RuntimeError(f"could not bind {failed} of {threads} compute threads to CPUs "
+                               f"{cpus}")
+        logger.info("compute threads bound to CPUs %s", ",".join(map(str, cpus)))
+        return cpus
 
     def _warm_gemm_kernels(self) -> None:
         rows = self.args.gemm_warmup_rows

@@ -21,7 +21,7 @@ from kvserve.logger import init_logger
 logger = init_logger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
-                                                          "int8_linear.c"))
+                                                          "int8_linear.c", "threads.c"))
 _HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_rows.h"))
 # KV pool element types the attention kernel reads (queries and sums are float32)
 NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -93,6 +93,7 @@ class Kernels:
                         torch.bfloat16: _bind(lib.rotary_bf16, rotary_args)}
         self._quantize_rows = _bind(lib.quantize_rows_int8, [ptr, ptr, ptr, i64, i64])
         self._rescale_int32 = _bind(lib.rescale_int32, [ptr, ptr, ptr, ptr, ptr, i64, i64])
+        self._bind_threads = _bind(lib.bind_omp_threads, [ptr, i64], restype=i64)
         self.available = True
 
     def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
@@ -148,6 +149,13 @@ class Kernels:
                                 positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), num_q,
                                 num_k, head_dim)
 
+    def bind_threads(self, cpus: list[int]) -> int:
+        """Bind the calling thread's OpenMP team of len(cpus) threads (torch's intra-op
+        threads, when torch runs that many) one to each CPU; returns how many threads could
+        not be bound."""
+        ids = torch.tensor(cpus, dtype=torch.int64)
+        return self._bind_threads(ids.data_ptr(), len(cpus))
+
     def quantize_rows(self, x):
         """Per-row symmetric int8 of float32 x [R, C] (contiguous) -> (q int8, scale [R])."""
         q = torch.empty(x.shape, dtype=torch.int8)
@@ -164,9 +172,9 @@ class Kernels:
         return out
 
 
-def _bind(fn, argtypes):
+def _bind(fn, argtypes, restype=None):
     fn.argtypes = argtypes
-    fn.restype = None
+    fn.restype = restype
     return fn
 
 

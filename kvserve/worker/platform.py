@@ -7,19 +7,63 @@ import gc
 import os
 from pathlib import Path
 
+from kvserve.config import parse_cpu_list
+
+
+# The CPUs this process may run on, read at import: binding the compute threads narrows
+# the binding thread's own mask, which later engines in the process must not take for
+# the machine's.
+_CPUS_AT_START = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") \
+    else ()
+
+
+def _allowed_cpus() -> list[int]:
+    return list(_CPUS_AT_START)
+
+
+def _core_of(cpu: int) -> tuple[str, str]:
+    topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return ((topo / "physical_package_id").read_text().strip(),
+                (topo / "core_id").read_text().strip())
+    except OSError:
+        return ("?", str(cpu))
+
 
 def physical_cores() -> int:
     """Distinct (package, core) pairs among the CPUs this process may run on."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    cores = set()
-    for cpu in cpus:
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            cores.add(((topo / "physical_package_id").read_text().strip(),
-                       (topo / "core_id").read_text().strip()))
-        except OSError:
-            cores.add(("?", str(cpu)))
+    cores = {_core_of(cpu) for cpu in _allowed_cpus()}
     return max(1, len(cores) or os.cpu_count() or 1)
+
+
+def one_cpu_per_core() -> list[int]:
+    """The lowest-numbered CPU of each physical core this process may run on, in order
+    (a hyperthread sibling would share its core's FMA units with a compute thread)."""
+    first: dict[tuple[str, str], int] = {}
+    for cpu in _allowed_cpus():
+        first.setdefault(_core_of(cpu), cpu)
+    return sorted(first.values())
+
+
+def cpus_to_bind(setting: str, num_threads: int) -> list[int] | None:
+    """The CPU for each compute thread under ``omp_threads_bind`` (see EngineArgs): "auto"
+    takes one CPU per physical core, none when there are fewer cores than threads;
+    "nobind": none; otherwise the listed CPUs, one per thread, all allowed to this
+    process."""
+    if setting == "nobind":
+        return None
+    if setting == "auto":
+        cpus = one_cpu_per_core()
+        return cpus[:num_threads] if len(cpus) >= num_threads else None
+    cpus = parse_cpu_list(setting)
+    if len(cpus) != num_threads:
+        raise ValueError(f"omp_threads_bind {setting!r} names {len(cpus)} CPUs for "
+                         f"{num_threads} compute threads; name one per thread")
+    outside = sorted(set(cpus) - set(_allowed_cpus()))
+    if outside:
+        raise ValueError(f"omp_threads_bind {setting!r}: CPUs {outside} are not available "
+                         f"to this process (allowed: {_allowed_cpus()})")
+    return cpus
 
 
 def available_memory_bytes() -> int:
