@@ -198,7 +198,7 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
         for (int64_t i0 = 0; i0 < nq; i0 += KV_SCORE_TILE) {
             const int tq = nq - i0 < KV_SCORE_TILE ? (int)(nq - i0) : KV_SCORE_TILE;
 #ifdef __AVX512F__
-            if (nt == 16) { /* KV_SCORE_CHUNKS chunks of 16 keys a tile (see row_scores16) */
+            if (nt == 16) { /* KV_SCORE_CHUNKS chunks of 16 keys a tile, across blocks */
                 const __m512 vs = _mm512_set1_ps(scale);
                 const int64_t end = (len + 15) / 16;
                 const KV_T *keys[KV_SCORE_CHUNKS];
@@ -239,7 +239,6 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
         }
     }
 }
-
 
 /* One row with head_dim D known at compile time (inlined per D); block_size % 8 == 0.
  * Keys: block by block, kv head by kv head, each of the kv head's query heads in tiles
