@@ -6,7 +6,7 @@
 """
 from kvserve.config import EngineArgs
 from kvserve.engine.llm import LLM
-from kvserve.models import default_model_dir
+from kvserve.default_model import default_model_dir
 from kvserve.outputs import CompletionOutput, Logprob, RequestOutput
 from kvserve.sampling_params import SamplingParams
 

@@ -122,7 +122,7 @@ def add_output_args(parser: argparse.ArgumentParser, plot: bool = True) -> None:
 def resolve_model_dir(model: str | None) -> Path:
     """The model directory: the given one, or the embedded default model."""
     if model is None:
-        from kvserve.models import default_model_dir
+        from kvserve.default_model import default_model_dir
 
         model = default_model_dir()
     path = Path(model)

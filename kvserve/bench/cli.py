@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvserve.core.batching import BATCHING_POLICIES
+from kvserve.core.kv import KV_MANAGERS
 from kvserve.bench import commands, memory
 from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
 
@@ -114,8 +116,9 @@ def _add_memory(sub: Any) -> None:
                    help="KV budget for every combination: N%% of the tokens the whole "
                         "workload holds at once, Ntokens, Nblocks, or a size like 200MiB "
                         f"(default {memory.DEFAULT_BUDGET.replace('%', '%%')})")
-    p.add_argument("--kv-managers", default=",".join(memory.KV_MANAGERS), help="comma list")
-    p.add_argument("--batchings", default=",".join(memory.BATCHINGS), help="comma list")
+    p.add_argument("--kv-managers", default=",".join(KV_MANAGERS.names()), help="comma list")
+    p.add_argument("--batchings", default=",".join(BATCHING_POLICIES.names()),
+                   help="comma list")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds over all combinations (interleaved, so drifting load hits "
                         "all alike); throughput and latency are medians (default 1)")

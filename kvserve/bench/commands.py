@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from kvserve.core.batching import BATCHING_POLICIES
+from kvserve.core.kv import KV_MANAGERS
 from kvserve.bench import memory, plots, report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
 
@@ -273,8 +275,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
-    combos = [(kv, b) for kv in _names(args.kv_managers, memory.KV_MANAGERS)
-              for b in _names(args.batchings, memory.BATCHINGS)]
+    combos = [(kv, b) for kv in _names(args.kv_managers, KV_MANAGERS.names())
+              for b in _names(args.batchings, BATCHING_POLICIES.names())]
     need = sum(r.prompt_len + r.max_tokens for r in wl.requests)
     settings = {"model": str(model_dir), "workload": wl.name, "requests": len(wl),
                 "prompt_tokens": wl.num_prompt_tokens, "output_tokens": wl.num_output_tokens,
@@ -350,11 +352,11 @@ def _names(text: str, allowed: tuple[str, ...]) -> list[str]:
 
 def _bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None:
     try:
-        from kvserve.model.config import ModelConfig
+        from kvserve.model.config import ArchConfig
         from kvserve.model.loader import resolve_dtype
         from kvserve.worker.model_runner import kv_bytes_per_block
 
-        cfg = ModelConfig.from_dir(model_dir)
+        cfg = ArchConfig.from_dir(model_dir)
         return kv_bytes_per_block(cfg, block_size, resolve_dtype(dtype, cfg))
     except Exception:  # only needed for a size budget; parse_kv_budget says so if missing
         return None

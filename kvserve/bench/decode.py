@@ -63,4 +63,4 @@ def measure_decode(llm, prompt_token_ids: list[int], new_tokens: int = 64,
             engine.step()
             times.append(time.perf_counter() - start)
     return DecodeResult(len(times), statistics.median(times),
-                        matmul_weight_bytes(engine.runner.model))
+                        matmul_weight_bytes(engine.worker.runner.model))

@@ -1,8 +1,9 @@
 """``kvserve bench memory``: the three KV memory designs x the three batching policies.
 
 Every combination runs the same workload (default ``mixed``) under one fixed KV budget,
-on the same engine, model and kernels. Per step the scheduler takes a KV snapshot
-(``Scheduler.last_kv_stats``); a run's figures are sums over its steps:
+on the same engine, model and kernels. Each step's scheduler output carries a
+:class:`~kvserve.core.scheduler_output.SchedulerStats` with a KV snapshot; a run's
+figures are sums over its steps:
 
 - KV utilisation: slots holding a real token / slots allocated or reserved;
 - internal fragmentation: 1 - utilisation (reserved but unused slots);
@@ -31,14 +32,17 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvserve.bench.workloads import BenchRequest, Workload
+from kvserve.core.batching import BATCHING_POLICIES
+from kvserve.core.kv import KV_MANAGERS
 
-__all__ = ["COMBOS", "KV_MANAGERS", "BATCHINGS", "DEFAULT_BUDGET", "MemoryResult",
+__all__ = ["combos", "DEFAULT_BUDGET", "MemoryResult",
            "StepTotals", "parse_kv_budget", "run_combo", "combine_rounds", "format_markdown",
            "ordering_summary"]
 
-KV_MANAGERS = ("paged", "buddy", "contiguous")
-BATCHINGS = ("continuous", "length-bucket", "static")
-COMBOS: tuple[tuple[str, str], ...] = tuple((kv, b) for kv in KV_MANAGERS for b in BATCHINGS)
+def combos() -> tuple[tuple[str, str], ...]:
+    """Every registered KV manager x every registered batching policy."""
+    return tuple((kv, b) for kv in KV_MANAGERS.names() for b in BATCHING_POLICIES.names())
+
 DEFAULT_BUDGET = "25%"
 
 
@@ -54,14 +58,19 @@ class StepTotals:
     running: int = 0
     computed_tokens: int = 0  # tokens the model ran, recomputation after preemption included
 
+    peak_running: int = 0
+
     def add(self, stats: Any, num_running: int, num_tokens: int) -> None:
+        """One step: its SchedulerStats, the requests running after it, its tokens."""
+        kv = stats.kv
         self.steps += 1
         self.computed_tokens += num_tokens
-        self.used_tokens += stats.used_tokens
-        self.allocated_slots += stats.allocated_slots
-        self.unusable_free_blocks += stats.unusable_free_blocks
-        self.free_blocks += stats.num_blocks - stats.num_used_blocks
+        self.used_tokens += kv.used_tokens
+        self.allocated_slots += kv.allocated_slots
+        self.unusable_free_blocks += kv.unusable_free_blocks
+        self.free_blocks += kv.num_blocks - kv.num_used_blocks
         self.running += num_running
+        self.peak_running = max(self.peak_running, stats.num_running)
 
     @property
     def utilization(self) -> float:
@@ -155,38 +164,28 @@ def _run_engine(model_dir: str | Path, requests: Sequence[BenchRequest],
                        _params(2))
     while engine.has_unfinished_requests():
         engine.step()
-    sched = engine.scheduler
-    step_tokens = [0]
-    schedule = sched.schedule
-
-    def counting_schedule():  # the bench's own tap on each step's size
-        out = schedule()
-        step_tokens[0] = out.num_tokens
-        return out
-    sched.schedule = counting_schedule
-    sched.peak_running = 0
-    base_preempt, base_moved = sched.num_preemptions, engine.kv.stats().moved_blocks
+    base = engine.get_stats().scheduler
     totals = StepTotals()
     latencies: list[float] = []
     t0, cpu0 = time.monotonic(), time.process_time()
     for i, r in enumerate(requests):
         engine.add_request(str(i), {"prompt_token_ids": list(r.prompt_token_ids)},
                            _params(r.max_tokens), arrival_time=t0)
-    steps = sched.num_steps
     while engine.has_unfinished_requests():
         outs = engine.step()
         now = time.monotonic()
-        if sched.num_steps != steps:
-            steps = sched.num_steps
-            totals.add(sched.last_kv_stats, sched.num_running, step_tokens[0])
+        step = engine.last_step_stats
+        if step is not None:  # running counted after the step
+            totals.add(step, engine.scheduler.num_running, step.num_scheduled_tokens)
         latencies += [now - t0 for o in outs if o.finished]
     wall = time.monotonic() - t0
+    end = engine.get_stats().scheduler
+    engine.close()
     return totals, {"wall_s": wall, "cpu_s": time.process_time() - cpu0,
-                    "latencies": latencies,
-                    "peak_running": sched.peak_running,
-                    "preemptions": sched.num_preemptions - base_preempt,
-                    "moved_blocks": engine.kv.stats().moved_blocks - base_moved,
-                    "num_blocks": engine.kv.num_blocks}
+                    "latencies": latencies, "peak_running": totals.peak_running,
+                    "preemptions": end.num_preemptions - base.num_preemptions,
+                    "moved_blocks": end.kv.moved_blocks - base.kv.moved_blocks,
+                    "num_blocks": end.kv.num_blocks}
 
 
 def _run_dry(requests: Sequence[BenchRequest], args: Any, num_blocks: int
@@ -195,8 +194,8 @@ def _run_dry(requests: Sequence[BenchRequest], args: Any, num_blocks: int
     from kvserve.core.scheduler import Scheduler
     from kvserve.request import Request
 
-    kv = create_kv_manager(args, num_blocks)
-    sched = Scheduler(args, kv)
+    kv = create_kv_manager(args.create_cache_config(), num_blocks)
+    sched = Scheduler(args.create_scheduler_config(), kv)
     t0 = time.monotonic()
     for i, r in enumerate(requests):
         sched.add_request(Request(str(i), list(r.prompt_token_ids), _params(r.max_tokens),
@@ -206,10 +205,11 @@ def _run_dry(requests: Sequence[BenchRequest], args: Any, num_blocks: int
         out = sched.schedule()
         sched.update(out, {s.request_id: 0 for s in out.scheduled if s.sample})
         if out.scheduled:  # running counted after the step, as for a real run
-            totals.add(sched.last_kv_stats, sched.num_running, out.num_tokens)
+            totals.add(out.stats, sched.num_running, out.num_tokens)
+    stats = kv.stats()
     return totals, {"wall_s": None, "cpu_s": None, "latencies": [],
-                    "peak_running": sched.peak_running, "preemptions": sched.num_preemptions,
-                    "moved_blocks": kv.stats().moved_blocks, "num_blocks": kv.num_blocks}
+                    "peak_running": totals.peak_running, "preemptions": sched.num_preemptions,
+                    "moved_blocks": stats.moved_blocks, "num_blocks": stats.num_blocks}
 
 
 def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv_manager: str,
@@ -302,7 +302,7 @@ def format_markdown(results: Sequence[MemoryResult], context: str = "") -> str:
 
 def ordering_summary(results: Sequence[MemoryResult]) -> str:
     """One line per claim: the measured ordering of the designs."""
-    def by(key, batching="continuous", kvs=KV_MANAGERS):
+    def by(key, batching="continuous", kvs=KV_MANAGERS.names()):
         rows = {r.kv_manager: r for r in results if r.batching == batching and r.kv_manager in kvs}
         return sorted(rows.values(), key=key, reverse=True)
 
@@ -321,7 +321,7 @@ def ordering_summary(results: Sequence[MemoryResult]) -> str:
         lines.append("mean running requests (continuous): " + " > ".join(
             f"{r.kv_manager} {r.mean_running:.1f}" for r in conc))
     timed = [r for r in results if r.relative_tok_s]
-    for kv in KV_MANAGERS:
+    for kv in KV_MANAGERS.names():
         rows = sorted((r for r in timed if r.kv_manager == kv),
                       key=lambda r: r.relative_tok_s, reverse=True)
         if rows:

@@ -123,7 +123,7 @@ def make_bench_model(
     tok_dir: Path | None = None
     if copy_tokenizer:
         if tokenizer_dir is None:
-            from kvserve.models import default_model_dir
+            from kvserve.default_model import default_model_dir
 
             tokenizer_dir = default_model_dir()
         tok_dir = Path(tokenizer_dir)

@@ -107,13 +107,14 @@ def measure_gemm_gflops(m: int, k: int, n: int, repeats: int = 5, packed: bool =
     """
     import torch
 
-    from kvserve.model.layers import Linear, use_packed_linear
+    from kvserve.model.execution import ExecutionMode
+    from kvserve.model.layers import Linear
 
     a = torch.randn(m, k)
     with torch.inference_mode():
         if packed:
             layer = Linear(k, n, bias=False)
-            use_packed_linear(layer)
+            layer.configure(ExecutionMode(packed_linear=True))
             t = _median_time(lambda: layer(a), repeats)
         else:
             b, out = torch.randn(k, n), torch.empty(m, n)

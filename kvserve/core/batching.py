@@ -15,7 +15,8 @@ queue. The scheduler then admits the returned requests in order while the token 
   batch; admit nothing else until every request of the batch has finished.
 
 Under every policy a request that was preempted had already been admitted once: it is
-admissible again at once, ahead of new requests.
+admissible again at once, ahead of new requests. Policies are registered by name in
+``BATCHING_POLICIES`` at the end of this module, one line each.
 """
 from __future__ import annotations
 
@@ -23,11 +24,18 @@ from abc import ABC, abstractmethod
 from itertools import islice
 from typing import Sequence
 
+from kvserve.config.scheduler import SchedulerConfig
+from kvserve.registry import Registry
 from kvserve.request import Request, RequestStatus
 
 
 class BatchingPolicy(ABC):
     name: str
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> BatchingPolicy:
+        """Build from the scheduler settings; policies with options override this."""
+        return cls()
 
     @abstractmethod
     def admissible(self, waiting: Sequence[Request], now: float) -> list[Request]:
@@ -47,6 +55,10 @@ class StaticBatching(BatchingPolicy):
     def __init__(self, max_batch_size: int) -> None:
         self.max_batch_size = max_batch_size
         self.batch: list[Request] = []
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> StaticBatching:
+        return cls(config.max_batch_size)
 
     def admissible(self, waiting: Sequence[Request], now: float) -> list[Request]:
         self.batch = [r for r in self.batch if not r.is_finished]
@@ -69,6 +81,10 @@ class LengthBucketBatching(BatchingPolicy):
         self.window_s = window_s
         self.released: set[Request] = set()
 
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> LengthBucketBatching:
+        return cls(config.max_batch_size, config.bucket_window_s)
+
     def admissible(self, waiting: Sequence[Request], now: float) -> list[Request]:
         self.released = {r for r in self.released if r.status == RequestStatus.WAITING}
         buckets: dict[int, list[Request]] = {}
@@ -86,17 +102,16 @@ class LengthBucketBatching(BatchingPolicy):
             r for r in waiting if r in self.released]
 
 
-def create_batching_policy(args) -> BatchingPolicy:
-    """The policy ``args.batching`` names (EngineArgs)."""
-    if args.batching == "continuous":
-        return ContinuousBatching()
-    if args.batching == "static":
-        return StaticBatching(args.max_batch_size)
-    if args.batching == "length-bucket":
-        return LengthBucketBatching(args.max_batch_size, args.bucket_window_s)
-    raise ValueError(f"batching must be continuous, length-bucket or static, "
-                     f"got {args.batching!r}")
+BATCHING_POLICIES: Registry[type[BatchingPolicy]] = Registry("batching")
+BATCHING_POLICIES.register("continuous", ContinuousBatching)
+BATCHING_POLICIES.register("length-bucket", LengthBucketBatching)
+BATCHING_POLICIES.register("static", StaticBatching)
+
+
+def create_batching_policy(config: SchedulerConfig) -> BatchingPolicy:
+    """The policy ``config.batching`` names."""
+    return BATCHING_POLICIES[config.batching].from_config(config)
 
 
 __all__ = ["BatchingPolicy", "ContinuousBatching", "StaticBatching", "LengthBucketBatching",
-           "create_batching_policy", "length_bucket"]
+           "BATCHING_POLICIES", "create_batching_policy", "length_bucket"]

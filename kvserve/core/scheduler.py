@@ -17,6 +17,10 @@ in consecutive steps and the first one's first token is not held back by the sec
 prefill. Under the priority policy a waiting request that outranks a running one is
 admitted before the running requests are scheduled, preempting the lowest-priority
 running requests until it fits.
+
+The scheduler owns each request's lifecycle: it alone decides that a request is finished
+and why (:meth:`Scheduler.update` for a stop, :meth:`Scheduler.finish_request` for the
+rest). Each :meth:`Scheduler.schedule` attaches a :class:`SchedulerStats` to its output.
 """
 from __future__ import annotations
 
@@ -24,10 +28,11 @@ import logging
 import time
 from collections import deque
 
-from kvserve.config import EngineArgs
+from kvserve.config.scheduler import SchedulerConfig
 from kvserve.core.batching import create_batching_policy
-from kvserve.core.kv import KVCacheManager, KVStats
-from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest, SchedulerOutput
+from kvserve.core.kv import KVCacheManager
+from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest, SchedulerOutput, \
+    SchedulerStats
 from kvserve.logger import init_logger
 from kvserve.request import Request, RequestStatus
 
@@ -35,24 +40,21 @@ logger = init_logger(__name__)
 
 
 class Scheduler:
-    def __init__(self, args: EngineArgs, kv: KVCacheManager) -> None:
-        self.max_num_seqs = args.max_num_seqs
-        self.max_num_batched_tokens = args.max_num_batched_tokens
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
         # 0 means no limit; static and length-bucket batches are admitted together
-        limited = args.batching == "continuous" and args.prefill_join_tokens > 0
-        self.prefill_join_tokens = args.prefill_join_tokens if limited else float("inf")
-        self.priority_first = args.scheduling_policy == "priority"
-        self.swap_mode = args.preemption_mode == "swap"
+        limited = config.batching == "continuous" and config.prefill_join_tokens > 0
+        self.prefill_join_tokens = config.prefill_join_tokens if limited else float("inf")
+        self.priority_first = config.scheduling_policy == "priority"
+        self.swap_mode = config.swap_on_preemption
         self.kv = kv
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._finished_ids: list[str] = []
-        self.batching = create_batching_policy(args)
+        self.batching = create_batching_policy(config)
         self.num_preemptions = 0
-        self.peak_running = 0                       # most requests running in one step
-        self.num_steps = 0                          # steps that scheduled something
-        self.last_kv_stats: KVStats = kv.stats()    # taken as each non-empty step is scheduled
 
     # -- requests in and out ---------------------------------------------------------
 
@@ -83,8 +85,10 @@ class Scheduler:
         else:
             self.waiting.append(req)
 
-    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
-        """Remove a request (stop, abort or error) and free its KV blocks at once."""
+    def finish_request(self, request_id: str, status: RequestStatus,
+                       stop_reason: int | str | None = None) -> Request | None:
+        """Remove a request (stop, abort or error) and free its KV blocks at once; the
+        only place a request becomes finished."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
@@ -94,6 +98,7 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.free(req)
         req.status = status
+        req.stop_reason = stop_reason
         req.finished_time = time.monotonic()
         self._finished_ids.append(request_id)
         return req
@@ -108,6 +113,11 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    def stats(self, num_scheduled_tokens: int = 0) -> SchedulerStats:
+        return SchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
+                              num_preemptions=self.num_preemptions, kv=self.kv.stats(),
+                              num_scheduled_tokens=num_scheduled_tokens)
 
     # -- one step ----------------------------------------------------------------------
 
@@ -146,12 +156,14 @@ class Scheduler:
                 budget -= num_new
                 prefill += num_new
 
-        if scheduled:
-            self._record_step()
+        stats = self.stats(sum(len(s.token_ids) for s in scheduled))
+        if scheduled and logger.isEnabledFor(logging.DEBUG):
+            self._log_step(stats)
         finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(scheduled=scheduled, preempted=preempted,
                                block_copies=self.kv.take_block_copies(),
-                               kv_transfers=self.kv.take_transfers(), finished_ids=finished)
+                               kv_transfers=self.kv.take_transfers(), finished_ids=finished,
+                               stats=stats)
 
     def _try_admit(self, req: Request, budget: int, now: float,
                    scheduled: list[ScheduledRequest]) -> int:
@@ -202,18 +214,15 @@ class Scheduler:
             preempted.append(victim.request_id)
         return n, budget
 
-    def _record_step(self) -> None:
-        self.num_steps += 1
-        self.peak_running = max(self.peak_running, len(self.running))
-        self.last_kv_stats = stats = self.kv.stats()
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("step: %d running, %d waiting; KV %d/%d blocks, utilisation %.1f%%, "
-                         "fragmentation internal %.1f%% external %.1f%%; preemptions %d, "
-                         "moved blocks %d", len(self.running), len(self.waiting),
-                         stats.num_used_blocks, stats.num_blocks, 100 * stats.utilization,
-                         100 * stats.internal_fragmentation,
-                         100 * stats.external_fragmentation, self.num_preemptions,
-                         stats.moved_blocks)
+    @staticmethod
+    def _log_step(stats: SchedulerStats) -> None:
+        kv = stats.kv
+        logger.debug("step: %d running, %d waiting; KV %d/%d blocks, utilisation %.1f%%, "
+                     "fragmentation internal %.1f%% external %.1f%%; preemptions %d, "
+                     "moved blocks %d", stats.num_running, stats.num_waiting,
+                     kv.num_used_blocks, kv.num_blocks, 100 * kv.utilization,
+                     100 * kv.internal_fragmentation, 100 * kv.external_fragmentation,
+                     stats.num_preemptions, kv.moved_blocks)
 
     def _scheduled(self, req: Request, num_new: int) -> ScheduledRequest:
         start = req.num_computed_tokens
@@ -240,12 +249,15 @@ class Scheduler:
         self.num_preemptions += 1
         self._enqueue(req, front=True)
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+    def update(self, output: SchedulerOutput, sampled: dict[str, int],
+               stop_strings: dict[str, str] | None = None) -> list[Request]:
         """Advance requests by what the step computed; returns those that got a token.
 
-        Token-level stops (EOS, stop_token_ids, max_tokens) finish requests here; stop
-        strings are found by the detokenizer, which calls ``finish_request``.
+        Requests that stop finish here: on a stop string the detokenizer found in the new
+        token's text (``stop_strings``: request id -> the string), EOS, stop_token_ids or
+        max_tokens.
         """
+        stop_strings = stop_strings or {}
         now = time.monotonic()
         progressed = []
         for sr in output.scheduled:
@@ -259,21 +271,23 @@ class Scheduler:
             req.output_token_ids.append(token)
             req.first_token_time = req.first_token_time or now
             progressed.append(req)
-            status = self._stop_status(req, token)
-            if status is not None:
-                self.finish_request(req.request_id, status)
+            stop = self._stop(req, token, stop_strings.get(sr.request_id))
+            if stop is not None:
+                self.finish_request(req.request_id, *stop)
         return progressed
 
     @staticmethod
-    def _stop_status(req: Request, token: int) -> RequestStatus | None:
+    def _stop(req: Request, token: int, stop_string: str | None
+              ) -> tuple[RequestStatus, int | str | None] | None:
+        """(status, stop_reason) if ``token`` ends the request; a stop string comes first."""
+        if stop_string is not None:
+            return RequestStatus.FINISHED_STOPPED, stop_string
         sp = req.sampling_params
         if req.num_output_tokens >= sp.min_tokens:
             if token == req.eos_token_id and not sp.ignore_eos:
-                req.stop_reason = None
-                return RequestStatus.FINISHED_STOPPED
+                return RequestStatus.FINISHED_STOPPED, None
             if token in sp.stop_token_ids:
-                req.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
+                return RequestStatus.FINISHED_STOPPED, token
         if req.num_output_tokens >= req.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
+            return RequestStatus.FINISHED_LENGTH, None
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from kvserve.core.kv.interface import KVStats
 from kvserve.core.kv.tiers import KVTransfer
 from kvserve.sampling_params import SamplingParams
 
@@ -32,12 +33,24 @@ class ScheduledRequest:
 
 
 @dataclass(frozen=True)
+class SchedulerStats:
+    """The scheduler's state as a step was scheduled: what metrics and benchmarks read."""
+
+    num_running: int
+    num_waiting: int
+    num_preemptions: int      # cumulative
+    kv: KVStats
+    num_scheduled_tokens: int = 0  # tokens the step computes (0 between steps)
+
+
+@dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     preempted: list[str] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # done before the step
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # swap / disk, before copies
     finished_ids: list[str] = field(default_factory=list)  # runner may drop their state
+    stats: SchedulerStats | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -113,6 +113,7 @@ class AsyncLLMEngine:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
         self.metrics = metrics
         if metrics is not None:
             metrics.publish_cache_config(engine.cache_config_info())
@@ -213,6 +214,11 @@ class AsyncLLMEngine:
         finally:
             self._pending_adds -= 1
         return stream
+
+    def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> int:
+        """The engine's prompt checks (they read only settings fixed at start, so any
+        thread may run them); returns the resolved max_tokens, raises ValueError."""
+        return self.engine.validate_prompt(token_ids, params)
 
     async def stream_outputs(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs until finished; leaving early aborts the request."""
@@ -385,15 +391,14 @@ class AsyncLLMEngine:
             self._post(self._fail_streams, ids, message)
 
     def _publish(self) -> None:
-        sched = self.engine.scheduler
-        kv = self.engine.kv.stats()
-        mover = self.engine.runner.mover
+        stats = self.engine.get_stats()
+        sched, kv, moved = stats.scheduler, stats.scheduler.kv, stats.transfers
         snap = EngineSnapshot(
             num_running=sched.num_running, num_waiting=sched.num_waiting, kv_usage=kv.usage,
             kv_utilization=kv.utilization, kv_fragmentation=kv.fragmentation,
             num_preemptions=sched.num_preemptions,
             prefix_hit_rate=kv.prefix_hits / kv.prefix_queries if kv.prefix_queries else None,
             prefix_queries=kv.prefix_queries, prefix_hits=kv.prefix_hits,
-            transfer_bytes=dict(mover.bytes_moved), transfer_seconds=dict(mover.seconds))
+            transfer_bytes=dict(moved.bytes_moved), transfer_seconds=dict(moved.seconds))
         self.snapshot = snap
         self._stats.on_state(snap)

@@ -1,41 +1,34 @@
-"""LLMEngine: the synchronous step loop that ties scheduler, KV manager and runner.
+"""LLMEngine: the synchronous step loop over a scheduler, a KV manager and a worker.
 
-add_request -> step() ... -> RequestOutputs. One step schedules a flat batch,
-runs the model on it, advances the scheduler with the sampled tokens and turns them
-into text. The engine is not thread-safe; the async engine drives it from one thread.
+add_request -> step() ... -> RequestOutputs. One step schedules a flat batch, has the
+worker run the model on it, advances the scheduler with the sampled tokens (the
+scheduler decides which requests are finished) and turns the tokens into text. The
+engine reads nothing of the platform: threads, kernels, memory and warm-up are the
+worker's. It is not thread-safe; the async engine drives it from one thread.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import json
-import os
 import time
 from pathlib import Path
 
-import torch
-
-from kvserve.config import EngineArgs, parse_size
+from kvserve.config import EngineArgs, EngineConfig
 from kvserve.core.kv import create_kv_manager
 from kvserve.core.scheduler import Scheduler
+from kvserve.core.scheduler_output import SchedulerStats
 from kvserve.engine.output_processor import OutputProcessor
-from kvserve.kernels import load_kernels
 from kvserve.logger import init_logger
-from kvserve.model.config import ModelConfig
-from kvserve.model.loader import load_model, resolve_dtype
 from kvserve.model.tokenizer import Tokenizer
 from kvserve.outputs import RequestOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
-from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
-from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
-    freeze_startup_objects, keep_freed_memory, physical_cores
+from kvserve.worker import KVCacheLayout, TransferStats, create_worker
 
 logger = init_logger(__name__)
 
 PromptType = str | list[int] | dict
-_DEFAULT_KV_SHARE = 0.4  # of available RAM: the rest is headroom for weights and activations
-_DEFAULT_KV_CAP = 4 * 2**30  # as vLLM's CPU backend: more is rarely used, and zeroing costs
 
 
 def read_prompt_file(path: str) -> list[str | dict]:
@@ -54,149 +47,72 @@ def read_prompt_file(path: str) -> list[str | dict]:
     return prompts
 
 
-def resolve_model_dir(model: str | None) -> Path:
-    if model is None:
-        from kvserve.models import default_model_dir
-        model = default_model_dir()
-    path = Path(model)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model directory {model!r} does not exist (kvserve loads "
-                                "local directories in Hugging Face layout; no hub downloads)")
-    return path
+def stop_token_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer
+                   ) -> tuple[int | None, list[int]]:
+    """(the EOS token, the other ids that end a generation) from config.json's,
+    generation_config.json's and the tokenizer's EOS tokens."""
+    ids = list(config_eos)
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
+    primary = tokenizer.eos_token_id
+    if primary is None and ids:
+        primary = ids[0]
+    return primary, sorted({i for i in ids if i != primary})
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStats:
+    """The engine's state between steps, for metrics (one value, no reaching inside)."""
+
+    scheduler: SchedulerStats
+    transfers: TransferStats
 
 
 class LLMEngine:
-    def __init__(self, args: EngineArgs) -> None:
-        self.args = args
-        self.model_dir = resolve_model_dir(args.model)
-        torch.set_num_threads(args.num_threads or physical_cores())
-        self.bound_cpus = self._bind_compute_threads()
-        keep_freed_memory()
-        self.model_config = ModelConfig.from_dir(self.model_dir)
-        self.tokenizer = Tokenizer(self.model_dir)
-        self.max_model_len = self._max_model_len()
-        self.dtype = resolve_dtype(args.dtype, self.model_config)
-        self.kv_dtype = (self.dtype if args.kv_cache_dtype == "auto"
-                         else getattr(torch, args.kv_cache_dtype))
-        self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")
-        start = time.perf_counter()
-        model = load_model(self.model_dir, self.model_config, self.dtype, args.quantization)
-        self.num_kv_blocks = self._num_kv_blocks()
-        swap_slots, disk_slots = self._tier_slots()
-        self.kv = create_kv_manager(args, self.num_kv_blocks, swap_slots=swap_slots,
-                                    disk_slots=disk_slots)
-        self.scheduler = Scheduler(args, self.kv)
-        disk_path = (Path(args.kv_offload_dir) / f"kvserve-kv-{os.getpid()}.bin"
-                     if disk_slots else None)
-        self.runner = ModelRunner(model, self.model_config, self.num_kv_blocks,
-                                  args.block_size, self.kv_dtype, args.seed, swap_slots,
-                                  disk_slots, disk_path, args.attention_backend == "auto")
-        self.runner.warm_up(min(args.max_num_batched_tokens, self.max_model_len - 1))
-        self.linear_min_rows, pass_times = self.runner.pad_small_gemms(args.linear_min_rows)
-        if pass_times:
-            rows = self.linear_min_rows
-            logger.info("linear layers, one pass at 1-%d rows (ms): %s; %s", len(pass_times),
-                        " ".join(f"{1000 * t:.2f}" for t in pass_times.values()),
-                        f"GEMMs of fewer rows run padded to {rows}" if rows > 1
-                        else "no padding (no row count clearly faster)")
-        self._warm_gemm_kernels()
+    def __init__(self, args: EngineArgs | EngineConfig) -> None:
+        self.config = config = (args.create_engine_config() if isinstance(args, EngineArgs)
+                                else args)
+        self.worker = create_worker(config)
+        self.kv_layout: KVCacheLayout = self.worker.determine_kv_cache_layout()
+        self.worker.initialize_kv_cache(self.kv_layout)
+        layout = self.kv_layout
+        self.kv = create_kv_manager(config.cache, layout.num_blocks, layout.swap_slots,
+                                    layout.disk_slots)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.tokenizer = Tokenizer(config.model.model_dir)
         self.outputs = OutputProcessor(self.tokenizer)
-        self.eos_token_id, self.extra_stop_ids = self._eos_ids()
+        self.eos_token_id, self.extra_stop_ids = stop_token_ids(
+            config.model.model_dir, config.model.arch.eos_token_ids, self.tokenizer)
         self._ids = itertools.count()
-        logger.info("loaded %s (%s, %s, %d threads) in %.1fs; max_model_len %d",
-                    self.model_dir, self.model_config.architecture, self.dtype,
-                    torch.get_num_threads(), time.perf_counter() - start, self.max_model_len)
-        if args.warmup_prompts:
-            self.warm_up(args.warmup_prompts)
-        freeze_startup_objects()
+        self.last_step_stats: SchedulerStats | None = None
+        self.worker.warm_up()
+        if config.cache.warmup_prompts:
+            self.pin_prompts(config.cache.warmup_prompts)
+        self.worker.finish_startup()
 
-    # -- set-up ----------------------------------------------------------------------------
+    # -- set-up and state ----------------------------------------------------------------
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.model.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.model.arch.vocab_size
 
     def cache_config_info(self) -> dict[str, object]:
         """The KV cache settings in force (exported as kvserve:cache_config_info)."""
-        return {"block_size": self.args.block_size, "cache_dtype": self.kv_dtype_name,
-                "num_kv_blocks": self.num_kv_blocks, "kv_manager": self.args.kv_manager,
-                "enable_prefix_caching": self.args.enable_prefix_caching}
+        cache = self.config.cache
+        return {"block_size": cache.block_size, "cache_dtype": self.kv_layout.dtype_name,
+                "num_kv_blocks": self.kv_layout.num_blocks, "kv_manager": cache.kv_manager,
+                "enable_prefix_caching": cache.enable_prefix_caching}
 
-    def _bind_compute_threads(self) -> list[int] | None:
-        """Bind torch's compute threads one to a CPU (``omp_threads_bind``), as vLLM's CPU
-        worker does: unbound, the scheduler moves them between cores and stacks them with
-        other threads. Called from the thread that will run the model (its OpenMP team is
-        the one bound). Returns the CPUs, or None when not bound."""
-        threads = torch.get_num_threads()
-        cpus = cpus_to_bind(self.args.omp_threads_bind, threads)
-        if cpus is None:
-            return None
-        kernels = load_kernels()
-        if not kernels.available:
-            logger.info("compute threads not bound: no native kernels (%s)", kernels.reason)
-            return None
-        failed = kernels.bind_threads(cpus)
-        if failed:
-            raise RuntimeError(f"could not bind {failed} of {threads} compute threads to CPUs "
-                               f"{cpus}")
-        logger.info("compute threads bound to CPUs %s", ",".join(map(str, cpus)))
-        return cpus
+    def get_stats(self) -> EngineStats:
+        return EngineStats(self.scheduler.stats(), self.worker.transfer_stats())
 
-    def _warm_gemm_kernels(self) -> None:
-        rows = self.args.gemm_warmup_rows
-        rows = self.args.max_num_seqs if rows is None else rows
-        if not rows:
-            return
-        start = time.perf_counter()
-        shapes, warmed = self.runner.warm_gemm_kernels(rows)
-        if shapes:
-            capped = f" (of {rows}: the kernel caches' room)" if warmed < rows else ""
-            logger.info("GEMM kernels generated for %d shapes x 1-%d rows%s in %.1fs", shapes,
-                        warmed, capped, time.perf_counter() - start)
-
-    def _max_model_len(self) -> int:
-        limit = self.model_config.max_position_embeddings
-        wanted = self.args.max_model_len or limit
-        if wanted > limit:
-            raise ValueError(f"max_model_len {wanted} exceeds the model's "
-                             f"max_position_embeddings {limit}")
-        return wanted
-
-    def _num_kv_blocks(self) -> int:
-        args = self.args
-        per_block = kv_bytes_per_block(self.model_config, args.block_size, self.kv_dtype)
-        if args.num_kv_blocks is not None:
-            num = args.num_kv_blocks
-            source = "num_kv_blocks"
-        elif args.kv_cache_memory is not None:
-            num = parse_size(args.kv_cache_memory) // per_block
-            source = f"kv_cache_memory={args.kv_cache_memory}"
-            if num < 1:
-                raise ValueError(f"kv_cache_memory {args.kv_cache_memory} is smaller than one KV "
-                                 f"block ({per_block} bytes)")
-        else:
-            share = int(min(available_memory_bytes() * _DEFAULT_KV_SHARE, _DEFAULT_KV_CAP))
-            useful = args.max_num_seqs * -(-self.max_model_len // args.block_size)
-            num = max(1, min(share // per_block, useful))
-            source = (f"default: min({_DEFAULT_KV_SHARE:.0%} of available RAM, "
-                      f"{_DEFAULT_KV_CAP / 2**30:g} GiB, max_num_seqs x max_model_len)")
-        logger.info("KV cache: %d blocks x %d tokens = %.1f MiB of %s (%s)", num,
-                    args.block_size, num * per_block / 2**20, self.kv_dtype_name, source)
-        return num
-
-    def _tier_slots(self) -> tuple[int, int]:
-        args = self.args
-        per_block = kv_bytes_per_block(self.model_config, args.block_size, self.kv_dtype)
-        swap = int(args.swap_space * 2**30) // per_block if args.preemption_mode == "swap" else 0
-        disk = parse_size(args.kv_offload_size) // per_block if args.kv_offload_dir else 0
-        if args.preemption_mode == "swap" and swap < 1:
-            raise ValueError(f"swap_space {args.swap_space} GiB holds no KV block "
-                             f"({per_block} bytes); raise it or use preemption_mode recompute")
-        if args.kv_offload_dir and disk < 1:
-            raise ValueError(f"kv_offload_size {args.kv_offload_size} holds no KV block "
-                             f"({per_block} bytes)")
-        for name, slots in (("swap space", swap), ("disk tier", disk)):
-            if slots:
-                logger.info("%s: %d blocks (%.1f MiB)", name, slots, slots * per_block / 2**20)
-        return swap, disk
-
-    def warm_up(self, path: str) -> None:
+    def pin_prompts(self, path: str) -> None:
         """Compute the KV of each prompt in ``path`` and pin it in the prefix cache."""
         prompts = read_prompt_file(path)
         params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -207,16 +123,8 @@ class LLMEngine:
         logger.info("warm-up: %d prompts, %d tokens of KV pinned in the prefix cache",
                     len(ids), pinned)
 
-    def _eos_ids(self) -> tuple[int | None, list[int]]:
-        ids = list(self.model_config.eos_token_ids)
-        gen_path = self.model_dir / "generation_config.json"
-        if gen_path.is_file():
-            eos = json.loads(gen_path.read_text()).get("eos_token_id")
-            ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
-        primary = self.tokenizer.eos_token_id
-        if primary is None and ids:
-            primary = ids[0]
-        return primary, sorted({i for i in ids if i != primary})
+    def close(self) -> None:
+        self.worker.close()
 
     # -- requests ------------------------------------------------------------------------
 
@@ -239,7 +147,7 @@ class LLMEngine:
         """Checks the prompt; returns the resolved max_tokens."""
         if not token_ids:
             raise ValueError("prompt must not be empty")
-        vocab = self.model_config.vocab_size
+        vocab = self.vocab_size
         bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool)
                or not 0 <= t < vocab]
         if bad:
@@ -304,19 +212,19 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One step; ``last_step_stats`` then holds the scheduler's state as it was
+        scheduled (None when the step had nothing to run)."""
         sched = self.scheduler.schedule()
+        self.last_step_stats = sched.stats if sched.scheduled else None
         try:
-            results = self.runner.execute(sched)
+            results = self.worker.execute_model(sched)
         except Exception:  # a failing step fails its requests, not the engine
             logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
             self.kv.reset_prefix_cache()  # blocks registered for this step were never written
             return self._fail([s.request_id for s in sched.scheduled])
-        progressed = self.scheduler.update(sched, {k: r.token_id for k, r in results.items()})
-        for req in self.outputs.process_tokens(progressed, results):
-            if req.is_finished:
-                req.status = RequestStatus.FINISHED_STOPPED
-            else:
-                self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
+        stop_strings = self.outputs.process_tokens(results)
+        progressed = self.scheduler.update(sched, {k: r.token_id for k, r in results.items()},
+                                           stop_strings)
         parents = dict.fromkeys(self.outputs.parent_of[r.request_id] for r in progressed)
         return [self.outputs.make_output(p) for p in parents]
 

@@ -57,39 +57,43 @@ class OutputProcessor:
         state = self.parents.get(parent_id)
         return list(state.children) if state else []
 
-    def process_tokens(self, progressed: list[Request], results: dict[str, SampleResult]
-                       ) -> list[Request]:
-        """Detokenize each new token; returns requests whose text hit a stop string."""
-        stopped = []
-        for req in progressed:
-            seq = self.parents[self.parent_of[req.request_id]].children[req.request_id]
-            result = results[req.request_id]
+    def process_tokens(self, results: dict[str, SampleResult]) -> dict[str, str]:
+        """Detokenize each sequence's new token; returns the stop string each sequence
+        whose text hit one found (the scheduler then finishes it)."""
+        stopped = {}
+        for rid, result in results.items():
+            parent = self.parent_of.get(rid)
+            if parent is None:  # not a request of ours (gone meanwhile)
+                continue
+            seq = self.parents[parent].children[rid]
+            req = self.parents[parent].requests[rid]
             if seq.logprobs is not None:
                 seq.logprobs.append(self._logprob_entry(result))
                 seq.cumulative_logprob += result.logprob
             delta = seq.decoder.step(result.token_id)
             if not delta:
                 continue
-            if self._append_checking_stops(seq, req, delta):
-                stopped.append(req)
+            stop = self._append_checking_stops(seq, req, delta)
+            if stop is not None:
+                stopped[rid] = stop
         return stopped
 
-    def _append_checking_stops(self, seq: SequenceState, req: Request, delta: str) -> bool:
+    def _append_checking_stops(self, seq: SequenceState, req: Request, delta: str
+                               ) -> str | None:
         sp = req.sampling_params
         if not sp.stop_list:
             seq.text += delta
-            return False
+            return None
         tail_from = max(0, len(seq.text) - max(len(s) for s in sp.stop_list) + 1)
         seq.text += delta
         hits = [(seq.text.find(s, tail_from), s) for s in sp.stop_list]
         hits = [(i, s) for i, s in hits if i >= 0]
         if not hits:
-            return False
+            return None
         pos, stop = min(hits)
         seq.text = seq.text[:pos + len(stop)] if sp.include_stop_str_in_output else seq.text[:pos]
         seq.stop_string = stop
-        req.stop_reason = stop
-        return True
+        return stop
 
     def _logprob_entry(self, r: SampleResult) -> dict[int, Logprob]:
         entry = {tid: Logprob(lp, rank + 1, self.tokenizer.id_to_token(tid))

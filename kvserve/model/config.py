@@ -1,4 +1,4 @@
-"""ModelConfig: the parts of a Hugging Face config.json the engine uses, normalised."""
+"""ArchConfig: the parts of a Hugging Face config.json the engine uses, normalised."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ArchConfig:
     architecture: str
     vocab_size: int
     hidden_size: int
@@ -43,14 +43,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+    def from_dir(cls, model_dir: str | Path) -> ArchConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"model directory {model_dir} has no config.json")
         return cls.from_dict(json.loads(path.read_text()), source=str(path))
 
     @classmethod
-    def from_dict(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
+    def from_dict(cls, cfg: dict, source: str = "config.json") -> ArchConfig:
         archs = cfg.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -85,13 +85,13 @@ def _rope(cfg: dict) -> RopeConfig:
         original_max_position_embeddings=params.get("original_max_position_embeddings"))
 
 
-def _llama_like_config(arch: str, cfg: dict) -> ModelConfig:
+def _llama_like_config(arch: str, cfg: dict) -> ArchConfig:
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
     sliding = cfg.get("sliding_window")
     if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
         sliding = None
-    return ModelConfig(
+    return ArchConfig(
         architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=hidden,
         num_layers=cfg["num_hidden_layers"], num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads,
@@ -107,10 +107,10 @@ def _llama_like_config(arch: str, cfg: dict) -> ModelConfig:
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg))
 
 
-def _gpt2_config(cfg: dict) -> ModelConfig:
+def _gpt2_config(cfg: dict) -> ArchConfig:
     hidden = cfg["n_embd"]
     heads = cfg["n_head"]
-    return ModelConfig(
+    return ArchConfig(
         architecture="GPT2LMHeadModel", vocab_size=cfg["vocab_size"], hidden_size=hidden,
         num_layers=cfg["n_layer"], num_heads=heads, num_kv_heads=heads,
         head_dim=hidden // heads, intermediate_size=cfg.get("n_inner") or 4 * hidden,

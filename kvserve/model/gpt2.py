@@ -5,12 +5,12 @@ import torch
 from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
-from kvserve.model.config import ModelConfig
+from kvserve.model.config import ArchConfig
 from kvserve.model.layers import Linear, activation, in_row_chunks
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.c_attn = Linear(cfg.hidden_size, 3 * cfg.hidden_size)
@@ -26,7 +26,7 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.c_fc = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.c_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
@@ -40,7 +40,7 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.attn = GPT2Attention(cfg)
@@ -54,7 +54,7 @@ class GPT2Block(nn.Module):
 
 
 class GPT2Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
@@ -67,7 +67,7 @@ class GPT2LMHeadModel(nn.Module):
     # HF stores these as Conv1D ([in, out]); nn.Linear wants [out, in].
     transposed_params = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.config = cfg
         self.transformer = GPT2Transformer(cfg)

@@ -9,27 +9,34 @@ from torch import nn
 
 from kvserve.kernels import NATIVE_ELEMENTWISE_DTYPES
 from kvserve.model.config import RopeConfig
+from kvserve.model.execution import ExecutionMode
 
 
 class Linear(nn.Linear):
     """nn.Linear that can run on oneDNN with its weight packed once, as vLLM's CPU build does.
 
-    MKL's GEMM behind F.linear reaches half of this CPU's float32 peak or less when the
-    weights come cold from memory, as they do at every step of a model larger than the
-    cache. oneDNN with the weight reordered once into its blocked layout streams them
-    well at every batch size (bench-100m's 49 matmuls, weights cold: 1.7x at 1 row and
-    at 48 rows, 1.3x at 512). :func:`use_packed_linear` turns it on after loading.
-    The packed copy doubles the memory of the linear weights. Releasing the dense copy
-    was measured: it saves that memory but made a batch-1 decode step ~10 % slower, and
-    holding the freed tensors elsewhere restored the speed — an allocator effect, not a
-    compute one — so the dense copy is kept.
+    MKL's GEMM behind F.linear streams weights that come cold from memory (as at every
+    step of a model larger than the cache) well below the CPU's peak; oneDNN with the
+    weight reordered once into its blocked layout streams them well at every batch
+    size. The packed copy doubles the memory of the linear weights; the dense copy is
+    kept because releasing it made small decode steps slower (docs/performance.md).
     """
 
     packed_weight: torch.Tensor | None = None
-    # a packed GEMM of fewer rows runs on min_rows rows, the real ones first
-    # (kvserve.worker.row_padding chooses it; 1: never padded)
-    min_rows: int = 1
+    min_rows: int = 1  # a packed GEMM of fewer rows runs on min_rows rows, the real ones first
     _padded: torch.Tensor | None = None
+
+    def configure(self, mode: ExecutionMode) -> None:
+        """Packed (once) when the mode asks and oneDNN runs this dtype well; padded to
+        ``mode.linear_min_rows`` rows when packed."""
+        if mode.packed_linear and packable(self.weight.dtype):
+            if self.packed_weight is None:
+                self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
+                    self.weight.detach().contiguous())
+        else:
+            self.packed_weight = None
+        self.min_rows = mode.linear_min_rows if self.packed_weight is not None else 1
+        self._padded = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is None or x.dim() != 2:
@@ -60,38 +67,16 @@ def packed_bf16_available() -> bool:
     return packed_linear_available() and supported is not None and bool(supported())
 
 
-def use_packed_linear(model: nn.Module) -> int:
-    """Pack the weight of every float32 Linear for oneDNN, and of every bfloat16 one where
-    oneDNN runs bf16 in hardware (bench-100m's shapes: 1.6x F.linear at 16 rows, 1.1x at
-    128, same results); returns how many were packed."""
-    if not packed_linear_available():
-        return 0
-    dtypes = {torch.float32, torch.bfloat16} if packed_bf16_available() else {torch.float32}
-    count = 0
-    for module in model.modules():
-        if isinstance(module, Linear) and module.weight.dtype in dtypes:
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
-                module.weight.detach().contiguous())
-            count += 1
-    return count
-
-
-def use_native_kernels(model: nn.Module, kernels) -> int:
-    """Run the layers that have native forms (RMSNorm, rotary, SiLU-and-multiply, the
-    int8 linear's quantize and rescale passes) on ``kernels`` where the model computes
-    in float32; returns how many layers were switched."""
-    count = 0
-    for module in model.modules():
-        if callable(getattr(module, "native_ok", None)) and module.native_ok():
-            module.native = kernels
-            count += 1
-    return count
+def packable(dtype: torch.dtype) -> bool:
+    """float32 always (where oneDNN is there); bfloat16 where oneDNN runs it in hardware."""
+    if dtype == torch.float32:
+        return packed_linear_available()
+    return dtype == torch.bfloat16 and packed_bf16_available()
 
 
 # glibc serves allocations of 32 MiB and more (its largest mmap threshold) with fresh
-# pages from the kernel at every call. Keeping each MLP intermediate under half that
-# lets the heap reuse it: a 2,048-token step of bench-100m (gate|up output: 32 MiB)
-# took ~100,000 page faults and 35 % longer than a 2,000-token one before.
+# pages from the kernel at every call; keeping each MLP intermediate under half that
+# lets the heap reuse it (docs/performance.md).
 MAX_INTERMEDIATE_BYTES = 16 * 2**20
 
 
@@ -106,15 +91,16 @@ def in_row_chunks(fn, x: torch.Tensor, row_elements: int) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    native = None  # kvserve.kernels.Kernels, set by use_native_kernels
+    native = None  # kvserve.kernels.Kernels when configured to use them
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def native_ok(self) -> bool:
-        return self.weight.dtype in NATIVE_ELEMENTWISE_DTYPES
+    def configure(self, mode: ExecutionMode) -> None:
+        ok = self.weight.dtype in NATIVE_ELEMENTWISE_DTYPES
+        self.native = mode.kernels if ok else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """RMSNorm(x); with ``residual``: residual + x (written into ``residual``) and its
@@ -159,7 +145,7 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables, indexed by absolute position (rotate-half layout)."""
 
-    native = None  # kvserve.kernels.Kernels, set by use_native_kernels
+    native = None  # kvserve.kernels.Kernels when configured to use them
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
@@ -169,8 +155,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def native_ok(self) -> bool:
-        return self.cos.dtype in NATIVE_ELEMENTWISE_DTYPES
+    def configure(self, mode: ExecutionMode) -> None:
+        self.native = mode.kernels if self.cos.dtype in NATIVE_ELEMENTWISE_DTYPES else None
 
     def rotate_qkv_(self, positions: torch.Tensor, qkv: torch.Tensor, num_q: int,
                     num_k: int, head_dim: int) -> bool:
@@ -197,15 +183,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class GatedActivation(nn.Module):
     """act(gate) * up for a fused [T, gate | up] activation (the gated MLPs)."""
 
-    native = None  # kvserve.kernels.Kernels, set by use_native_kernels
+    native = None  # kvserve.kernels.Kernels when configured to use them
 
     def __init__(self, name: str) -> None:
         super().__init__()
         self.act = activation(name)
         self.is_silu = name in ("silu", "swish")
 
-    def native_ok(self) -> bool:
-        return self.is_silu
+    def configure(self, mode: ExecutionMode) -> None:
+        self.native = mode.kernels if self.is_silu else None
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.native is not None and gate_up.dim() == 2 and gate_up.dtype == torch.float32:

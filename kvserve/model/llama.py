@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
-from kvserve.model.config import ModelConfig
+from kvserve.model.config import ArchConfig
 from kvserve.model.layers import GatedActivation, Linear, RMSNorm, RotaryEmbedding, \
     in_row_chunks
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -43,7 +43,7 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
@@ -58,7 +58,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.self_attn = LlamaAttention(cfg)
@@ -82,7 +82,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
@@ -101,7 +101,7 @@ class LlamaForCausalLM(nn.Module):
     }
     transposed_params: tuple[str, ...] = ()
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from kvserve.model.config import ModelConfig
+from kvserve.model.config import ArchConfig
 from kvserve.model.gpt2 import GPT2LMHeadModel
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.model.quantization import quantize_model
@@ -40,7 +40,7 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(requested: str, model_config: ModelConfig) -> torch.dtype:
+def resolve_dtype(requested: str, model_config: ArchConfig) -> torch.dtype:
     """``auto``: the checkpoint's dtype if this CPU runs it fast, else float32."""
     if requested != "auto":
         return _DTYPES[requested]
@@ -83,7 +83,7 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor, Path]]:
                 yield name, f.get_tensor(name), path
 
 
-def load_model(model_dir: str | Path, model_config: ModelConfig, dtype: torch.dtype,
+def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dtype,
                quantization: str | None = None) -> nn.Module:
     """The checkpoint's model in ``dtype``, its linear layers quantized if asked."""
     model_dir = Path(model_dir)

@@ -24,7 +24,7 @@ import functools
 import torch
 from torch import nn
 
-from kvserve.config import QUANTIZATION_METHODS
+from kvserve.config.model import QUANTIZATION_METHODS
 
 _QMAX = 127
 
@@ -45,7 +45,7 @@ class Int8Linear(nn.Module):
     ``bias`` [out] in the compute dtype. Inputs are 2-D [tokens, in].
     """
 
-    native = None  # kvserve.kernels.Kernels (quantize / rescale passes), set by use_native_kernels
+    native = None  # kvserve.kernels.Kernels (quantize / rescale passes) when configured
 
     def __init__(self, qweight: torch.Tensor, weight_scale: torch.Tensor,
                  bias: torch.Tensor | None, dtype: torch.dtype) -> None:
@@ -55,8 +55,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", bias)
         self.out_dtype = dtype
 
-    def native_ok(self) -> bool:
-        return self.out_dtype == torch.float32
+    def configure(self, mode) -> None:
+        """Native quantize / rescale passes for a float32 model (kvserve.model.execution)."""
+        self.native = mode.kernels if self.out_dtype == torch.float32 else None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:

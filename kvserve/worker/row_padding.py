@@ -2,12 +2,12 @@
 
 A decode step with a few sequences is a pass of few-row GEMMs over every weight of the
 model, bound by memory. How fast oneDNN streams the weights depends on the kernel it
-picks for the row count, and more rows is not always slower: on the AVX-512 CPU this
-project is measured on, bench-100m's linear layers (weights cold) took 14.4 ms at 1 row,
-16-18 ms at 2 and 11.5 ms at 6; decode steps of 1 and 2 sequences ran 11 % and 19 %
-faster padded to 6 rows. Which count wins is the kernel library's and the CPU's
-business, so it is measured at start on the model's own layers, not assumed: the
-fastest row count of a cold pass is kept when it beats the smaller counts clearly.
+picks for the row count, and more rows is not always slower: on some CPUs a 6-row pass
+beats a 1-row one (docs/performance.md). Which count wins is the kernel library's and
+the CPU's business, so the worker measures it at start on the model's own layers, not
+assumed: the fastest row count of a cold pass is kept when it beats the smaller counts
+clearly. This module only measures and chooses; the worker applies the choice through
+:func:`kvserve.model.execution.configure_layers`.
 """
 from __future__ import annotations
 
@@ -27,33 +27,22 @@ def packed_linears(model: nn.Module) -> list[Linear]:
     return [m for m in model.modules() if isinstance(m, Linear) and m.packed_weight is not None]
 
 
-def set_min_rows(model: nn.Module, rows: int) -> None:
-    for linear in packed_linears(model):
-        linear.min_rows = rows
-
-
 @torch.inference_mode()
 def time_passes(linears: list[Linear], row_counts: list[int], rounds: int) -> dict[int, float]:
-    """Median seconds of one pass through ``linears`` at each row count. The counts are
-    interleaved within each round so that a slow minute of the machine slows all alike;
-    a pass through a model larger than the cache finds its weights cold, as a step does."""
+    """Median seconds of one pass through ``linears`` at each row count, as the layers
+    are configured (unpadded, for a true measurement). The counts are interleaved within
+    each round so that a slow minute of the machine slows all alike; a pass through a
+    model larger than the cache finds its weights cold, as a step does."""
     gen = torch.Generator().manual_seed(0)  # leaves the global generator alone
     inputs = {m.in_features: torch.randn(max(row_counts), m.in_features, generator=gen,
                                          dtype=m.packed_weight.dtype) for m in linears}
-    saved = [m.min_rows for m in linears]
-    for m in linears:
-        m.min_rows = 1
     times: dict[int, list[float]] = {rows: [] for rows in row_counts}
-    try:
-        for _ in range(rounds + 1):  # the first round only warms up
-            for rows in row_counts:
-                start = time.perf_counter()
-                for m in linears:
-                    m(inputs[m.in_features][:rows])
-                times[rows].append(time.perf_counter() - start)
-    finally:
-        for m, rows in zip(linears, saved):
-            m.min_rows = rows
+    for _ in range(rounds + 1):  # the first round only warms up
+        for rows in row_counts:
+            start = time.perf_counter()
+            for m in linears:
+                m(inputs[m.in_features][:rows])
+            times[rows].append(time.perf_counter() - start)
     return {rows: statistics.median(ts[1:]) for rows, ts in times.items()}
 
 
@@ -67,13 +56,14 @@ def choose_min_rows(pass_times: dict[int, float], required_gain: float = REQUIRE
     return 1
 
 
-def tune_min_rows(model: nn.Module, rounds: int = 5) -> tuple[int, dict[int, float]]:
-    """Measure and set the padding target of the model's packed linear layers; returns
-    (the target, the pass times it was chosen from). (1, {}) without packed layers."""
+def measure_min_rows(model: nn.Module, rounds: int = 5) -> tuple[int, dict[int, float]]:
+    """The padding target for the model's packed linear layers, which must be unpadded
+    now; returns (the target, the pass times it was chosen from), (1, {}) without packed
+    layers."""
     linears = packed_linears(model)
     if not linears:
         return 1, {}
+    if any(m.min_rows != 1 for m in linears):
+        raise ValueError("measure_min_rows needs unpadded layers (linear_min_rows 1)")
     pass_times = time_passes(linears, list(range(1, TUNE_ROWS + 1)), rounds)
-    rows = choose_min_rows(pass_times)
-    set_min_rows(model, rows)
-    return rows, pass_times
+    return choose_min_rows(pass_times), pass_times

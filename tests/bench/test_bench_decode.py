@@ -7,7 +7,7 @@ from kvserve.bench.decode import DecodeResult, matmul_weight_bytes, measure_deco
 
 def test_weight_bytes_leave_out_embedding_lookups(llama_dir):
     llm = LLM(llama_dir)
-    model = llm.engine.runner.model
+    model = llm.engine.worker.runner.model
     cfg = model.config
     per_layer = (cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
                  + cfg.num_heads * cfg.head_dim * cfg.hidden_size
@@ -18,7 +18,7 @@ def test_weight_bytes_leave_out_embedding_lookups(llama_dir):
 
 
 def test_weight_bytes_of_an_int8_model(llama_dir):
-    model = LLM(llama_dir, quantization="int8").engine.runner.model
+    model = LLM(llama_dir, quantization="int8").engine.worker.runner.model
     cfg = model.config
     outs = [(cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size,
             2 * cfg.intermediate_size, cfg.hidden_size]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from kvserve.bench.cli import main
-from kvserve.bench.memory import COMBOS, parse_kv_budget, run_combo
+from kvserve.bench.memory import combos, parse_kv_budget, run_combo
 from kvserve.bench.workloads import mixed_workload, random_workload
 
 KEYS = {"kv_manager", "batching", "kv_utilization", "internal_fragmentation",
@@ -31,7 +31,7 @@ def test_dry_run_writes_json_markdown_and_plot(tmp_path, llama_dir, capsys):
     assert rc == 0
     data = json.loads(out.read_text())
     rows = data["results"]
-    assert [(r["kv_manager"], r["batching"]) for r in rows] == list(COMBOS)
+    assert [(r["kv_manager"], r["batching"]) for r in rows] == list(combos())
     for r in rows:
         assert KEYS <= set(r)
         assert 0 < r["kv_utilization"] <= 1 and r["output_tok_s"] is None

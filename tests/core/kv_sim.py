@@ -62,8 +62,8 @@ def simulate(args: EngineArgs, num_blocks: int, requests: list[Request],
              max_steps: int = 20_000, arrivals: dict[int, list[Request]] | None = None,
              clock: list[float] | None = None) -> SimResult:
     """Run ``requests`` to completion; ``arrivals`` adds more before given steps."""
-    kv = create_kv_manager(args, num_blocks)
-    sched = Scheduler(args, kv)
+    kv = create_kv_manager(args.create_cache_config(), num_blocks)
+    sched = Scheduler(args.create_scheduler_config(), kv)
     for req in requests:
         sched.add_request(req)
     all_reqs = {r.request_id: r for r in requests}
@@ -81,6 +81,8 @@ def simulate(args: EngineArgs, num_blocks: int, requests: list[Request],
         if clock is not None:
             clock[0] += 0.01
         out = sched.schedule()
+        if out.scheduled:
+            res.peak_running = max(res.peak_running, out.stats.num_running)
         # copies: gather-then-scatter, and in order; both must agree
         gathered = {d * bs + j: content.get(s * bs + j)
                     for s, d in out.block_copies for j in range(bs)}
@@ -140,7 +142,6 @@ def simulate(args: EngineArgs, num_blocks: int, requests: list[Request],
     res.steps = step
     res.preemptions = sched.num_preemptions
     res.moved_blocks = kv.stats().moved_blocks
-    res.peak_running = sched.peak_running
     res.outputs = {rid: r.output_token_ids for rid, r in all_reqs.items()}
     for rid, r in all_reqs.items():
         fp = prints.of(r)

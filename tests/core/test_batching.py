@@ -85,8 +85,8 @@ def test_static_admits_nothing_new_until_the_batch_is_done():
 
 
 def _run(args, num_blocks, reqs, on_step):
-    kv = create_kv_manager(args, num_blocks)
-    sched = Scheduler(args, kv)
+    kv = create_kv_manager(args.create_cache_config(), num_blocks)
+    sched = Scheduler(args.create_scheduler_config(), kv)
     for r in reqs:
         sched.add_request(r)
     while sched.has_unfinished():
@@ -104,16 +104,18 @@ def test_static_batches_run_to_completion_before_the_next(kv_manager):
     args = EngineArgs(kv_manager=kv_manager, batching="static", max_batch_size=4,
                       block_size=4, max_num_batched_tokens=64)
     seen_batches: list[set[str]] = []
+    peak = []
 
     def on_step(sched, out):
         running = {r.request_id for r in sched.running}
-        assert len(running) <= 4
+        assert len(running) <= 4 and out.stats.num_running == len(running)
+        peak.append(out.stats.num_running)
         if not seen_batches or not running <= seen_batches[-1]:
             seen_batches.append(running)
-    sched = _run(args, 64, reqs, on_step)
+    _run(args, 64, reqs, on_step)
     assert [sorted(b, key=int) for b in seen_batches] == [
         ["0", "1", "2", "3"], ["4", "5", "6", "7"], ["8", "9"]]
-    assert sched.peak_running == 4
+    assert max(peak) == 4
 
 
 def test_length_bucket_in_the_scheduler_waits_for_a_full_bucket_or_the_window():
@@ -123,7 +125,7 @@ def test_length_bucket_in_the_scheduler_waits_for_a_full_bucket_or_the_window():
             for i, n in enumerate(lengths)]
     args = EngineArgs(batching="length-bucket", max_batch_size=3, bucket_window_s=1.0,
                       max_num_batched_tokens=2048)
-    sched = Scheduler(args, create_kv_manager(args, 256))
+    sched = Scheduler(args.create_scheduler_config(), create_kv_manager(args.create_cache_config(), 256))
     for r in reqs:
         sched.add_request(r)
     out = sched.schedule()
@@ -138,12 +140,20 @@ def test_length_bucket_in_the_scheduler_waits_for_a_full_bucket_or_the_window():
     assert [s.request_id for s in out.scheduled if s.start_pos == 0] == ["1", "3"]
 
 
-def test_peak_running_and_step_counter():
-    args = EngineArgs(max_num_seqs=3)
-    sched = _run(args, 64, _reqs([4, 4, 4, 4, 4]), lambda s, o: None)
-    assert sched.peak_running == 3
-    assert sched.num_steps > 0
-    assert sched.last_kv_stats.num_blocks == 64
+def test_each_step_carries_the_stats_it_was_scheduled_with():
+    args = EngineArgs(max_num_seqs=3, block_size=4)
+    seen = []
+
+    def on_step(sched, out):
+        seen.append(out.stats)
+        assert out.stats.num_running == len(sched.running)
+        assert out.stats.num_waiting == len(sched.waiting)
+        assert out.stats.num_scheduled_tokens == out.num_tokens
+        assert out.stats.kv == sched.kv.stats()  # nothing changed since it was taken
+    _run(args, 64, _reqs([4, 4, 4, 4, 4]), on_step)
+    assert max(s.num_running for s in seen) == 3
+    assert seen[0].num_waiting == 2 and seen[0].num_scheduled_tokens == 12
+    assert all(s.kv.num_blocks == 64 for s in seen)
 
 
 # -- priority ------------------------------------------------------------------------------
@@ -161,8 +171,8 @@ def _prio_req(rid, n, prio, arrival, max_tokens=6):
 def test_priority_preempts_the_lowest_priority_running_request(kv_manager, victims):
     args = EngineArgs(kv_manager=kv_manager, scheduling_policy="priority", block_size=4,
                       enable_prefix_caching=False)
-    kv = create_kv_manager(args, 8)              # 32 slots
-    sched = Scheduler(args, kv)
+    kv = create_kv_manager(args.create_cache_config(), 8)              # 32 slots
+    sched = Scheduler(args.create_scheduler_config(), kv)
     low_old = _prio_req("low-old", 6, 5, 0.0)    # 12 tokens at most: 2 blocks now, 3 later
     low_new = _prio_req("low-new", 6, 5, 1.0)
     sched.add_request(low_old)
@@ -187,7 +197,7 @@ def test_priority_preempts_the_lowest_priority_running_request(kv_manager, victi
 
 def test_priority_never_preempts_equal_priority():
     args = EngineArgs(scheduling_policy="priority", block_size=4, enable_prefix_caching=False)
-    sched = Scheduler(args, create_kv_manager(args, 4))
+    sched = Scheduler(args.create_scheduler_config(), create_kv_manager(args.create_cache_config(), 4))
     sched.add_request(_prio_req("a", 10, 1, 0.0))
     out = sched.schedule()
     sched.update(out, {"a": 3})
@@ -198,7 +208,7 @@ def test_priority_never_preempts_equal_priority():
 
 def test_priority_respects_max_num_seqs():
     args = EngineArgs(scheduling_policy="priority", max_num_seqs=1, enable_prefix_caching=False)
-    sched = Scheduler(args, create_kv_manager(args, 64))
+    sched = Scheduler(args.create_scheduler_config(), create_kv_manager(args.create_cache_config(), 64))
     sched.add_request(_prio_req("low", 5, 9, 0.0))
     out = sched.schedule()
     sched.update(out, {"low": 3})

@@ -205,7 +205,7 @@ def test_stats_and_external_fragmentation():
 
 def test_memory_pool_ratio_and_largest_request():
     args = EngineArgs(kv_manager="buddy", block_size=BS, memory_pool_ratio=0.5)
-    kv = create_kv_manager(args, 100)
+    kv = create_kv_manager(args.create_cache_config(), 100)
     assert isinstance(kv, BuddyKVCacheManager)
     assert kv.num_blocks == 50                   # 32 + 16 + 2
     assert kv.max_request_tokens() == 32 * BS

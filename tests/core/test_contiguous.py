@@ -25,7 +25,7 @@ def _step(kv, req, n):
 
 
 def test_reserves_prompt_plus_max_tokens_and_never_grows():
-    kv = create_kv_manager(EngineArgs(kv_manager="contiguous", block_size=BS), 32)
+    kv = create_kv_manager(EngineArgs(kv_manager="contiguous", block_size=BS).create_cache_config(), 32)
     assert isinstance(kv, ContiguousKVCacheManager)
     a = _req("a", 5, 10)                        # 15 tokens: 4 blocks reserved
     _step(kv, a, 5)

@@ -11,7 +11,7 @@ from tests.core.kv_sim import make_request
 
 def _scheduler(**kw) -> Scheduler:
     args = EngineArgs(enable_prefix_caching=False, **kw)
-    return Scheduler(args, create_kv_manager(args, 512))
+    return Scheduler(args.create_scheduler_config(), create_kv_manager(args.create_cache_config(), 512))
 
 
 def _new_prompts(out) -> list[str]:

@@ -42,7 +42,7 @@ def test_bfloat16_within_bf16_precision_of_transformers(model_dirs, arch, backen
 
 
 def test_bfloat16_runs_native_attention_and_packed_weights(llama_dir):
-    runner = LLM(llama_dir, dtype="bfloat16").engine.runner
+    runner = LLM(llama_dir, dtype="bfloat16").engine.worker.runner
     assert runner.native_attention is not None
     assert runner.caches[0].k.dtype == torch.bfloat16
     if packed_bf16_available():

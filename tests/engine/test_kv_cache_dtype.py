@@ -41,7 +41,7 @@ def oracle(model_dirs):
 def test_half_kv_cache_matches_transformers_with_same_cache(arch, kv_cache_dtype, engine_args,
                                                             model_dirs, oracle):
     llm = LLM(model_dirs(arch), kv_cache_dtype=kv_cache_dtype, **engine_args)
-    runner = llm.engine.runner
+    runner = llm.engine.worker.runner
     assert runner.caches[0].k.dtype == getattr(torch, kv_cache_dtype)
     assert (runner.native_attention is None) == (engine_args.get("attention_backend") == "torch")
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -62,7 +62,7 @@ def test_bfloat16_reference_differs_from_float32(model_dirs, monkeypatch):
 def test_half_kv_cache_holds_twice_the_blocks(llama_dir):
     full = LLM(llama_dir, kv_cache_memory="1MiB")
     half = LLM(llama_dir, kv_cache_memory="1MiB", kv_cache_dtype="float16")
-    assert half.engine.num_kv_blocks == 2 * full.engine.num_kv_blocks
+    assert half.engine.kv_layout.num_blocks == 2 * full.engine.kv_layout.num_blocks
 
 
 def test_kv_cache_dtype_is_validated():

@@ -31,7 +31,7 @@ def test_swap_round_trip_is_exact(llama_dir, reference):
     kv = llm.engine.kv
     assert llm.engine.scheduler.num_preemptions > 0
     assert kv.moved[SWAP_OUT] > 0 and kv.moved[SWAP_IN] == kv.moved[SWAP_OUT]
-    mover = llm.engine.runner.mover
+    mover = llm.engine.worker.runner.mover
     assert mover.bytes_moved[SWAP_OUT] == mover.bytes_moved[SWAP_IN] > 0
     assert kv.stats().num_used_blocks == 0
     llm.engine.step()  # a last step lets the swap slots read by the final swap-in go free
@@ -60,10 +60,10 @@ def test_disk_tier_round_trip_is_exact(llama_dir, tmp_path):
     again = [shared + [9]]
     assert _run(llm, again) == hf_greedy(llama_dir, again, MAX_NEW)
     assert kv.moved[ONLOAD] >= 9  # the 40-token prefix (10 blocks) came back from disk
-    assert llm.engine.runner.mover.bytes_moved[ONLOAD] > 0
+    assert llm.engine.worker.runner.mover.bytes_moved[ONLOAD] > 0
     assert kv.stats().num_used_blocks == 0
     assert any(tmp_path.iterdir())
-    llm.engine.runner.close()
+    llm.engine.worker.runner.close()
     assert not any(tmp_path.iterdir())
 
 

@@ -11,6 +11,8 @@ LENGTHS = [1, 3, 7, 16, 17, 31, 64, 100, 5, 47]
 MAX_NEW = 12
 KV_MANAGERS = ["paged", "buddy", "contiguous"]
 BATCHINGS = ["continuous", "length-bucket", "static"]
+
+
 SETTINGS = {
     # small blocks and chunked prefill: buddy runs grow (and move) mid-prompt
     "chunked": dict(block_size=4, max_num_batched_tokens=16),
@@ -29,25 +31,35 @@ def oracle(llama_dir, prompts):
     return hf_greedy(llama_dir, prompts, MAX_NEW)
 
 
-def _generate(model_dir, prompts, priority=None, **engine_args):
-    llm = LLM(model_dir, max_batch_size=4, bucket_window_s=0.0, **engine_args)
+def _generate(model_dir, prompts, **engine_args):
+    """Greedy tokens of every prompt, the engine, and the most requests that ran in one
+    step (from each step's scheduler stats)."""
+    engine = LLM(model_dir, max_batch_size=4, bucket_window_s=0.0, **engine_args).engine
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
-                        priority=priority)
-    assert llm.engine.kv.stats().num_used_blocks == 0, "blocks leaked after generate"
-    return [o.outputs[0].token_ids for o in outs], llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    got, peak = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                got[out.request_id] = out.outputs[0].token_ids
+        if engine.last_step_stats is not None:
+            peak = max(peak, engine.last_step_stats.num_running)
+    assert engine.kv.stats().num_used_blocks == 0, "blocks leaked after the run"
+    return [got[str(i)] for i in range(len(prompts))], engine, peak
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("batching", BATCHINGS)
 @pytest.mark.parametrize("kv_manager", KV_MANAGERS)
 def test_greedy_parity(kv_manager, batching, setting, llama_dir, prompts, oracle):
-    got, engine = _generate(llama_dir, prompts, kv_manager=kv_manager, batching=batching,
-                            **SETTINGS[setting])
+    got, engine, peak = _generate(llama_dir, prompts, kv_manager=kv_manager,
+                                  batching=batching, **SETTINGS[setting])
     assert got == oracle
     stats = engine.kv.stats()
+    assert peak >= 1
     if batching == "static":
-        assert engine.scheduler.peak_running <= 4
+        assert peak <= 4
     if kv_manager == "buddy":
         assert stats.moved_blocks > 0, "no buddy run moved: the test lost its point"
     if setting == "tight" and kv_manager != "contiguous" and batching != "static":

@@ -77,7 +77,7 @@ def test_leaving_a_stream_aborts_and_frees_kv(llm_engine):
 
 
 def test_failed_step_fails_only_its_requests(llm_engine, monkeypatch):
-    real = llm_engine.runner.execute
+    real = llm_engine.worker.runner.execute
     calls = {"n": 0}
 
     def flaky(sched):
@@ -85,7 +85,7 @@ def test_failed_step_fails_only_its_requests(llm_engine, monkeypatch):
         if calls["n"] == 1:
             raise RuntimeError("boom")
         return real(sched)
-    monkeypatch.setattr(llm_engine.runner, "execute", flaky)
+    monkeypatch.setattr(llm_engine.worker.runner, "execute", flaky)
 
     async def body(engine):
         with pytest.raises(EngineRequestError):
@@ -98,14 +98,14 @@ def test_failed_step_fails_only_its_requests(llm_engine, monkeypatch):
 
 
 def test_app_internal_error_is_500_and_server_recovers(llm_engine, monkeypatch):
-    real = llm_engine.runner.execute
+    real = llm_engine.worker.runner.execute
     fail = {"on": True}
 
     def flaky(sched):
         if fail["on"]:
             raise RuntimeError("boom")
         return real(sched)
-    monkeypatch.setattr(llm_engine.runner, "execute", flaky)
+    monkeypatch.setattr(llm_engine.worker.runner, "execute", flaky)
 
     async def body(engine):
         app = build_app(engine, "m")

@@ -8,7 +8,7 @@ import json
 
 from kvserve.entrypoints.openai import serving_chat, serving_completions
 from kvserve.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from kvserve.entrypoints.openai.serving_utils import ServerContext
+from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.outputs import CompletionOutput, RequestOutput
 
 

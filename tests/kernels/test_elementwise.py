@@ -6,10 +6,17 @@ import torch
 
 from kvserve.kernels import Kernels, load_kernels
 from kvserve.model.config import RopeConfig
-from kvserve.model.layers import GatedActivation, RMSNorm, RotaryEmbedding, use_native_kernels
+from kvserve.model.execution import ExecutionMode, configure_layers
+from kvserve.model.layers import GatedActivation, RMSNorm, RotaryEmbedding
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
+
+
+def configure_native(layer, kernels) -> int:
+    """How many of the layer's modules took the native kernels."""
+    configure_layers(layer, ExecutionMode(kernels=kernels))
+    return sum(getattr(m, "native", None) is kernels for m in layer.modules())
 
 
 @pytest.mark.parametrize("rows, dim", [(1, 64), (5, 100), (33, 768)])
@@ -19,7 +26,7 @@ def test_rms_norm(rows, dim):
     norm.weight.data.normal_()
     x = torch.randn(rows, dim) * 3
     expected = norm(x)
-    assert use_native_kernels(norm, kernels) == 1
+    assert configure_native(norm, kernels) == 1
     torch.testing.assert_close(norm(x), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -35,7 +42,7 @@ def test_add_rms_norm_is_add_then_norm(rows, dim, dtype):
     total = residual + x
     torch_normed, torch_sum = norm(x, residual.clone())
     assert torch.equal(torch_sum, total) and torch.equal(torch_normed, norm(total))
-    assert use_native_kernels(norm, kernels) == 1
+    assert configure_native(norm, kernels) == 1
     fused_residual = residual.clone()
     normed, out_sum = norm(x, fused_residual)
     assert out_sum is fused_residual and torch.equal(fused_residual, total)
@@ -49,7 +56,7 @@ def test_silu_mul(rows, inter):
     gate_up = torch.randn(rows, 2 * inter) * 6  # reaches exp's clamped and tiny ranges
     gate_up[0, 0], gate_up[0, 1] = 95.0, -95.0
     expected = act(gate_up)
-    assert use_native_kernels(act, kernels) == 1
+    assert configure_native(act, kernels) == 1
     native = act(gate_up)
     torch.testing.assert_close(native, expected, rtol=1e-5, atol=1e-5)
     # the AVX-512 loop (where the machine has it) gives the AVX2 loop's bits
@@ -57,7 +64,7 @@ def test_silu_mul(rows, inter):
 
 
 def test_gelu_gate_stays_on_torch():
-    assert use_native_kernels(GatedActivation("gelu"), kernels) == 0
+    assert configure_native(GatedActivation("gelu"), kernels) == 0
 
 
 @pytest.mark.parametrize("num_q, num_k, head_dim", [(4, 2, 16), (12, 4, 64), (3, 3, 10)])
@@ -71,7 +78,7 @@ def test_rotary_in_place_on_fused_qkv(num_q, num_k, head_dim):
     eq, ek = rope(positions, q.reshape(t, num_q, head_dim), k.reshape(t, num_k, head_dim))
     v_before = v.clone()
     assert not rope.rotate_qkv_(positions, qkv, num_q, num_k, head_dim)  # not enabled yet
-    assert use_native_kernels(rope, kernels) == 1
+    assert configure_native(rope, kernels) == 1
     assert rope.rotate_qkv_(positions, qkv, num_q, num_k, head_dim)
     q, k, v = qkv.split([num_q * head_dim, kv, kv], dim=-1)
     torch.testing.assert_close(q.reshape(t, num_q, head_dim), eq, rtol=1e-5, atol=1e-5)
@@ -100,7 +107,7 @@ def test_bfloat16_rms_norm_and_rotary_match_torch():
     q, k, _ = qkv.split([12 * 64, 2 * 64, 2 * 64], dim=-1)
     eq, ek = rope(positions, q.reshape(7, 12, 64), k.reshape(7, 2, 64))
     expected = norm(x)
-    assert use_native_kernels(norm, kernels) + use_native_kernels(rope, kernels) == 2
+    assert configure_native(norm, kernels) + configure_native(rope, kernels) == 2
     got = norm(x)
     assert rope.rotate_qkv_(positions, qkv, 12, 2, 64)
     q, k, _ = qkv.split([12 * 64, 2 * 64, 2 * 64], dim=-1)

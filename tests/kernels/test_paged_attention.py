@@ -139,7 +139,9 @@ def test_engine_uses_kernel_and_torch_backend_agrees(llama_dir):
     prompts = [{"prompt_token_ids": p} for p in prompts_of_lengths([5, 40, 90])]
     native = LLM(llama_dir)
     torch_path = LLM(llama_dir, attention_backend="torch")
-    assert native.engine.runner.native is not None and torch_path.engine.runner.native is None
+    assert native.engine.worker.kernels is not None and torch_path.engine.worker.kernels is None
+    assert native.engine.worker.runner.native_attention is not None
+    assert torch_path.engine.worker.runner.native_attention is None
     a = [o.outputs[0].token_ids for o in native.generate(prompts, params, use_tqdm=False)]
     b = [o.outputs[0].token_ids for o in torch_path.generate(prompts, params, use_tqdm=False)]
     assert a == b

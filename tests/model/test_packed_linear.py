@@ -5,7 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvserve.model.layers import Linear, packed_linear_available, use_packed_linear
+from kvserve.model.execution import ExecutionMode, configure_layers
+from kvserve.model.layers import Linear, packed_linear_available
+
+PACKED = ExecutionMode(packed_linear=True)
+PADDED_6 = ExecutionMode(packed_linear=True, linear_min_rows=6)
 
 pytestmark = pytest.mark.skipif(not packed_linear_available(), reason="torch without oneDNN")
 
@@ -18,7 +22,7 @@ def test_packed_matches_torch(rows, bias):
     expected = F.linear(x, layer.weight, layer.bias)
     exact = F.linear(x.double(), layer.weight.double(),
                      None if layer.bias is None else layer.bias.double())
-    assert use_packed_linear(layer) == 1 and layer.packed_weight is not None
+    assert configure_layers(layer, PACKED) == 1 and layer.packed_weight is not None
     got = layer(x)
     # float32 rounding only: no worse than torch's own error against float64, plus slack
     bound = 2 * (expected.double() - exact).abs().max().item() + 1e-6
@@ -27,7 +31,7 @@ def test_packed_matches_torch(rows, bias):
 
 def test_engine_packs_linears_unless_torch_backend(llama_dir):
     from kvserve import LLM
-    linears = lambda llm: [m for m in llm.engine.runner.model.modules() if isinstance(m, Linear)]
+    linears = lambda llm: [m for m in llm.engine.worker.runner.model.modules() if isinstance(m, Linear)]
     packed = linears(LLM(llama_dir))
     plain = linears(LLM(llama_dir, attention_backend="torch"))
     assert packed and all(m.packed_weight is not None for m in packed)
@@ -39,17 +43,30 @@ def test_padded_rows_are_the_rows_of_the_larger_gemm():
     bit-identical to the same rows of a min_rows GEMM whatever the other rows hold."""
     torch.manual_seed(0)
     layer = Linear(96, 200, bias=True)
-    use_packed_linear(layer)
+    layer.configure(PACKED)
     x = torch.randn(6, 96)
     full = layer(x)                                   # 6 rows: no padding either way
-    layer.min_rows = 6
+    layer.configure(PADDED_6)
     layer(torch.randn(5, 96) * 1e6)                   # leaves other values in the padding
     for rows in (1, 2, 5):
         got = layer(x[:rows])
         assert got.shape == (rows, 200)
         other = torch.cat([x[:rows], torch.randn(6 - rows, 96)])
-        layer.min_rows = 1
+        layer.configure(PACKED)
         assert torch.equal(got, layer(other)[:rows])
-        layer.min_rows = 6
+        layer.configure(PADDED_6)
     assert torch.equal(layer(x), full)                # at min_rows and above: unchanged
     assert layer(torch.randn(9, 96)).shape == (9, 200)
+
+
+def test_configure_unpacks_and_keeps_one_packed_copy():
+    """Configured again, a layer keeps its packed weight (no second copy) or drops it."""
+    layer = Linear(32, 48)
+    layer.configure(PACKED)
+    packed = layer.packed_weight
+    layer.configure(PADDED_6)
+    assert layer.packed_weight is packed and layer.min_rows == 6
+    layer.configure(ExecutionMode(linear_min_rows=6))  # not packed: never padded
+    assert layer.packed_weight is None and layer.min_rows == 1
+    x = torch.randn(3, 32)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))

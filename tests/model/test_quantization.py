@@ -8,6 +8,7 @@ from torch import nn
 
 from kvserve import LLM, SamplingParams
 from kvserve.kernels import load_kernels
+from kvserve.model.execution import ExecutionMode
 from kvserve.model.layers import Linear
 from kvserve.model.quantization import Int8Linear, int8_reference_linear, quantize_model, \
     quantize_rows
@@ -60,7 +61,7 @@ def test_int8_linear_matches_reference_and_ignores_batch(native, bias):
     torch.manual_seed(2)
     dense = Linear(96, 136, bias=bias)
     layer = Int8Linear.from_linear(dense)
-    layer.native = _native() if native else None
+    layer.configure(ExecutionMode(kernels=_native() if native else None))
     x = torch.randn(23, 96)
     got = layer(x)
     torch.testing.assert_close(got, int8_reference_linear(x, dense.weight, dense.bias),
@@ -109,7 +110,7 @@ def int8_oracle(model_dirs):
                          ids=["native", "torch", "chunked"])
 def test_int8_engine_matches_int8_transformers(arch, engine_args, model_dirs, int8_oracle):
     llm = LLM(model_dirs(arch), quantization="int8", **engine_args)
-    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, Int8Linear)]
+    layers = [m for m in llm.engine.worker.runner.model.modules() if isinstance(m, Int8Linear)]
     assert layers and all((m.native is None) == (engine_args.get("attention_backend") == "torch")
                           for m in layers)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -139,7 +140,7 @@ def test_int8_matmul_probe(monkeypatch):
 def test_int8_linear_takes_any_leading_shape(native):
     torch.manual_seed(3)
     layer = Int8Linear.from_linear(Linear(16, 24))
-    layer.native = _native() if native else None
+    layer.configure(ExecutionMode(kernels=_native() if native else None))
     x = torch.randn(2, 5, 16)
     got = layer(x)
     assert got.shape == (2, 5, 24)

@@ -8,7 +8,7 @@ from kvserve.config import EngineArgs
 from kvserve.model.layers import packed_linear_available
 from kvserve.worker.gemm_warmup import (CACHE_HEADROOM, distinct_shapes, kernel_cache_capacity,
                                         rows_to_warm, warm_gemm_kernels)
-from kvserve.worker.model_runner import ModelRunner
+from kvserve.worker import cpu_worker
 
 needs_onednn = pytest.mark.skipif(not packed_linear_available(), reason="torch without oneDNN")
 
@@ -31,7 +31,7 @@ def test_rows_fit_the_caches_next_to_the_headroom():
 @needs_onednn
 def test_every_distinct_shape_runs_at_every_row_count(llama_dir):
     llm = LLM(llama_dir, gemm_warmup_rows=0)
-    model = llm.engine.runner.model
+    model = llm.engine.worker.runner.model
     shapes = distinct_shapes(model)
     # qkv, o, gate|up, down, lm_head: the layers repeat these
     assert len(shapes) == 5
@@ -52,17 +52,17 @@ def test_every_distinct_shape_runs_at_every_row_count(llama_dir):
 def test_engine_warms_up_to_max_num_seqs_unless_told(llama_dir, monkeypatch, setting,
                                                      expected):
     calls = []
-    original = ModelRunner.warm_gemm_kernels
+    original = cpu_worker.warm_gemm_kernels
 
-    def record(self, max_rows):
+    def record(model, max_rows):
         calls.append(max_rows)
-        return original(self, max_rows)
-    monkeypatch.setattr(ModelRunner, "warm_gemm_kernels", record)
+        return original(model, max_rows)
+    monkeypatch.setattr(cpu_worker, "warm_gemm_kernels", record)
     LLM(llama_dir, max_num_seqs=16, gemm_warmup_rows=setting)
     assert calls == ([] if expected is None else [expected])
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "8"])
 def test_bad_setting_is_named(bad):
-    with pytest.raises(ValueError, match="gemm_warmup_rows must be a non-negative integer"):
+    with pytest.raises(ValueError, match="gemm_warmup_rows must be an integer >= 0"):
         EngineArgs(gemm_warmup_rows=bad)

@@ -28,7 +28,7 @@ def _step(runner, first_block: int):
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_last_layer_on_sampling_rows_only(model_dirs, arch, backend):
     runner = LLM(model_dirs(arch), num_kv_blocks=64, block_size=4,
-                 attention_backend=backend).engine.runner
+                 attention_backend=backend).engine.worker.runner
     model, caches = runner.model, runner.caches
     with torch.inference_mode():
         full_inputs, part_inputs = _step(runner, 0), _step(runner, 24)

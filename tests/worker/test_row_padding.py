@@ -5,7 +5,7 @@ import pytest
 
 from kvserve.config import EngineArgs
 from kvserve.model.layers import packed_linear_available
-from kvserve.worker.row_padding import choose_min_rows, packed_linears, tune_min_rows
+from kvserve.worker.row_padding import choose_min_rows, measure_min_rows, packed_linears
 
 # cold passes over bench-100m's linear layers (ms) measured on an AVX-512 CPU
 MEASURED = {1: 14.4, 2: 16.2, 3: 13.5, 4: 12.8, 5: 11.8, 6: 11.5, 7: 13.6, 8: 14.2}
@@ -38,16 +38,25 @@ def test_ties_go_to_fewer_rows():
 @pytest.mark.skipif(not packed_linear_available(), reason="torch without oneDNN")
 def test_engine_measures_or_takes_the_setting(llama_dir):
     from kvserve import LLM
-    measured = LLM(llama_dir).engine
+    measured = LLM(llama_dir).engine.worker
     assert 1 <= measured.linear_min_rows <= 8
     layers = packed_linears(measured.runner.model)
     assert layers and {m.min_rows for m in layers} == {measured.linear_min_rows}
-    rows, times = tune_min_rows(measured.runner.model, rounds=1)
-    assert sorted(times) == list(range(1, 9)) and all(t > 0 for t in times.values())
-    assert {m.min_rows for m in layers} == {rows}
-    fixed = LLM(llama_dir, linear_min_rows=4).engine
+    fixed = LLM(llama_dir, linear_min_rows=4).engine.worker
     assert fixed.linear_min_rows == 4
     assert {m.min_rows for m in packed_linears(fixed.runner.model)} == {4}
+    with pytest.raises(ValueError, match="unpadded"):  # measuring padded layers is wrong
+        measure_min_rows(fixed.runner.model, rounds=1)
+
+
+@pytest.mark.skipif(not packed_linear_available(), reason="torch without oneDNN")
+def test_measurement_times_every_row_count_and_changes_no_layer(llama_dir):
+    from kvserve import LLM
+    model = LLM(llama_dir, linear_min_rows=1).engine.worker.runner.model
+    rows, times = measure_min_rows(model, rounds=1)
+    assert sorted(times) == list(range(1, 9)) and all(t > 0 for t in times.values())
+    assert rows == choose_min_rows(times)
+    assert {m.min_rows for m in packed_linears(model)} == {1}
 
 
 @pytest.mark.parametrize("value", [0, -1, 17, 2.5, True])
@@ -61,9 +70,9 @@ def test_measuring_leaves_the_global_generator_alone(llama_dir):
     import torch
 
     from kvserve import LLM
-    model = LLM(llama_dir, linear_min_rows=1).engine.runner.model
+    model = LLM(llama_dir, linear_min_rows=1).engine.worker.runner.model
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    tune_min_rows(model, rounds=1)
+    measure_min_rows(model, rounds=1)
     assert torch.equal(torch.rand(3), expected)

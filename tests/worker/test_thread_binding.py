@@ -109,7 +109,7 @@ def test_engine_binds_or_not(llama_dir):
 
     def engine_cpus(setting):
         llm = LLM(llama_dir, num_threads=1, omp_threads_bind=setting, gemm_warmup_rows=0)
-        return llm.engine.bound_cpus, os.sched_getaffinity(0)
+        return llm.engine.worker.bound_cpus, os.sched_getaffinity(0)
     try:
         cpus, mask = _in_thread(lambda: engine_cpus("auto"))
         if kernels.available:

@@ -1,45 +1,35 @@
-"""KV memory designs, chosen by name (``kv_manager``).
+"""KV memory designs, chosen by name (``kv_manager``), registered here in one line each.
 
 - ``paged``: any free block for any request (vLLM PagedAttention).
 - ``buddy``: one contiguous run of 2^k blocks per request from a buddy allocator over a
   pre-allocated pool (xLLM memory pool).
 - ``contiguous``: prompt + max_tokens reserved up front per request (HF static baseline).
 
-A manager class may override ``from_args(args, num_blocks)`` to read its options from
-:class:`~kvserve.config.EngineArgs`; by default it is built as ``cls(num_blocks,
-block_size)``.
+A manager class builds itself with ``from_config(cache_config, num_blocks)``; the
+default is ``cls(num_blocks, block_size)``, and a design with options of its own
+overrides it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from kvserve.config.cache import CacheConfig
 from kvserve.core.kv.buddy import BuddyKVCacheManager
 from kvserve.core.kv.contiguous import ContiguousKVCacheManager
 from kvserve.core.kv.interface import KVCacheManager, KVStats
 from kvserve.core.kv.paged import PagedKVCacheManager
+from kvserve.registry import Registry
 
-if TYPE_CHECKING:
-    from kvserve.config import EngineArgs
-
-KV_MANAGERS: dict[str, type[KVCacheManager]] = {
-    "paged": PagedKVCacheManager,
-    "buddy": BuddyKVCacheManager,
-    "contiguous": ContiguousKVCacheManager,
-}
+KV_MANAGERS: Registry[type[KVCacheManager]] = Registry("kv_manager")
+KV_MANAGERS.register("paged", PagedKVCacheManager)
+KV_MANAGERS.register("buddy", BuddyKVCacheManager)
+KV_MANAGERS.register("contiguous", ContiguousKVCacheManager)
 
 
-def create_kv_manager(args: EngineArgs, num_blocks: int, **tier_slots: int) -> KVCacheManager:
-    """The manager ``args.kv_manager`` names, over ``num_blocks`` blocks.
-
-    ``tier_slots`` (swap_slots, disk_slots) size the slower tiers; only paged has them.
-    """
-    try:
-        cls = KV_MANAGERS[args.kv_manager]
-    except KeyError:
-        raise ValueError(f"kv_manager must be one of {sorted(KV_MANAGERS)}, "
-                         f"got {args.kv_manager!r}") from None
-    tiers = {k: v for k, v in tier_slots.items() if v}
-    return cls.from_args(args, num_blocks, **tiers)
+def create_kv_manager(cache: CacheConfig, num_blocks: int, swap_slots: int = 0,
+                      disk_slots: int = 0) -> KVCacheManager:
+    """The manager ``cache.kv_manager`` names, over ``num_blocks`` blocks; the slower
+    tiers' slots are passed only when there are some (only paged has tiers)."""
+    tiers = {k: v for k, v in (("swap_slots", swap_slots), ("disk_slots", disk_slots)) if v}
+    return KV_MANAGERS[cache.kv_manager].from_config(cache, num_blocks, **tiers)
 
 
 __all__ = ["KVCacheManager", "KVStats", "create_kv_manager", "KV_MANAGERS",

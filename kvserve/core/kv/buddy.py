@@ -175,8 +175,8 @@ class BuddyKVCacheManager(KVCacheManager):
         self.num_moves = 0
 
     @classmethod
-    def from_args(cls, args, num_blocks: int) -> BuddyKVCacheManager:
-        return cls(num_blocks, args.block_size, args.memory_pool_ratio)
+    def from_config(cls, cache, num_blocks: int) -> BuddyKVCacheManager:
+        return cls(num_blocks, cache.block_size, cache.memory_pool_ratio)
 
     def max_request_tokens(self) -> int:
         return (1 << self.buddy.max_order) * self.block_size

@@ -23,10 +23,6 @@ class ContiguousKVCacheManager(KVCacheManager):
         self._tokens: dict[str, int] = {}       # request id -> tokens in KV after this step
         self._next_need = 0                     # blocks of the latest reservation asked for
 
-    @classmethod
-    def from_args(cls, args, num_blocks: int) -> ContiguousKVCacheManager:
-        return cls(num_blocks, args.block_size)
-
     def holes(self) -> list[tuple[int, int]]:
         """(start, length) of every free gap between reservations, by address."""
         out, pos = [], 0

@@ -3,14 +3,14 @@
 Every memory design expresses a request's KV as a block table over one shared pool of
 ``num_blocks`` blocks of ``block_size`` token slots, so the model runner and its
 attention code never know which design is in use. A new design is one new file that
-subclasses :class:`KVCacheManager` and registers itself in ``kv/__init__.py``.
+subclasses :class:`KVCacheManager`, plus one registration line in ``kv/__init__.py``.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from kvserve.config import EngineArgs
+from kvserve.config.cache import CacheConfig
 from kvserve.core.kv.tiers import KVTransfer
 from kvserve.request import Request
 
@@ -81,9 +81,10 @@ class KVCacheManager(ABC):
         self._pending_copies: list[tuple[int, int]] = []
 
     @classmethod
-    def from_args(cls, args: EngineArgs, num_blocks: int) -> KVCacheManager:
-        """Build from the engine settings; designs with options of their own override this."""
-        return cls(num_blocks, args.block_size)
+    def from_config(cls, cache: CacheConfig, num_blocks: int) -> KVCacheManager:
+        """Build from the cache settings; designs with options of their own override this
+        (only paged takes the tiers' ``swap_slots`` / ``disk_slots`` keywords)."""
+        return cls(num_blocks, cache.block_size)
 
     def reset_prefix_cache(self) -> None:
         """Forget cached KV contents (after a failed step may have left blocks unwritten)."""

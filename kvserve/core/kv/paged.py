@@ -6,7 +6,7 @@ evicted from the pool are written to a file and read back on a later hit).
 """
 from __future__ import annotations
 
-from kvserve.config import EngineArgs
+from kvserve.config.cache import CacheConfig
 from kvserve.core.kv.block_pool import BlockPool
 from kvserve.core.kv.interface import KVCacheManager, KVStats
 from kvserve.core.kv.prefix_cache import PrefixCache, chain_hashes
@@ -56,9 +56,9 @@ class PagedKVCacheManager(KVCacheManager):
         self.moved = {SWAP_OUT: 0, SWAP_IN: 0, OFFLOAD: 0, ONLOAD: 0}  # blocks, cumulative
 
     @classmethod
-    def from_args(cls, args: EngineArgs, num_blocks: int, swap_slots: int = 0,
-                  disk_slots: int = 0) -> PagedKVCacheManager:
-        return cls(num_blocks, args.block_size, args.enable_prefix_caching, swap_slots,
+    def from_config(cls, cache: CacheConfig, num_blocks: int, swap_slots: int = 0,
+                    disk_slots: int = 0) -> PagedKVCacheManager:
+        return cls(num_blocks, cache.block_size, cache.enable_prefix_caching, swap_slots,
                    disk_slots)
 
     # -- prefix cache ------------------------------------------------------------------

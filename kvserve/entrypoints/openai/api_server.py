@@ -33,7 +33,8 @@ from kvserve.entrypoints.openai.protocol import (DetokenizeRequest, ModelCard, M
                                                  TokenizeRequest)
 from kvserve.entrypoints.openai.serving_chat import create_chat_completion, render_chat
 from kvserve.entrypoints.openai.serving_completions import create_completion
-from kvserve.entrypoints.openai.serving_utils import ServerContext, parse_request
+from kvserve.entrypoints.openai.context import ServerContext
+from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
@@ -83,7 +84,7 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     from kvserve import __version__
     ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes)
     tok = engine.tokenizer
-    vocab = max(tok.vocab_size, engine.engine.model_config.vocab_size)
+    vocab = max(tok.vocab_size, engine.vocab_size)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

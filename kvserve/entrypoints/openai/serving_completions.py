@@ -14,12 +14,14 @@ from kvserve.entrypoints.openai.errors import (APIError, bad_request, engine_err
 from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
                                                  CompletionLogprobs, CompletionRequest,
                                                  CompletionResponse, UsageInfo)
-from kvserve.entrypoints.openai.serving_utils import (SSE_DONE, ChoiceState, SSEResponse,
-                                                      ServerContext, TokenTexts, add_all,
-                                                      check_prompt, final_outputs, hold_back,
-                                                      iterate_streams, make_sampling_params,
-                                                      parse_request, random_id, sse,
-                                                      unless_disconnected)
+from kvserve.entrypoints.openai.context import ServerContext, random_id
+from kvserve.entrypoints.openai.disconnect import unless_disconnected
+from kvserve.entrypoints.openai.request_body import parse_request
+from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params
+from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
+                                                  final_outputs, hold_back, iterate_streams,
+                                                  sse)
+from kvserve.model.token_text import TokenTexts
 from kvserve.logger import init_logger
 
 logger = init_logger(__name__)

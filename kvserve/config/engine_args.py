@@ -1,63 +1,22 @@
-"""EngineArgs: every engine setting in one validated dataclass.
+"""EngineArgs: every engine setting in one flat dataclass, as the user spells it.
 
 The CLI flags are generated from these fields (``max_num_seqs`` -> ``--max-num-seqs``),
-so the Python and command-line spellings never drift apart.
+so the Python and command-line spellings never drift apart. ``create_engine_config()``
+turns them into an :class:`~kvserve.config.engine.EngineConfig` of validated parts; the
+rules live in those parts, and building EngineArgs already runs the ones that need no
+checkpoint, so a bad setting fails where it is written.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 from dataclasses import dataclass, field, fields
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
-               "g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-               "tib": 2**40, "t": 10**12, "tb": 10**12}
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
-KV_MANAGER_NAMES = ("paged", "buddy", "contiguous")
-BATCHING_NAMES = ("continuous", "length-bucket", "static")
-SCHEDULING_POLICIES = ("fcfs", "priority")
-PREEMPTION_MODES = ("recompute", "swap")
-ATTENTION_BACKENDS = ("auto", "torch")
-QUANTIZATION_METHODS = ("int8",)
-MAX_LINEAR_MIN_ROWS = 16
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """``"0-3,6"`` -> [0, 1, 2, 3, 6] (the format of taskset and vLLM's
-    VLLM_CPU_OMP_THREADS_BIND); a CPU named twice or a malformed item is an error."""
-    cpus: list[int] = []
-    for item in text.split(","):
-        lo, sep, hi = item.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
-            raise ValueError(f"CPU list {text!r}: {item.strip()!r} is not a CPU number or a "
-                             "range a-b (expected e.g. '0-3,6')")
-        cpus.extend(range(int(lo), int(hi if sep else lo) + 1))
-    if len(set(cpus)) != len(cpus):
-        raise ValueError(f"CPU list {text!r} names a CPU more than once")
-    return cpus
-
-
-def parse_size(value: int | float | str) -> int:
-    """Bytes from an int or a string like ``"2GiB"`` / ``"512MB"`` / ``"1.5g"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"a memory size must be bytes or a string like '2GiB', got {value!r}")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ValueError(f"a memory size must be positive, got {value}")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _SIZE_UNITS:
-        raise ValueError(
-            f"cannot read memory size {value!r}: use bytes or a number with a unit "
-            f"({', '.join(u for u in _SIZE_UNITS if u)}), e.g. '2GiB'")
-    size = int(float(m.group(1)) * _SIZE_UNITS[unit])
-    if size <= 0:
-        raise ValueError(f"a memory size must be positive, got {value!r}")
-    return size
+from kvserve.config.cache import KV_CACHE_DTYPES, CacheConfig
+from kvserve.config.engine import EngineConfig
+from kvserve.config.model import DTYPES, QUANTIZATION_METHODS, ModelConfig
+from kvserve.config.scheduler import PREEMPTION_MODES, SCHEDULING_POLICIES, SchedulerConfig
+from kvserve.config.worker import ATTENTION_BACKENDS, WorkerConfig
 
 
 def _help(text: str, **extra) -> dict:
@@ -98,9 +57,9 @@ class EngineArgs:
         "prompt then waits a step instead of delaying an earlier one's first token, at "
         "the cost of more steps that stall the decodes"))
     kv_manager: str = field(default="paged", metadata=_help(
-        "KV memory design", choices=KV_MANAGER_NAMES))
+        "KV memory design", registry="kv_manager"))
     batching: str = field(default="continuous", metadata=_help(
-        "batching policy", choices=BATCHING_NAMES))
+        "batching policy", registry="batching"))
     scheduling_policy: str = field(default="fcfs", metadata=_help(
         "order of admission for continuous batching; priority: lower value first, "
         "preempting lower-priority running requests, ties first come first served",
@@ -128,8 +87,8 @@ class EngineArgs:
         "start and pinned in the prefix cache"))
     quantization: str | None = field(default=None, metadata=_help(
         "int8: linear layers run as int8 x int8 -> int32 with per-channel weight scales and "
-        "per-token activation scales (about 4x the float32 GEMM speed on CPUs with "
-        "VNNI); not bit-exact with the float model", choices=QUANTIZATION_METHODS))
+        "per-token activation scales (faster GEMMs on CPUs with VNNI); not bit-exact with "
+        "the float model", choices=QUANTIZATION_METHODS))
     attention_backend: str = field(default="auto", metadata=_help(
         "auto (native attention and elementwise kernels when they build and the compute "
         "dtype is float32; oneDNN packed linear layers) or torch (gather + SDPA, F.linear)",
@@ -154,53 +113,47 @@ class EngineArgs:
         self.validate()
 
     def validate(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-            _positive_int(name, getattr(self, name))
-        if not isinstance(self.prefill_join_tokens, int) or self.prefill_join_tokens < 0:
-            raise ValueError("prefill_join_tokens must be an integer >= 0 (0: no limit), "
-                             f"got {self.prefill_join_tokens!r}")
-        if self.linear_min_rows is not None:
-            _positive_int("linear_min_rows", self.linear_min_rows)
-            if self.linear_min_rows > MAX_LINEAR_MIN_ROWS:
-                raise ValueError(f"linear_min_rows must be at most {MAX_LINEAR_MIN_ROWS}, got "
-                                 f"{self.linear_min_rows}")
-        if self.gemm_warmup_rows is not None and (
-                not isinstance(self.gemm_warmup_rows, int) or self.gemm_warmup_rows < 0):
-            raise ValueError("gemm_warmup_rows must be a non-negative integer (0: off), got "
-                             f"{self.gemm_warmup_rows!r}")
-        for name in ("max_model_len", "num_kv_blocks", "num_threads"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        if self.kv_cache_memory is not None:
-            parse_size(self.kv_cache_memory)
-        if self.omp_threads_bind not in ("auto", "nobind"):
-            parse_cpu_list(self.omp_threads_bind)
-        _choice("kv_manager", self.kv_manager, KV_MANAGER_NAMES)
-        _choice("batching", self.batching, BATCHING_NAMES)
-        _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
-        if self.scheduling_policy == "priority" and self.batching != "continuous":
-            raise ValueError("scheduling_policy 'priority' applies to continuous batching; "
-                             f"batching is {self.batching!r}")
-        _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
-        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        if self.quantization is not None:
-            _choice("quantization", self.quantization, QUANTIZATION_METHODS)
-        _number("swap_space", self.swap_space, low=0.0)
-        parse_size(self.kv_offload_size)
-        tiered = self.preemption_mode == "swap" or self.kv_offload_dir or self.warmup_prompts
-        if tiered and self.kv_manager != "paged":
-            raise ValueError("preemption_mode swap, kv_offload_dir and warmup_prompts need "
-                             f"kv_manager 'paged', got {self.kv_manager!r}")
-        if (self.kv_offload_dir or self.warmup_prompts) and not self.enable_prefix_caching:
-            raise ValueError("kv_offload_dir and warmup_prompts work through the prefix cache: "
-                             "enable_prefix_caching must be on")
-        _positive_int("max_batch_size", self.max_batch_size)
-        _number("bucket_window_s", self.bucket_window_s, low=0.0)
-        _number("memory_pool_ratio", self.memory_pool_ratio, low=0.0, high=1.0,
-                low_open=True)
+        """Every rule that needs no checkpoint; the model directory is read later, by
+        :meth:`create_engine_config`."""
+        ModelConfig.check(self.dtype, self.max_model_len, self.quantization)
+        self.create_scheduler_config()
+        self.create_cache_config()
+        self.create_worker_config()
+
+    # -- the parts ---------------------------------------------------------------------
+
+    def create_scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            prefill_join_tokens=self.prefill_join_tokens, batching=self.batching,
+            scheduling_policy=self.scheduling_policy, max_batch_size=self.max_batch_size,
+            bucket_window_s=self.bucket_window_s, preemption_mode=self.preemption_mode)
+
+    def create_cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            block_size=self.block_size, kv_cache_dtype=self.kv_cache_dtype,
+            kv_cache_memory=self.kv_cache_memory, num_kv_blocks=self.num_kv_blocks,
+            kv_manager=self.kv_manager, memory_pool_ratio=self.memory_pool_ratio,
+            enable_prefix_caching=self.enable_prefix_caching, swap_space=self.swap_space,
+            kv_offload_dir=self.kv_offload_dir, kv_offload_size=self.kv_offload_size,
+            warmup_prompts=self.warmup_prompts, swap_enabled=self.preemption_mode == "swap")
+
+    def create_worker_config(self) -> WorkerConfig:
+        warmup_rows = self.max_num_seqs if self.gemm_warmup_rows is None else self.gemm_warmup_rows
+        return WorkerConfig(
+            attention_backend=self.attention_backend, linear_min_rows=self.linear_min_rows,
+            gemm_warmup_rows=warmup_rows, num_threads=self.num_threads,
+            omp_threads_bind=self.omp_threads_bind)
+
+    def create_engine_config(self) -> EngineConfig:
+        """The validated parts; reads the model directory's config.json."""
+        model = ModelConfig.create(self.model, self.dtype, self.max_model_len,
+                                   self.quantization, self.seed)
+        return EngineConfig(model=model, cache=self.create_cache_config(),
+                            scheduler=self.create_scheduler_config(),
+                            worker=self.create_worker_config())
+
+    # -- the command line ----------------------------------------------------------------
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -214,14 +167,15 @@ class EngineArgs:
                 continue
             kwargs = dict(f.metadata)
             default = f.default
+            flag = "--" + f.name.replace("_", "-")
+            text = f"{kwargs.pop('help')} (default: {default})"
             if isinstance(default, bool):
-                flag = "--" + f.name.replace("_", "-")
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                                    help=f"{kwargs['help']} (default: {default})")
+                                    help=text)
                 continue
-            kind = _cli_type(f)
-            parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
-                                help=f"{kwargs.pop('help')} (default: {default})", **kwargs)
+            if "registry" in kwargs:
+                kwargs["choices"] = _registry(kwargs.pop("registry")).names()
+            parser.add_argument(flag, type=_cli_type(f), default=None, help=text, **kwargs)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace, **overrides) -> EngineArgs:
@@ -234,6 +188,15 @@ class EngineArgs:
         return dataclasses.replace(self, **changes)
 
 
+def _registry(setting: str):
+    """The registry of a pluggable family, by the setting that names its members."""
+    if setting == "kv_manager":
+        from kvserve.core.kv import KV_MANAGERS
+        return KV_MANAGERS
+    from kvserve.core.batching import BATCHING_POLICIES
+    return BATCHING_POLICIES
+
+
 def _cli_type(f: dataclasses.Field):
     if f.name in ("kv_cache_memory", "kv_offload_size"):
         return str  # sizes with units
@@ -243,22 +206,3 @@ def _cli_type(f: dataclasses.Field):
     if annotation.startswith("float"):
         return float
     return str
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _number(name: str, value: object, low: float, high: float = float("inf"),
-            low_open: bool = False) -> None:
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and (value > low if low_open else value >= low) and value <= high)
-    if not ok:
-        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise ValueError(f"{name} must be a number in {bounds}, got {value!r}")
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")

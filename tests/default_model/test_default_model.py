@@ -1,4 +1,4 @@
-"""The embedded default model (kvserve/models/default): present, loadable offline, and
+"""The embedded default model (kvserve/default_model/checkpoint): present, loadable offline, and
 better than gzip -9 at predicting Python source it never saw."""
 
 import os
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.models import default_model_dir
+from kvserve.default_model import default_model_dir
 
 MODEL_DIR = Path(default_model_dir())
 REQUIRED = {
@@ -50,7 +50,7 @@ def hf():
 
 def test_default_model_dir_is_absolute_and_inside_package():
     assert MODEL_DIR.is_absolute()
-    assert MODEL_DIR.name == "default" and MODEL_DIR.parent.name == "models"
+    assert MODEL_DIR.name == "checkpoint" and MODEL_DIR.parent.name == "default_model"
     assert (MODEL_DIR.parent / "__init__.py").is_file()
 
 

@@ -1,7 +1,7 @@
 """The embedded default model shipped with kvserve.
 
-``kvserve/models/default`` holds a small Llama-architecture code-completion model in
-Hugging Face layout, trained by :mod:`kvserve.models.train_default` on the Python
+``kvserve/default_model/checkpoint`` holds a small Llama-architecture code-completion model in
+Hugging Face layout, trained by :mod:`kvserve.default_model.train_default` on the Python
 standard library's sources. ``LLM()`` with no model argument serves it.
 """
 
@@ -14,4 +14,4 @@ __all__ = ["default_model_dir"]
 
 def default_model_dir() -> str:
     """Absolute path of the embedded default model directory (HF layout)."""
-    return str((Path(__file__).resolve().parent / "default"))
+    return str((Path(__file__).resolve().parent / "checkpoint"))

@@ -1,6 +1,6 @@
 """Train kvserve's embedded default model on the Python standard library's sources.
 
-    python -m kvserve.models.train_default --out kvserve/models/default \
+    python -m kvserve.default_model.train_default --out kvserve/default_model/checkpoint \
         --work-dir runs/default-model --minutes 55 [--resume]
 
 What it does:
@@ -25,9 +25,9 @@ What it does:
    (``save_pretrained(safe_serialization=True)``) with tokenizer files in ``--out``.
 
 ``--probe`` measures training throughput of the size presets for a short while each.
-The corpus and tokenizer are in :mod:`kvserve.models.training_data`, the evaluation and
-loss curve in :mod:`kvserve.models.training_eval`, the files written at the end in
-:mod:`kvserve.models.training_report`. transformers and matplotlib are
+The corpus and tokenizer are in :mod:`kvserve.default_model.training_data`, the evaluation and
+loss curve in :mod:`kvserve.default_model.training_eval`, the files written at the end in
+:mod:`kvserve.default_model.training_report`. transformers and matplotlib are
 dev/bench dependencies: imported only where they are used.
 """
 
@@ -41,10 +41,10 @@ import sys
 import time
 from pathlib import Path
 
-from kvserve.models.training_data import fmt_int, prepare_data
-from kvserve.models.training_eval import (gzip_bits_per_byte, heldout_bits_per_byte,
+from kvserve.default_model.training_data import fmt_int, prepare_data
+from kvserve.default_model.training_eval import (gzip_bits_per_byte, heldout_bits_per_byte,
                                           plot_loss_curve)
-from kvserve.models.training_report import training_info, write_model_files
+from kvserve.default_model.training_report import training_info, write_model_files
 
 # Size presets: (hidden, layers, heads, kv_heads, intermediate). head_dim = hidden/heads.
 PRESETS = {
@@ -121,7 +121,7 @@ def loss_fn(model, x, y):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="kvserve/models/default", help="where the HF-layout model is written")
+    ap.add_argument("--out", default="kvserve/default_model/checkpoint", help="where the HF-layout model is written")
     ap.add_argument("--work-dir", default="runs/default-model", help="checkpoints, tokenized corpus, logs")
     ap.add_argument("--minutes", type=float, default=55.0, help="total training wall time (incl. resumed runs)")
     ap.add_argument("--resume", action="store_true", help="continue from --work-dir/ckpt.pt")

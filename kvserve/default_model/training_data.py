@@ -1,6 +1,6 @@
 """The embedded model's training data: the standard library's ``.py`` sources, a seeded
 split by file, a byte-level BPE tokenizer trained on the train split, and the packed
-train token stream (cached in the work dir). See :mod:`kvserve.models.train_default`."""
+train token stream (cached in the work dir). See :mod:`kvserve.default_model.train_default`."""
 from __future__ import annotations
 
 import hashlib

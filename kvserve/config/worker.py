@@ -1,0 +1,37 @@
+"""WorkerConfig: how the worker runs the model on its platform (threads, kernels,
+start-up measurements). The engine never reads it; the worker does."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvserve.config.validate import choice, non_negative_int, optional_positive_int, \
+    parse_cpu_list, positive_int
+
+ATTENTION_BACKENDS = ("auto", "torch")
+MAX_LINEAR_MIN_ROWS = 16
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    attention_backend: str = "auto"       # auto: native kernels and packed linears; torch
+    linear_min_rows: int | None = None    # None: measured at start
+    gemm_warmup_rows: int | None = None   # None: max_num_seqs; 0: off
+    num_threads: int | None = None        # None: physical cores
+    omp_threads_bind: str = "auto"        # auto | nobind | a CPU list
+
+    def __post_init__(self) -> None:
+        choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.linear_min_rows is not None:
+            positive_int("linear_min_rows", self.linear_min_rows)
+            if self.linear_min_rows > MAX_LINEAR_MIN_ROWS:
+                raise ValueError(f"linear_min_rows must be at most {MAX_LINEAR_MIN_ROWS}, got "
+                                 f"{self.linear_min_rows}")
+        if self.gemm_warmup_rows is not None:
+            non_negative_int("gemm_warmup_rows", self.gemm_warmup_rows, "off")
+        optional_positive_int("num_threads", self.num_threads)
+        if self.omp_threads_bind not in ("auto", "nobind"):
+            parse_cpu_list(self.omp_threads_bind)
+
+    @property
+    def native_kernels(self) -> bool:
+        return self.attention_backend == "auto"

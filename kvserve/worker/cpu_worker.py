@@ -1,0 +1,184 @@
+"""CPUWorker: runs the model on this machine's CPUs.
+
+Start-up, in order: torch's thread count and the compute threads bound one to a CPU
+(from the thread that will step the engine: its OpenMP team is the one bound), glibc
+told to keep freed memory, the model loaded and its layers configured (native kernels
+and oneDNN packed linears where they build and the dtype allows), the KV pool sized
+from the settings or the memory free and allocated, then the warm-up: a dummy step,
+the small-GEMM row padding measured, every decode batch size's GEMM kernels generated.
+Once the engine is ready, the objects alive are frozen out of the garbage collector's
+reach. The reasons for each step are in the modules that implement them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from kvserve.config.engine import EngineConfig
+from kvserve.config.validate import parse_size
+from kvserve.core.scheduler_output import SchedulerOutput
+from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
+from kvserve.logger import init_logger
+from kvserve.model.execution import ExecutionMode, configure_layers
+from kvserve.model.loader import load_model
+from kvserve.worker.gemm_warmup import warm_gemm_kernels
+from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
+from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
+    freeze_startup_objects, keep_freed_memory, physical_cores
+from kvserve.worker.row_padding import measure_min_rows
+from kvserve.worker.sampler import SampleResult
+from kvserve.worker.worker_base import KVCacheLayout, TransferStats, Worker
+
+logger = init_logger(__name__)
+
+DEFAULT_KV_SHARE = 0.4  # of available RAM: the rest is headroom for weights and activations
+DEFAULT_KV_CAP = 4 * 2**30  # as vLLM's CPU backend: more is rarely used, and zeroing costs
+
+
+class CPUWorker(Worker):
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        model_cfg, worker_cfg = config.model, config.worker
+        torch.set_num_threads(worker_cfg.num_threads or physical_cores())
+        kernels = load_kernels() if worker_cfg.native_kernels else None
+        self.kernels = kernels if kernels is not None and kernels.available else None
+        self.bound_cpus = self._bind_compute_threads()
+        keep_freed_memory()
+        start = time.perf_counter()
+        self.model = load_model(model_cfg.model_dir, model_cfg.arch, model_cfg.dtype,
+                                model_cfg.quantization)
+        self.mode = ExecutionMode(kernels=self.kernels, packed_linear=worker_cfg.native_kernels,
+                                  linear_min_rows=worker_cfg.linear_min_rows or 1)
+        configure_layers(self.model, self.mode)
+        cache = config.cache
+        self.kv_dtype = (model_cfg.dtype if cache.kv_cache_dtype == "auto"
+                         else getattr(torch, cache.kv_cache_dtype))
+        self.runner: ModelRunner | None = None
+        logger.info("loaded %s (%s, %s, %d threads) in %.1fs; max_model_len %d",
+                    model_cfg.model_dir, model_cfg.arch.architecture, model_cfg.dtype,
+                    torch.get_num_threads(), time.perf_counter() - start,
+                    model_cfg.max_model_len)
+
+    @property
+    def linear_min_rows(self) -> int:
+        return self.mode.linear_min_rows
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _bind_compute_threads(self) -> list[int] | None:
+        """Bind torch's compute threads one to a CPU (``omp_threads_bind``), as vLLM's CPU
+        worker does: unbound, the OS moves them between cores and stacks them with other
+        threads. Returns the CPUs, or None when not bound."""
+        threads = torch.get_num_threads()
+        cpus = cpus_to_bind(self.config.worker.omp_threads_bind, threads)
+        if cpus is None:
+            return None
+        kernels = load_kernels()  # the binding call is native, whatever the attention
+        if not kernels.available:
+            logger.info("compute threads not bound: no native kernels (%s)", kernels.reason)
+            return None
+        failed = kernels.bind_threads(cpus)
+        if failed:
+            raise RuntimeError(f"could not bind {failed} of {threads} compute threads to CPUs "
+                               f"{cpus}")
+        logger.info("compute threads bound to CPUs %s", ",".join(map(str, cpus)))
+        return cpus
+
+    # -- the KV pool -----------------------------------------------------------------------
+
+    def determine_kv_cache_layout(self) -> KVCacheLayout:
+        cache, arch = self.config.cache, self.config.model.arch
+        per_block = kv_bytes_per_block(arch, cache.block_size, self.kv_dtype)
+        dtype_name = str(self.kv_dtype).removeprefix("torch.")
+        num = self._num_blocks(per_block, dtype_name)
+        swap = cache.swap_space_bytes // per_block
+        disk = cache.disk_tier_bytes // per_block
+        if cache.swap_enabled and swap < 1:
+            raise ValueError(f"swap_space {cache.swap_space} GiB holds no KV block "
+                             f"({per_block} bytes); raise it or use preemption_mode recompute")
+        if cache.kv_offload_dir and disk < 1:
+            raise ValueError(f"kv_offload_size {cache.kv_offload_size} holds no KV block "
+                             f"({per_block} bytes)")
+        for name, slots in (("swap space", swap), ("disk tier", disk)):
+            if slots:
+                logger.info("%s: %d blocks (%.1f MiB)", name, slots, slots * per_block / 2**20)
+        return KVCacheLayout(num, cache.block_size, per_block, dtype_name, swap, disk)
+
+    def _num_blocks(self, per_block: int, dtype_name: str) -> int:
+        cache = self.config.cache
+        if cache.num_kv_blocks is not None:
+            num, source = cache.num_kv_blocks, "num_kv_blocks"
+        elif cache.kv_cache_memory is not None:
+            num = parse_size(cache.kv_cache_memory) // per_block
+            source = f"kv_cache_memory={cache.kv_cache_memory}"
+            if num < 1:
+                raise ValueError(f"kv_cache_memory {cache.kv_cache_memory} is smaller than one "
+                                 f"KV block ({per_block} bytes)")
+        else:
+            share = int(min(available_memory_bytes() * DEFAULT_KV_SHARE, DEFAULT_KV_CAP))
+            max_len = self.config.model.max_model_len
+            useful = self.config.scheduler.max_num_seqs * -(-max_len // cache.block_size)
+            num = max(1, min(share // per_block, useful))
+            source = (f"default: min({DEFAULT_KV_SHARE:.0%} of available RAM, "
+                      f"{DEFAULT_KV_CAP / 2**30:g} GiB, max_num_seqs x max_model_len)")
+        logger.info("KV cache: %d blocks x %d tokens = %.1f MiB of %s (%s)", num,
+                    cache.block_size, num * per_block / 2**20, dtype_name, source)
+        return num
+
+    def initialize_kv_cache(self, layout: KVCacheLayout) -> None:
+        cache = self.config.cache
+        disk_path = (Path(cache.kv_offload_dir) / f"kvserve-kv-{os.getpid()}.bin"
+                     if layout.disk_slots else None)
+        # attention math is float32 whatever the compute dtype (see paged_attention)
+        attention = self.kernels if self.kv_dtype in NATIVE_KV_DTYPES else None
+        self.runner = ModelRunner(self.model, self.config.model.arch, layout, self.kv_dtype,
+                                  self.config.model.seed, attention, disk_path)
+
+    # -- warm-up -----------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        self.runner.warm_up(self.config.warmup_tokens)
+        if self.config.worker.linear_min_rows is None:
+            self._pad_small_gemms()
+        self._warm_gemm_kernels()
+
+    def _pad_small_gemms(self) -> None:
+        rows, pass_times = measure_min_rows(self.model)
+        self.mode = dataclasses.replace(self.mode, linear_min_rows=rows)
+        configure_layers(self.model, self.mode)
+        if pass_times:
+            logger.info("linear layers, one pass at 1-%d rows (ms): %s; %s", len(pass_times),
+                        " ".join(f"{1000 * t:.2f}" for t in pass_times.values()),
+                        f"GEMMs of fewer rows run padded to {rows}" if rows > 1
+                        else "no padding (no row count clearly faster)")
+
+    def _warm_gemm_kernels(self) -> None:
+        rows = self.config.worker.gemm_warmup_rows
+        if not rows:
+            return
+        start = time.perf_counter()
+        shapes, warmed = warm_gemm_kernels(self.model, rows)
+        if shapes:
+            capped = f" (of {rows}: the kernel caches' room)" if warmed < rows else ""
+            logger.info("GEMM kernels generated for %d shapes x 1-%d rows%s in %.1fs", shapes,
+                        warmed, capped, time.perf_counter() - start)
+
+    def finish_startup(self) -> None:
+        freeze_startup_objects()
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def execute_model(self, out: SchedulerOutput) -> dict[str, SampleResult]:
+        return self.runner.execute(out)
+
+    def transfer_stats(self) -> TransferStats:
+        mover = self.runner.mover
+        return TransferStats(dict(mover.bytes_moved), dict(mover.seconds))
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()

@@ -1,0 +1,71 @@
+"""The worker boundary: everything between a scheduled step and its sampled tokens.
+
+The engine decides (schedule, update, outputs); a :class:`Worker` computes. It owns what
+depends on the platform: threads and memory settings, the model's weights and the way
+its layers run, the KV pool (its size and its tensors), start-up warm-up and
+measurements. The engine talks to it through this interface only, so a GPU worker, or
+one worker per tensor-parallel rank behind an executor, fits in without the engine
+changing. Calls come in this order, all from the thread that will step the engine::
+
+    worker = SomeWorker(config)                 # threads, model loaded
+    layout = worker.determine_kv_cache_layout() # how many blocks fit, tiers' slots
+    worker.initialize_kv_cache(layout)          # the pool tensors
+    worker.warm_up()                            # dummy steps, measurements
+    worker.finish_startup()                     # after the engine's own start-up work
+    worker.execute_model(scheduler_output) ...  # every step
+    worker.close()
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from kvserve.core.scheduler_output import SchedulerOutput
+from kvserve.worker.sampler import SampleResult
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """The KV pool the worker allocates and the KV manager accounts for."""
+
+    num_blocks: int
+    block_size: int
+    bytes_per_block: int
+    dtype_name: str           # element type of the pool, e.g. "float32"
+    swap_slots: int = 0       # host swap space, in blocks
+    disk_slots: int = 0       # disk tier, in blocks
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """Bytes and seconds spent moving KV between tiers, cumulative, by direction."""
+
+    bytes_moved: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Worker(ABC):
+    @abstractmethod
+    def determine_kv_cache_layout(self) -> KVCacheLayout:
+        """How large the KV pool and its tiers are (settings, or the memory free)."""
+
+    @abstractmethod
+    def initialize_kv_cache(self, layout: KVCacheLayout) -> None:
+        """Allocate the pool (and tiers) of ``layout``."""
+
+    @abstractmethod
+    def warm_up(self) -> None:
+        """Run whatever makes the first real steps as fast as later ones."""
+
+    def finish_startup(self) -> None:
+        """Called once the engine is ready to serve."""
+
+    @abstractmethod
+    def execute_model(self, out: SchedulerOutput) -> dict[str, SampleResult]:
+        """Run one step; returns the sampled token of every request that samples."""
+
+    def transfer_stats(self) -> TransferStats:
+        return TransferStats()
+
+    def close(self) -> None:
+        """Release files and memory the worker holds."""
