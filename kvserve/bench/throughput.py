@@ -83,12 +83,14 @@ def _sampling_params(max_tokens: int) -> Any:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def generate_timed(llm: Any, requests: Sequence[BenchRequest]) -> tuple[float, list[Any]]:
-    """One ``llm.generate`` over the requests; returns ``(seconds, outputs)``."""
+def generate_timed(llm: Any, requests: Sequence[BenchRequest], progress: bool = False
+                   ) -> tuple[float, list[Any]]:
+    """One ``llm.generate`` over the requests (``progress``: with its progress bar, which
+    updates a few times a second); returns ``(seconds, outputs)``."""
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
     params = [_sampling_params(r.max_tokens) for r in requests]
     t0 = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=progress)
     return time.perf_counter() - t0, list(outputs)
 
 
@@ -110,8 +112,10 @@ def run_throughput(
     engine_args: dict[str, Any] | None = None,
     warmup: bool = True,
     llm: Any = None,
+    progress: bool = False,
 ) -> ThroughputResult:
-    """Time kvserve offline generation of ``requests`` (loads the engine unless ``llm``)."""
+    """Time kvserve offline generation of ``requests`` (loads the engine unless ``llm``);
+    ``progress`` shows a bar of the requests done."""
     engine_args = dict(engine_args or {})
     load_s = 0.0
     if llm is None:
@@ -119,7 +123,7 @@ def run_throughput(
     if warmup and requests:
         generate_timed(llm, [BenchRequest(list(requests[0].prompt_token_ids[:8]), 2)])
     llm.reset_prefix_cache()  # a repeat must compute its prompts, not find them cached
-    wall_s, outputs = generate_timed(llm, requests)
+    wall_s, outputs = generate_timed(llm, requests, progress)
     useful, generated = count_output_tokens(requests, outputs)
     return ThroughputResult(
         wall_s=wall_s,

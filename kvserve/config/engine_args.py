@@ -47,8 +47,8 @@ class EngineArgs:
     max_num_seqs: int = field(default=128, metadata=_help("most requests running at once"))
     # 2048, as vLLM's CPU server: a prompt up to that length is never split across steps
     # (a split leaves its last tokens to share a step with the next prompt's prefill,
-    # which delayed the first token: serving P99 TTFT 729 -> 672 ms on bench-100m);
-    # offline throughput was the same at 512 and 2048.
+    # which delays the first token; serving tail TTFT was lower at 2048); offline
+    # throughput did not depend on it (measured: docs/performance.md).
     max_num_batched_tokens: int = field(default=2048, metadata=_help(
         "token budget of one engine step (prefill chunks + decodes)"))
     prefill_join_tokens: int = field(default=0, metadata=_help(

@@ -5,9 +5,9 @@ Built with :meth:`AsyncLLMEngine.from_engine_args`, that thread also loads the m
 every OpenMP parallel region of the process runs on it. Why it matters: libgomp keeps one
 worker team per thread that ever ran a parallel region, and once its teams hold more
 threads than there are cores it stops letting idle workers spin between regions; each of
-the ~150 small ops of a decode step then waits for a sleeping worker to wake. Loading on
-the main thread and stepping on another made a batch-4 decode step of bench-100m take
-24 ms instead of 14 ms.
+a decode step's many small ops then waits for a sleeping worker to wake. Loading on the
+main thread and stepping on another made server decode steps much slower than offline
+ones (measured: docs/performance.md).
 
 That thread loops ``step()`` while requests exist and sleeps on a condition otherwise;
 adds and aborts reach it through a command list applied between steps. Each step's

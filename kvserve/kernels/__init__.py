@@ -1,7 +1,8 @@
 """Small native kernels, compiled with the system C compiler on first use.
 
-Plain C through ctypes (no torch headers): a build takes about a second and is
-cached by source hash. Without a compiler kvserve falls back to its torch paths.
+Plain C through ctypes (no torch headers): a build is quick and cached by source hash.
+Without a compiler kvserve falls back to its torch paths. Each C signature is declared
+once, in :mod:`kvserve.kernels.signatures`, and checked against the sources at load.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from kvserve.kernels.signatures import bind, check_against_sources
 from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
@@ -71,29 +73,21 @@ class Kernels:
             self.reason = detail.strip().splitlines()[-1] if detail.strip() else repr(e)
             logger.warning("native kernels unavailable (%s); using torch attention", self.reason)
             return
-        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        self._attention = {
-            dtype: _bind(getattr(lib, f"paged_attention_rows_{suffix}"),
-                         [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32,
-                          i64])
-            for dtype, suffix in NATIVE_KV_DTYPES.items()}
-        self._write_kv = {
-            dtype: _bind(getattr(lib, f"write_kv_{suffix}"),
-                         [ptr, ptr, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64])
-            for dtype, suffix in NATIVE_KV_DTYPES.items()}
-        self._rms_norm = {
-            torch.float32: _bind(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32]),
-            torch.bfloat16: _bind(lib.rms_norm_bf16, [ptr, ptr, ptr, i64, i64, f32])}
-        self._add_rms_norm = {
-            torch.float32: _bind(lib.add_rms_norm, [ptr, ptr, ptr, ptr, i64, i64, f32]),
-            torch.bfloat16: _bind(lib.add_rms_norm_bf16, [ptr, ptr, ptr, ptr, i64, i64, f32])}
-        self._silu_mul = _bind(lib.silu_mul, [ptr, ptr, i64, i64])
-        rotary_args = [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64]
-        self._rotary = {torch.float32: _bind(lib.rotary, rotary_args),
-                        torch.bfloat16: _bind(lib.rotary_bf16, rotary_args)}
-        self._quantize_rows = _bind(lib.quantize_rows_int8, [ptr, ptr, ptr, i64, i64])
-        self._rescale_int32 = _bind(lib.rescale_int32, [ptr, ptr, ptr, ptr, ptr, i64, i64])
-        self._bind_threads = _bind(lib.bind_omp_threads, [ptr, i64], restype=i64)
+        check_against_sources(_SOURCES + _HEADERS)
+        self._attention = {dtype: bind(lib, "paged_attention_rows", f"paged_attention_rows_{sfx}")
+                           for dtype, sfx in NATIVE_KV_DTYPES.items()}
+        self._write_kv = {dtype: bind(lib, "write_kv", f"write_kv_{sfx}")
+                          for dtype, sfx in NATIVE_KV_DTYPES.items()}
+        self._rms_norm = {torch.float32: bind(lib, "rms_norm"),
+                          torch.bfloat16: bind(lib, "rms_norm_bf16")}
+        self._add_rms_norm = {torch.float32: bind(lib, "add_rms_norm"),
+                              torch.bfloat16: bind(lib, "add_rms_norm_bf16")}
+        self._silu_mul = bind(lib, "silu_mul")
+        self._rotary = {torch.float32: bind(lib, "rotary"),
+                        torch.bfloat16: bind(lib, "rotary_bf16")}
+        self._quantize_rows = bind(lib, "quantize_rows_int8")
+        self._rescale_int32 = bind(lib, "rescale_int32")
+        self._bind_threads = bind(lib, "bind_omp_threads")
         self.available = True
 
     def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
@@ -106,76 +100,76 @@ class Kernels:
             q = q.contiguous()
         _, kvh, _, bs = k_pool.shape
         self._attention[k_pool.dtype](
-            q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(),
-            tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), s, h, kvh, d, bs, scale,
-            window)
+            q=q.data_ptr(), q_stride=q.stride(0), k_pool=k_pool.data_ptr(),
+            v_pool=v_pool.data_ptr(), tables=tables.data_ptr(), table_stride=tables.stride(0),
+            seq_lens=seq_lens.data_ptr(), out=out.data_ptr(), num_seqs=s, num_heads=h,
+            num_kv_heads=kvh, head_dim=d, block_size=bs, scale=scale, window=window)
 
     def write_kv(self, k, v, slots, k_pool, v_pool) -> None:
         """Write k/v [T, KVH, D] of the pools' dtype, each token's KVH x D contiguous (rows
         of a fused qkv are), into the pools (laid out as for paged_attention_rows) at flat
         slots [T] int64."""
         _, kvh, d, bs = k_pool.shape
-        self._write_kv[k_pool.dtype](k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
-                                     slots.data_ptr(), slots.shape[0], k_pool.data_ptr(),
-                                     v_pool.data_ptr(), kvh, d, bs)
+        self._write_kv[k_pool.dtype](
+            k=k.data_ptr(), v=v.data_ptr(), k_stride=k.stride(0), v_stride=v.stride(0),
+            slots=slots.data_ptr(), n=slots.shape[0], k_pool=k_pool.data_ptr(),
+            v_pool=v_pool.data_ptr(), num_kv_heads=kvh, head_dim=d, block_size=bs)
 
     def rms_norm(self, x, weight, eps: float):
         """RMSNorm of rows x [T, D] (contiguous) with weight [D], both float32 or both
         bfloat16 (NATIVE_ELEMENTWISE_DTYPES)."""
         out = torch.empty_like(x)
-        self._rms_norm[x.dtype](x.data_ptr(), weight.data_ptr(), out.data_ptr(),
-                                x.shape[0], x.shape[1], eps)
+        self._rms_norm[x.dtype](x=x.data_ptr(), weight=weight.data_ptr(), out=out.data_ptr(),
+                                rows=x.shape[0], dim=x.shape[1], eps=eps)
         return out
 
     def add_rms_norm(self, x, residual, weight, eps: float):
         """residual += x in place, then RMSNorm(residual) returned; x, residual [T, D]
         contiguous, all three of one NATIVE_ELEMENTWISE_DTYPES type."""
         out = torch.empty_like(x)
-        self._add_rms_norm[x.dtype](x.data_ptr(), residual.data_ptr(), weight.data_ptr(),
-                                    out.data_ptr(), x.shape[0], x.shape[1], eps)
+        self._add_rms_norm[x.dtype](x=x.data_ptr(), residual=residual.data_ptr(),
+                                    weight=weight.data_ptr(), out=out.data_ptr(),
+                                    rows=x.shape[0], dim=x.shape[1], eps=eps)
         return out
 
     def silu_mul(self, gate_up):
         """silu(gate) * up for float32 gate_up [T, 2I] (contiguous) -> [T, I]."""
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = gate_up.new_empty((rows, inter))
-        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
+        self._silu_mul(gate_up=gate_up.data_ptr(), out=out.data_ptr(), rows=rows, inter=inter)
         return out
 
     def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):
         """Rotate the q and k heads at the start of each qkv row in place (qkv and the
         cos/sin tables all float32 or all bfloat16)."""
-        self._rotary[qkv.dtype](qkv.data_ptr(), qkv.stride(0), qkv.shape[0],
-                                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), num_q,
-                                num_k, head_dim)
+        self._rotary[qkv.dtype](qkv=qkv.data_ptr(), row_stride=qkv.stride(0),
+                                rows=qkv.shape[0], positions=positions.data_ptr(),
+                                cos_table=cos.data_ptr(), sin_table=sin.data_ptr(),
+                                num_q=num_q, num_k=num_k, head_dim=head_dim)
 
     def bind_threads(self, cpus: list[int]) -> int:
         """Bind the calling thread's OpenMP team of len(cpus) threads (torch's intra-op
         threads, when torch runs that many) one to each CPU; returns how many threads could
         not be bound."""
         ids = torch.tensor(cpus, dtype=torch.int64)
-        return self._bind_threads(ids.data_ptr(), len(cpus))
+        return self._bind_threads(cpus=ids.data_ptr(), n=len(cpus))
 
     def quantize_rows(self, x):
         """Per-row symmetric int8 of float32 x [R, C] (contiguous) -> (q int8, scale [R])."""
         q = torch.empty(x.shape, dtype=torch.int8)
         scale = torch.empty(x.shape[0], dtype=torch.float32)
-        self._quantize_rows(x.data_ptr(), q.data_ptr(), scale.data_ptr(), x.shape[0], x.shape[1])
+        self._quantize_rows(x=x.data_ptr(), q=q.data_ptr(), scale=scale.data_ptr(),
+                            rows=x.shape[0], cols=x.shape[1])
         return q, scale
 
     def rescale_int32(self, acc, row_scale, col_scale, bias):
         """float32 (acc [R, C] int32 * row_scale[:, None]) * col_scale (+ bias)."""
         out = torch.empty(acc.shape, dtype=torch.float32)
-        self._rescale_int32(acc.data_ptr(), row_scale.data_ptr(), col_scale.data_ptr(),
-                            0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                            acc.shape[0], acc.shape[1])
+        self._rescale_int32(acc=acc.data_ptr(), row_scale=row_scale.data_ptr(),
+                            col_scale=col_scale.data_ptr(),
+                            bias=0 if bias is None else bias.data_ptr(), out=out.data_ptr(),
+                            rows=acc.shape[0], cols=acc.shape[1])
         return out
-
-
-def _bind(fn, argtypes, restype=None):
-    fn.argtypes = argtypes
-    fn.restype = restype
-    return fn
 
 
 @functools.cache

@@ -11,10 +11,10 @@
  * run, and keys are stored transposed ([D][bs]) so that a query scores eight keys per
  * vector operation with no horizontal sums. A sequence whose blocks follow each other is
  * then read like one array, which the hardware prefetcher follows (decode attention
- * over 128 contexts of 250-650 tokens: 1.5x the bandwidth of a token-major pool, ~34
- * against ~19-23 GB/s); where the table jumps, the next block's run is prefetched.
- * The softmax's exponentials are vectorised (AVX2/AVX-512): as scalar expf calls they took
- * about a third of the time with the context in cache.
+ * reads clearly faster than from a token-major pool); where the table jumps, the next
+ * block's run is prefetched. The softmax's exponentials are vectorised (AVX2/AVX-512):
+ * as scalar expf calls they took a large share of the time with the context in cache
+ * (measured: docs/performance.md).
  *
  * Layouts: q/out [S, H, D] float32, out contiguous, q rows q_stride floats apart (the
  * queries of a fused qkv activation are read in place); k pool [blocks, KVH, D,
@@ -25,13 +25,13 @@
  * A prompt chunk's rows read the same keys and values, from cache. With one row at a
  * time each key load feeds a group of query heads, and the loads, not the FMAs, set the
  * pace; consecutive rows of one chunk are therefore attended a few at a time, each key
- * and value load shared by all their query heads (a 448-token prompt, 12 heads on 4 kv
- * heads: 96 -> 150 GFLOP/s), with each row's result the same bits as alone.
+ * and value load shared by all their query heads (much faster: docs/performance.md),
+ * with each row's result the same bits as alone.
  *
  * Built for a CPU with AVX-512, the compute-bound parts (prompt scores, value sums,
  * softmax) run sixteen lanes a vector, the scores in chunks of 16 keys across blocks so
- * that enough FMA chains are in flight (four 448-token prompts on a CPU that runs 512-bit
- * operations whole: 174 -> 279 GFLOP/s); decode attention, bound by memory, is no faster.
+ * that enough FMA chains are in flight (a clear gain on a CPU that runs 512-bit operations
+ * whole: docs/performance.md); decode attention, bound by memory, is no faster.
  */
 #include <math.h>
 #include <stdint.h>

@@ -4,15 +4,14 @@
 channel (symmetric: w ~= q * scale, |q| <= 127) and, at run time, quantizes each
 token's activations the same way with that token's own scale. The matmul runs on
 int8 x int8 -> int32 (``torch._int_mm``: oneDNN's VNNI / AVX2 integer kernels), which on
-this class of CPU multiplies about four times faster than float32 GEMM and reads a
+this class of CPU multiplies several times faster than float32 GEMM and reads a
 quarter of the weight bytes. The int32 sums are exact, so a token's output depends on
 that token alone: results do not change with batch composition, and are reproduced
 exactly by a reference that quantizes the same way (``int8_reference_linear``).
 
 Why not weight-only int8 with float activations: the multiplications would still run
-in float32, so batched steps would be no faster (torch's weight-only int8 CPU kernel
-measured 4 GFLOP/s on the benchmark machine, against 190 for float32 GEMM and 790 for
-int8 GEMM).
+in float32, so batched steps would be no faster; torch's weight-only int8 CPU kernel
+is in fact far slower than float32 GEMM (measured: docs/performance.md).
 
 The embeddings and the LM head stay in the compute dtype (as vLLM's int8 schemes
 leave them): the head is a small share of the FLOPs and most sensitive to rounding.

@@ -89,10 +89,10 @@ def keep_freed_memory() -> bool:
 
     A step's activations are a few MB each (a 512-token prefill: ~8 MB for the MLP);
     by default glibc serves such blocks with mmap and unmaps them on free, so every
-    step faults its pages back in, zero-filled by the kernel: a 448-token prefill of
-    bench-100m took 3,000-12,000 page faults and 390-450 ms, and with this setting 0
-    faults and 372-380 ms. Blocks up to 32 MB now come from the heap, and up to 1 GiB
-    of freed heap is kept for reuse. Returns False where the C library is not glibc.
+    step faults its pages back in, zero-filled by the kernel; with this setting a
+    prefill takes no page faults and runs faster (measured: docs/performance.md).
+    Blocks up to 32 MB now come from the heap, and up to 1 GiB of freed heap is kept
+    for reuse. Returns False where the C library is not glibc.
     """
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
@@ -106,10 +106,11 @@ def keep_freed_memory() -> bool:
 
 def freeze_startup_objects() -> int:
     """Take every object alive after start-up (imported modules, the model's modules and
-    parameters: ~290,000 with bench-100m) out of the garbage collector's reach, as vLLM
-    does after its start-up. A full collection walked them all, ~130 ms during which the
-    engine stood still: a stall in the latency of whichever requests were running.
-    Objects created later are collected as usual. Returns how many were frozen."""
+    parameters, a great many objects) out of the garbage collector's reach, as vLLM
+    does after its start-up. A full collection walked them all while the engine stood
+    still: a stall in the latency of whichever requests were running (measured:
+    docs/performance.md). Objects created later are collected as usual. Returns how
+    many were frozen."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -36,10 +36,12 @@ def test_engine_args_only_given() -> None:
                                       "kv_cache_memory": "1GiB", "enable_prefix_caching": True,
                                       "swap_space": 2.5}
     assert engine_args_from(_parse(["bench", "compare"])) == {}
-    assert callable(args.func)
-    for cmd in ("make-model", "roofline", "serve", "compare"):
+    from kvserve.bench import commands
+    assert args.func is commands.cmd_throughput
+    for cmd in ("make-model", "roofline", "serve", "compare", "memory"):
         extra = ["custom", "--out", "x"] if cmd == "make-model" else []
-        assert callable(_parse(["bench", cmd, *extra]).func)
+        handler = getattr(commands, "cmd_" + cmd.replace("-", "_"))
+        assert _parse(["bench", cmd, *extra]).func is handler
 
 
 def test_workload_from_args(tiny_model_dir: Path) -> None:
@@ -317,9 +319,14 @@ def test_vllm_alternates_with_kvserve_defaults(tiny_model_dir: Path, fail_at: in
     out = run_compare(tiny_model_dir, reqs, ["hf", "vllm-cpu"], {}, hf_batch_size=2,
                       hf_threads=None, vllm_python="python", log=lines.append, repeats=3,
                       variants=[("int8", {"quantization": "int8"})])
-    assert [line.split(" (")[0].split(" {")[0] for line in lines] == [
+    stages = [line for line in lines if not line.startswith("  ")]
+    assert [line.split(" (")[0].split(" {")[0] for line in stages] == [
         "starting vLLM CPU in a subprocess ...", "running kvserve", "running kvserve int8",
         "running HF static batching"]
+    progress = [line.split(":")[0].strip() for line in lines if line.startswith("  ")]
+    assert progress == [f"round {i} of 3" for i in (1, 2, 3)] * 2 + ["HF run"] * 3
+    with_peer = [line for line in lines if "vllm-cpu" in line and line.endswith("x)")]
+    assert len(with_peer) == (3 if fail_at is None else 1)  # rounds the peer completed
     assert session.closed
     if fail_at is None:
         assert events == ["kvserve", "vllm"] * 3 + ["kvserve"] * 3

@@ -2,8 +2,8 @@
 measure it is judged by."""
 from __future__ import annotations
 
-import gzip
 import math
+import random
 
 import pytest
 
@@ -25,9 +25,12 @@ def test_file_list_hash_ignores_order():
     assert file_list_hash(["a.py"]) != file_list_hash(["a.py", "b.py"])
 
 
-def test_gzip_bits_per_byte():
-    data = b"def f(x):\n    return x\n" * 50
-    assert gzip_bits_per_byte(data) == 8 * len(gzip.compress(data, 9)) / len(data)
+def test_gzip_bits_per_byte_tells_redundant_from_random_bytes():
+    repetitive = b"def f(x):\n    return x\n" * 200
+    noise = random.Random(0).randbytes(20_000)
+    assert gzip_bits_per_byte(repetitive) < 0.5       # gzip finds the repeats
+    assert 7.9 < gzip_bits_per_byte(noise) < 8.1      # incompressible: ~8 bits a byte
+    assert gzip_bits_per_byte(repetitive[:2000]) > gzip_bits_per_byte(repetitive)
 
 
 def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token():
