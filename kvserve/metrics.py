@@ -93,6 +93,19 @@ class ServerMetrics:
                           "by kind.", labels + ["kind"], registry=r)
         self.kv_transfer_bytes = {k: moved.labels(model_name, k) for k in TRANSFER_KINDS}
         self.kv_transfer_seconds = {k: seconds.labels(model_name, k) for k in TRANSFER_KINDS}
+        self.spec_decode_num_drafts = counter("spec_decode_num_drafts",
+                                              "Number of spec decoding drafts.")
+        self.spec_decode_num_draft_tokens = counter("spec_decode_num_draft_tokens",
+                                                    "Number of draft tokens.")
+        self.spec_decode_num_accepted_tokens = counter("spec_decode_num_accepted_tokens",
+                                                       "Number of accepted tokens.")
+        self._accepted_per_pos = Counter(
+            "kvserve:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.", labels + ["position"], registry=r)
+        self._model_name = model_name
+
+    def accepted_at(self, position: int):
+        return self._accepted_per_pos.labels(self._model_name, str(position))
 
     def publish_cache_config(self, info: dict[str, object]) -> None:
         """``kvserve:cache_config_info``: the KV cache settings as labels of a gauge at 1
@@ -121,6 +134,10 @@ class EngineSnapshot:
     prefix_hits: int = 0
     transfer_bytes: dict = field(default_factory=dict)    # kind -> cumulative bytes
     transfer_seconds: dict = field(default_factory=dict)  # kind -> cumulative seconds
+    spec_drafts: int = 0            # speculative decoding, cumulative (vLLM's meanings)
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple = ()
 
 
 @dataclass
@@ -144,6 +161,7 @@ class StatsRecorder:
         self._prompt_since_log = 0
         self._gen_since_log = 0
         self._was_busy = False
+        self._spec_logged = EngineSnapshot()
 
     def on_outputs(self, outputs, now: float) -> None:
         m = self.metrics
@@ -212,6 +230,14 @@ class StatsRecorder:
                                 snap.transfer_bytes.get(kind, 0))
                 self._add_delta(m.kv_transfer_seconds[kind], f"seconds:{kind}",
                                 snap.transfer_seconds.get(kind, 0.0))
+            if snap.spec_draft_tokens:
+                self._add_delta(m.spec_decode_num_drafts, "spec:drafts", snap.spec_drafts)
+                self._add_delta(m.spec_decode_num_draft_tokens, "spec:draft_tokens",
+                                snap.spec_draft_tokens)
+                self._add_delta(m.spec_decode_num_accepted_tokens, "spec:accepted",
+                                snap.spec_accepted_tokens)
+                for pos, n in enumerate(snap.spec_accepted_per_pos):
+                    self._add_delta(m.accepted_at(pos), f"spec:pos{pos}", n)
         self._preemptions = snap.num_preemptions
 
     def _add_delta(self, counter, key: str, cumulative: float) -> None:
@@ -220,6 +246,23 @@ class StatsRecorder:
         if cumulative > last:
             counter.inc(cumulative - last)
         self._totals[key] = cumulative
+
+    def _log_spec_decode(self, snap: EngineSnapshot) -> None:
+        """vLLM's speculative decoding line, over the drafts since the last one."""
+        last = self._spec_logged
+        drafts = snap.spec_drafts - last.spec_drafts
+        if drafts <= 0:
+            return
+        tokens = snap.spec_draft_tokens - last.spec_draft_tokens
+        accepted = snap.spec_accepted_tokens - last.spec_accepted_tokens
+        per_pos = [(n - (last.spec_accepted_per_pos[i] if i < len(last.spec_accepted_per_pos)
+                         else 0)) / drafts for i, n in enumerate(snap.spec_accepted_per_pos)]
+        self.log.info("SpecDecoding metrics: Mean acceptance length: %.2f, Drafts: %d, "
+                      "Draft tokens: %d, Accepted tokens: %d, Draft acceptance rate: %.1f%%, "
+                      "Per-position acceptance rate: %s", 1 + accepted / drafts, drafts,
+                      tokens, accepted, 100 * accepted / tokens if tokens else 0.0,
+                      ", ".join(f"{p:.3f}" for p in per_pos))
+        self._spec_logged = snap
 
     def maybe_log(self, snap: EngineSnapshot, now: float | None = None) -> bool:
         """Logs the throughput line once per interval while busy; True if it logged."""
@@ -237,6 +280,7 @@ class StatsRecorder:
                 "tokens/s, Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%%s",
                 self._prompt_since_log / elapsed, self._gen_since_log / elapsed,
                 snap.num_running, snap.num_waiting, snap.kv_usage * 100, hit)
+            self._log_spec_decode(snap)
         self._was_busy = busy
         self._last_log = now
         self._prompt_since_log = self._gen_since_log = 0

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
-from kvserve.bench import commands, memory
+from kvserve.bench import commands, memory, spec
 from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
 
 __all__ = ["add_bench_parser", "main"]
@@ -132,13 +132,37 @@ def _add_memory(sub: Any) -> None:
     p.set_defaults(func=commands.cmd_memory)
 
 
+def _add_spec(sub: Any) -> None:
+    p = sub.add_parser(
+        "spec", help="speculative decoding on vs off, in alternating rounds",
+        description="Decode with and without speculation on the same requests; report tok/s, "
+                    "the speed-up, acceptance and the verify step's cost by rows. The "
+                    "speculation is --speculative-config (default: ngram, 4 tokens).")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--spec-workload", choices=spec.SPEC_WORKLOADS, default=None,
+                   help="real code for the embedded model: held-out files continued "
+                        "(heldout) or re-emitted after a comment (repeat); default: the "
+                        "--workload below")
+    p.add_argument("--prompt-tokens", type=int, default=256,
+                   help="spec workloads: prompt tokens taken from each file (default 256)")
+    p.add_argument("--max-tokens", type=int, default=128,
+                   help="spec workloads: tokens to generate per request (default 128)")
+    p.add_argument("--batched", action="store_true",
+                   help="all requests at once (default: one at a time, single stream)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    add_workload_args(p)
+    add_engine_args(p)
+    add_output_args(p, plot=False)
+    p.set_defaults(func=commands.cmd_spec)
+
+
 def add_bench_parser(subparsers: Any) -> None:
     """Add ``bench`` with its sub-commands to a ``parser.add_subparsers()`` object."""
     bench = subparsers.add_parser("bench", help="benchmarks: throughput, serving, comparisons",
                                   description="kvserve benchmark instruments")
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
-                _add_memory):
+                _add_memory, _add_spec):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 

@@ -93,7 +93,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(args.model)
     wl = workload_from_args(args, model_dir)
     engine_args = engine_args_from(args)
-    info = _header("kvserve throughput", {"model": str(model_dir), **_wl_settings(wl),
+    info = _header("kvserve throughput", {"model": model_dir.name, **_wl_settings(wl),
                                           "engine_args": engine_args, "repeats": args.repeats})
     try:
         llm, load_s = load_llm(model_dir, engine_args)
@@ -110,7 +110,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     print(report.format_table(
         ["wall s", "useful tok/s", "total tok/s", "req/s", "load s"],
         [(res.wall_s, res.useful_tok_s, res.total_tok_s, res.requests_per_s, load_s)]))
-    out = {"machine": info, "model": str(model_dir), "workload": wl.describe(),
+    out = {"machine": info, "model": model_dir.name, "workload": wl.describe(),
            "result": res.to_dict(), "repeat_useful_tok_s": [r.useful_tok_s for r in runs]}
     if args.json:
         print(f"wrote {report.write_json(args.json, out)}")
@@ -194,7 +194,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     sweep = _int_list(args.hf_sweep) if args.hf_sweep else []
     info = _header("kvserve bench compare", {
-        "model": str(model_dir), **_wl_settings(wl), "engine_args": engine_args,
+        "model": model_dir.name, **_wl_settings(wl), "engine_args": engine_args,
         "against": ",".join(against), "hf_batch_size": args.hf_batch_size, "hf_sweep": sweep,
         "hf_threads": args.hf_threads, "repeats": args.repeats,
         "variants": {label: settings for label, settings in variants}})
@@ -238,7 +238,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print(_decode_line(name, res["decode"]))
     for note in out["notes"]:
         print("note:", note)
-    full = {"machine": info, "model": str(model_dir), "workload": wl.describe(),
+    full = {"machine": info, "model": model_dir.name, "workload": wl.describe(),
             "engine_args": engine_args, **out}
     if args.json:
         print(f"wrote {report.write_json(args.json, full)}")
@@ -282,7 +282,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     combos = [(kv, b) for kv in _names(args.kv_managers, KV_MANAGERS.names())
               for b in _names(args.batchings, BATCHING_POLICIES.names())]
     need = sum(r.prompt_len + r.max_tokens for r in wl.requests)
-    settings = {"model": str(model_dir), "workload": wl.name, "requests": len(wl),
+    settings = {"model": model_dir.name, "workload": wl.name, "requests": len(wl),
                 "prompt_tokens": wl.num_prompt_tokens, "output_tokens": wl.num_output_tokens,
                 "kv_budget": f"{args.kv_budget} = {num_blocks} blocks x {block_size} = "
                              f"{num_blocks * block_size} tokens "
@@ -330,7 +330,7 @@ def _write_outputs(args: argparse.Namespace, info: dict[str, Any], model_dir: Pa
     md = memory.format_markdown(results, context)
     if final:
         print(md)
-    out = {"machine": info, "model": str(model_dir), "workload": wl.describe(),
+    out = {"machine": info, "model": model_dir.name, "workload": wl.describe(),
            "settings": settings, "kv_blocks": num_blocks, "block_size": block_size,
            "rounds": [[r.to_dict() for r in rnd] for rnd in rounds],
            "results": [r.to_dict() for r in results]}
@@ -364,3 +364,49 @@ def _bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None
         return kv_bytes_per_block(cfg, block_size, resolve_dtype(dtype, cfg))
     except Exception:  # only needed for a size budget; parse_kv_budget says so if missing
         return None
+
+
+DEFAULT_SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    """``kvserve bench spec``: speculative decoding on vs off."""
+    from kvserve.bench import spec
+    from kvserve.config.speculative import SpeculativeConfig
+    from kvserve.model.tokenizer import Tokenizer
+
+    model_dir = resolve_model_dir(args.model)
+    engine_args = engine_args_from(args)
+    config = engine_args.pop("speculative_config", None) or DEFAULT_SPEC_CONFIG
+    try:
+        SpeculativeConfig.from_value(config)
+    except ValueError as exc:
+        raise SystemExit(f"kvserve: error: {exc}") from None
+    config = json.loads(config) if isinstance(config, str) else config
+    if args.spec_workload:
+        requests = spec.spec_workload(args.spec_workload, model_dir, Tokenizer(model_dir),
+                                      args.num_prompts or 8, args.prompt_tokens,
+                                      args.max_tokens)
+        described = {"workload": args.spec_workload, "requests": len(requests),
+                     "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens}
+    else:
+        wl = workload_from_args(args, model_dir)
+        requests, described = wl.requests, _wl_settings(wl)
+    mode = "batched" if args.batched else "single stream"
+    info = _header("kvserve spec", {"model": model_dir.name, **described, "mode": mode,
+                                    "speculative_config": config,
+                                    "engine_args": engine_args, "rounds": args.rounds})
+    result = spec.run_spec_bench(model_dir, requests, config, engine_args, args.rounds,
+                                 not args.batched)
+    print(report.format_table(
+        ["mode", "off tok/s", "on tok/s", "speed-up", "acceptance", "mean accepted length"],
+        [(mode, result["off_tok_s"], result["on_tok_s"], result["speedup"],
+          result["acceptance_rate"] or 0.0, result["mean_acceptance_length"] or 1.0)]))
+    print("verify step cost vs one row, k drafts: " + "  ".join(
+        f"k={k}: {v:.2f}x" for k, v in result["verify_cost_vs_one_row"].items()))
+    if args.json:
+        out = {"machine": info, "model": model_dir.name, "settings": described, "mode": mode,
+               "speculative_config": config,
+               "engine_args": engine_args, "result": result}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0

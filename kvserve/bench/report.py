@@ -25,13 +25,14 @@ __all__ = [
 ]
 
 
-def _cpu_model() -> tuple[str, int | None]:
-    """CPU model name and physical core count from /proc/cpuinfo (Linux)."""
+def _cpu_model() -> tuple[str, int | None, dict[str, Any]]:
+    """CPU model name, physical core count and (family, model, vector ISA) from
+    /proc/cpuinfo (Linux): the name alone does not tell a Zen 2 from a Zen 5."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor() or "unknown", None
-    model, cores, phys = "unknown", set(), ""
+        return platform.processor() or "unknown", None, {}
+    model, cores, phys, ident = "unknown", set(), "", {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key, value = key.strip(), value.strip()
@@ -41,7 +42,14 @@ def _cpu_model() -> tuple[str, int | None]:
             phys = value
         elif key == "core id":
             cores.add((phys, value))
-    return model, len(cores) or None
+        elif key in ("cpu family", "model"):
+            ident.setdefault("cpu_family" if key == "cpu family" else "cpu_model_number",
+                             int(value))
+        elif key == "flags" and "vector_isa" not in ident:
+            flags = set(value.split())
+            ident["vector_isa"] = ("avx512" if "avx512f" in flags else
+                                   "avx2" if "avx2" in flags else "other")
+    return model, len(cores) or None, ident
 
 
 def _version(dist: str) -> str | None:
@@ -55,9 +63,10 @@ def machine_info() -> dict[str, Any]:
     """The machine and software a benchmark ran on."""
     import torch
 
-    model, physical = _cpu_model()
+    model, physical, ident = _cpu_model()
     return {
         "cpu_model": model,
+        **ident,
         "logical_cores": os.cpu_count(),
         "physical_cores": physical,
         "torch_version": torch.__version__,
@@ -73,7 +82,9 @@ def machine_line(info: Mapping[str, Any]) -> str:
     """One line: CPU, cores, torch version and threads."""
     cores = info.get("physical_cores") or info.get("logical_cores")
     return (
-        f"machine: {info.get('cpu_model')} | {cores} cores ({info.get('logical_cores')} logical)"
+        f"machine: {info.get('cpu_model')} (family {info.get('cpu_family')}, model "
+        f"{info.get('cpu_model_number')}, {info.get('vector_isa')}) | {cores} cores "
+        f"({info.get('logical_cores')} logical)"
         f" | torch {info.get('torch_version')} | {info.get('torch_threads')} threads"
         f" | python {info.get('python')}"
     )

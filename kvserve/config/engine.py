@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from kvserve.config.cache import CacheConfig
 from kvserve.config.model import ModelConfig
 from kvserve.config.scheduler import SchedulerConfig
+from kvserve.config.speculative import SpeculativeConfig
 from kvserve.config.worker import WorkerConfig
 
 
@@ -21,6 +22,15 @@ class EngineConfig:
     cache: CacheConfig
     scheduler: SchedulerConfig
     worker: WorkerConfig
+    speculative: SpeculativeConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.speculative is not None:
+            from kvserve.core.kv import KV_MANAGERS
+            if not KV_MANAGERS[self.cache.kv_manager].supports_truncate():
+                raise ValueError(f"kv_manager {self.cache.kv_manager!r} cannot give back a "
+                                 "rejected draft's KV slots: speculative_config needs a "
+                                 "manager that implements truncate")
 
     @property
     def warmup_tokens(self) -> int:

@@ -16,6 +16,7 @@ from kvserve.config.cache import KV_CACHE_DTYPES, CacheConfig
 from kvserve.config.engine import EngineConfig
 from kvserve.config.model import DTYPES, QUANTIZATION_METHODS, ModelConfig
 from kvserve.config.scheduler import PREEMPTION_MODES, SCHEDULING_POLICIES, SchedulerConfig
+from kvserve.config.speculative import SpeculativeConfig
 from kvserve.config.worker import ATTENTION_BACKENDS, WorkerConfig
 
 
@@ -109,6 +110,11 @@ class EngineArgs:
         "VLLM_CPU_OMP_THREADS_BIND: auto (one CPU per physical core), nobind, or a list "
         "such as 0-3 or 0,2"))
 
+    speculative_config: dict | str | None = field(default=None, metadata=_help(
+        "speculative decoding, as vLLM's (JSON on the command line), e.g. "
+        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'; drafts are verified "
+        "exactly and used only where they pay"))
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -119,6 +125,7 @@ class EngineArgs:
         self.create_scheduler_config()
         self.create_cache_config()
         self.create_worker_config()
+        SpeculativeConfig.from_value(self.speculative_config)
 
     # -- the parts ---------------------------------------------------------------------
 
@@ -151,7 +158,8 @@ class EngineArgs:
                                    self.quantization, self.seed)
         return EngineConfig(model=model, cache=self.create_cache_config(),
                             scheduler=self.create_scheduler_config(),
-                            worker=self.create_worker_config())
+                            worker=self.create_worker_config(),
+                            speculative=SpeculativeConfig.from_value(self.speculative_config))
 
     # -- the command line ----------------------------------------------------------------
 

@@ -134,7 +134,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(req, num_new):
+            drafts = self._take_drafts(req, num_new, budget)
+            if drafts and self.kv.allocate_slots(req, num_new + len(drafts)):
+                scheduled.append(self._scheduled(req, num_new, drafts))
+                budget -= num_new + len(drafts)
+                i += 1
+                continue
+            while not self.kv.allocate_slots(req, num_new):  # no drafts when memory is short
                 victim = self._pick_victim(i)
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -224,14 +230,27 @@ class Scheduler:
                      100 * kv.internal_fragmentation, 100 * kv.external_fragmentation,
                      stats.num_preemptions, kv.moved_blocks)
 
-    def _scheduled(self, req: Request, num_new: int) -> ScheduledRequest:
+    @staticmethod
+    def _take_drafts(req: Request, num_new: int, budget: int) -> list[int]:
+        """A decode's draft tokens, as many as the budget and max_tokens leave room for
+        (a step yields at most one token more than the drafts it verifies)."""
+        drafts, req.draft_token_ids = req.draft_token_ids, []
+        if not drafts or num_new != 1 or req.num_computed_tokens + 1 != req.num_tokens:
+            return []
+        room = min(budget - 1, req.max_tokens - req.num_output_tokens - 1)
+        return drafts[:max(0, room)]
+
+    def _scheduled(self, req: Request, num_new: int, drafts: list[int] | None = None
+                   ) -> ScheduledRequest:
         start = req.num_computed_tokens
         ends_prompt = start + num_new == req.num_tokens
         sampling = SamplingInfo(req.sampling_params, req.prompt_token_ids,
                                 req.output_token_ids, req.eos_token_id) if ends_prompt else None
+        tokens = req.token_slice(start, start + num_new)
         return ScheduledRequest(
-            request_id=req.request_id, token_ids=req.token_slice(start, start + num_new),
-            start_pos=start, block_table=list(self.kv.block_table(req)), sampling=sampling)
+            request_id=req.request_id, token_ids=tokens + drafts if drafts else tokens,
+            start_pos=start, block_table=list(self.kv.block_table(req)), sampling=sampling,
+            num_draft_tokens=len(drafts) if drafts else 0)
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         candidates = self.running[first_unscheduled:]
@@ -249,39 +268,59 @@ class Scheduler:
         self.num_preemptions += 1
         self._enqueue(req, front=True)
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, int],
-               stop_strings: dict[str, str] | None = None) -> list[Request]:
-        """Advance requests by what the step computed; returns those that got a token.
+    def update(self, output: SchedulerOutput, sampled: dict[str, list[int] | int]
+               ) -> list[tuple[Request, int]]:
+        """Advance requests by what the step computed; returns each request that got
+        tokens with how many it kept.
 
-        Requests that stop finish here: on a stop string the detokenizer found in the new
-        token's text (``stop_strings``: request id -> the string), EOS, stop_token_ids or
-        max_tokens.
+        A request's tokens are the drafts the step accepted plus one more (a single
+        token without drafts); rejected drafts' KV slots are given back. A request that
+        stops (EOS, stop_token_ids, max_tokens) keeps the tokens up to the stop and
+        finishes here; stop strings are found in the text afterwards
+        (:meth:`finish_on_stop_strings`).
         """
-        stop_strings = stop_strings or {}
         now = time.monotonic()
         progressed = []
         for sr in output.scheduled:
             req = self.requests.get(sr.request_id)
             if req is None:  # finished while the step ran
                 continue
-            req.num_computed_tokens += len(sr.token_ids)
-            if sr.request_id not in sampled:
+            tokens = sampled.get(sr.request_id)
+            tokens = [tokens] if isinstance(tokens, int) else tokens
+            if sr.num_draft_tokens:
+                accepted = len(tokens) - 1
+                req.num_computed_tokens += len(sr.token_ids) - sr.num_draft_tokens + accepted
+                self.kv.truncate(req, req.num_computed_tokens)
+            else:
+                req.num_computed_tokens += len(sr.token_ids)
+            if not tokens:
                 continue
-            token = sampled[sr.request_id]
-            req.output_token_ids.append(token)
             req.first_token_time = req.first_token_time or now
-            progressed.append(req)
-            stop = self._stop(req, token, stop_strings.get(sr.request_id))
-            if stop is not None:
-                self.finish_request(req.request_id, *stop)
+            kept = 0
+            for token in tokens:
+                req.output_token_ids.append(token)
+                kept += 1
+                stop = self._stop(req, token)
+                if stop is not None:
+                    self.finish_request(req.request_id, *stop)
+                    break
+            progressed.append((req, kept))
         return progressed
 
+    def finish_on_stop_strings(self, stops: dict[str, tuple[str, int]]) -> None:
+        """Finish requests whose new text hit a stop string: request id -> (the string,
+        how many of the step's tokens came after the one completing it: dropped)."""
+        for rid, (stop, after) in stops.items():
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            if after > 0:
+                del req.output_token_ids[-after:]
+            self.finish_request(rid, RequestStatus.FINISHED_STOPPED, stop)
+
     @staticmethod
-    def _stop(req: Request, token: int, stop_string: str | None
-              ) -> tuple[RequestStatus, int | str | None] | None:
-        """(status, stop_reason) if ``token`` ends the request; a stop string comes first."""
-        if stop_string is not None:
-            return RequestStatus.FINISHED_STOPPED, stop_string
+    def _stop(req: Request, token: int) -> tuple[RequestStatus, int | None] | None:
+        """(status, stop_reason) if ``token`` ends the request."""
         sp = req.sampling_params
         if req.num_output_tokens >= sp.min_tokens:
             if token == req.eos_token_id and not sp.ignore_eos:

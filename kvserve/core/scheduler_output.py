@@ -26,6 +26,7 @@ class ScheduledRequest:
     start_pos: int            # tokens already in the KV cache
     block_table: list[int]
     sampling: SamplingInfo | None  # set when this step ends the prompt or is a decode
+    num_draft_tokens: int = 0  # the last ones of token_ids: guesses the step verifies
 
     @property
     def sample(self) -> bool:

@@ -102,6 +102,14 @@ class RequestStream:
         return out
 
 
+def _spec_fields(spec) -> dict:
+    if spec is None:
+        return {}
+    return {"spec_drafts": spec.num_drafts, "spec_draft_tokens": spec.num_draft_tokens,
+            "spec_accepted_tokens": spec.num_accepted_tokens,
+            "spec_accepted_per_pos": tuple(spec.accepted_per_position)}
+
+
 def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
     if not fut.done():
         fut.set_exception(exc) if exc is not None else fut.set_result(None)
@@ -399,6 +407,7 @@ class AsyncLLMEngine:
             num_preemptions=sched.num_preemptions,
             prefix_hit_rate=kv.prefix_hits / kv.prefix_queries if kv.prefix_queries else None,
             prefix_queries=kv.prefix_queries, prefix_hits=kv.prefix_hits,
-            transfer_bytes=dict(moved.bytes_moved), transfer_seconds=dict(moved.seconds))
+            transfer_bytes=dict(moved.bytes_moved), transfer_seconds=dict(moved.seconds),
+            **_spec_fields(stats.spec_decode))
         self.snapshot = snap
         self._stats.on_state(snap)

@@ -24,6 +24,7 @@ from kvserve.model.tokenizer import Tokenizer
 from kvserve.outputs import RequestOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
+from kvserve.spec_decode.controller import SpecDecodeStats, create_controller
 from kvserve.worker import KVCacheLayout, TransferStats, create_worker
 
 logger = init_logger(__name__)
@@ -68,6 +69,7 @@ class EngineStats:
 
     scheduler: SchedulerStats
     transfers: TransferStats
+    spec_decode: SpecDecodeStats | None = None  # None: speculation off
 
 
 class LLMEngine:
@@ -88,6 +90,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.last_step_stats: SchedulerStats | None = None
         self.worker.warm_up()
+        self.speculator = create_controller(config, self.worker)
         if config.cache.warmup_prompts:
             self.pin_prompts(config.cache.warmup_prompts)
         self.worker.finish_startup()
@@ -110,7 +113,8 @@ class LLMEngine:
                 "enable_prefix_caching": cache.enable_prefix_caching}
 
     def get_stats(self) -> EngineStats:
-        return EngineStats(self.scheduler.stats(), self.worker.transfer_stats())
+        spec = self.speculator.stats if self.speculator is not None else None
+        return EngineStats(self.scheduler.stats(), self.worker.transfer_stats(), spec)
 
     def pin_prompts(self, path: str) -> None:
         """Compute the KV of each prompt in ``path`` and pin it in the prefix cache."""
@@ -214,6 +218,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One step; ``last_step_stats`` then holds the scheduler's state as it was
         scheduled (None when the step had nothing to run)."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         self.last_step_stats = sched.stats if sched.scheduled else None
         try:
@@ -222,10 +228,12 @@ class LLMEngine:
             logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
             self.kv.reset_prefix_cache()  # blocks registered for this step were never written
             return self._fail([s.request_id for s in sched.scheduled])
-        stop_strings = self.outputs.process_tokens(results)
-        progressed = self.scheduler.update(sched, {k: r.token_id for k, r in results.items()},
-                                           stop_strings)
-        parents = dict.fromkeys(self.outputs.parent_of[r.request_id] for r in progressed)
+        if self.speculator is not None:
+            self.speculator.record(sched, results)
+        progressed = self.scheduler.update(
+            sched, {rid: [r.token_id for r in rs] for rid, rs in results.items()})
+        self.scheduler.finish_on_stop_strings(self.outputs.process_tokens(progressed, results))
+        parents = dict.fromkeys(self.outputs.parent_of[r.request_id] for r, _ in progressed)
         return [self.outputs.make_output(p) for p in parents]
 
     def _fail(self, child_ids: list[str]) -> list[RequestOutput]:

@@ -57,25 +57,30 @@ class OutputProcessor:
         state = self.parents.get(parent_id)
         return list(state.children) if state else []
 
-    def process_tokens(self, results: dict[str, SampleResult]) -> dict[str, str]:
-        """Detokenize each sequence's new token; returns the stop string each sequence
-        whose text hit one found (the scheduler then finishes it)."""
+    def process_tokens(self, progressed: list[tuple[Request, int]],
+                       results: dict[str, list[SampleResult]]) -> dict[str, tuple[str, int]]:
+        """Detokenize the tokens each request kept this step (the first ``n`` of its
+        results); returns, for each sequence whose text hit a stop string, (the string,
+        how many of its kept tokens came after the one completing it)."""
         stopped = {}
-        for rid, result in results.items():
+        for req, kept in progressed:
+            rid = req.request_id
             parent = self.parent_of.get(rid)
             if parent is None:  # not a request of ours (gone meanwhile)
                 continue
             seq = self.parents[parent].children[rid]
-            req = self.parents[parent].requests[rid]
-            if seq.logprobs is not None:
-                seq.logprobs.append(self._logprob_entry(result))
-                seq.cumulative_logprob += result.logprob
-            delta = seq.decoder.step(result.token_id)
-            if not delta:
-                continue
-            stop = self._append_checking_stops(seq, req, delta)
-            if stop is not None:
-                stopped[rid] = stop
+            step_results = results[rid][:kept]
+            for i, result in enumerate(step_results):
+                if seq.logprobs is not None:
+                    seq.logprobs.append(self._logprob_entry(result))
+                    seq.cumulative_logprob += result.logprob
+                delta = seq.decoder.step(result.token_id)
+                if not delta:
+                    continue
+                stop = self._append_checking_stops(seq, req, delta)
+                if stop is not None:
+                    stopped[rid] = (stop, len(step_results) - i - 1)
+                    break
         return stopped
 
     def _append_checking_stops(self, seq: SequenceState, req: Request, delta: str

@@ -172,8 +172,11 @@ class CPUWorker(Worker):
 
     # -- steps -------------------------------------------------------------------------------
 
-    def execute_model(self, out: SchedulerOutput) -> dict[str, SampleResult]:
+    def execute_model(self, out: SchedulerOutput) -> dict[str, list[SampleResult]]:
         return self.runner.execute(out)
+
+    def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
+        return self.runner.time_rows(row_counts)
 
     def transfer_stats(self) -> TransferStats:
         mover = self.runner.mover

@@ -17,8 +17,9 @@ class StepInputs:
     positions: torch.Tensor        # [T]
     meta: AttentionMetadata
     order: list[ScheduledRequest]  # decodes first, then prefill chunks
-    sample_rows: torch.Tensor      # flat index of each sampling request's last token
-    sample_order: list[ScheduledRequest]
+    sample_rows: torch.Tensor      # flat rows that give logits: each sampling request's
+    sample_order: list[ScheduledRequest]  # last token, and its draft tokens' rows before it
+    num_draft_rows: int = 0
 
 
 def _pad_tables(tables: list[list[int]], width: int) -> np.ndarray:
@@ -68,10 +69,15 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
 
     ends = np.cumsum(q_lens) - 1
     sample_idx = [i for i, s in enumerate(order) if s.sample]
+    rows = ends[sample_idx]
+    num_drafts = sum(order[i].num_draft_tokens for i in sample_idx)
+    if num_drafts:  # a drafted request's rows: its last token's and each draft's, in order
+        rows = np.concatenate([np.arange(ends[i] - order[i].num_draft_tokens, ends[i] + 1)
+                               for i in sample_idx])
     return StepInputs(
         tokens=torch.from_numpy(tokens), positions=torch.from_numpy(positions), meta=meta,
-        order=order, sample_rows=torch.from_numpy(ends[sample_idx]),
-        sample_order=[order[i] for i in sample_idx])
+        order=order, sample_rows=torch.from_numpy(rows),
+        sample_order=[order[i] for i in sample_idx], num_draft_rows=num_drafts)
 
 
 def _decode_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray,

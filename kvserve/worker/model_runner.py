@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from kvserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest, SchedulerOutput
 from kvserve.model.attention import KVCache
 from kvserve.model.config import ArchConfig
 from kvserve.worker.input_batch import StepInputs, build_inputs
 from kvserve.worker.kv_tiers import BlockStore, TierMover
+from kvserve.worker.rejection_sampler import RejectionSampler
 from kvserve.worker.sampler import Sampler, SampleResult
 from kvserve.worker.worker_base import KVCacheLayout
 
@@ -36,6 +37,7 @@ class ModelRunner:
                                arch.head_dim, kv_dtype)
                        for _ in range(arch.num_layers)]
         self.sampler = Sampler(seed)
+        self.verifier = RejectionSampler(self.sampler)
         self.swap = BlockStore(layout.swap_slots, self.caches) if layout.swap_slots else None
         self.disk = (BlockStore(layout.disk_slots, self.caches, disk_path)
                      if layout.disk_slots else None)
@@ -66,13 +68,43 @@ class ModelRunner:
                                        self.native_attention))
         return num_prompts * prompt_len
 
+    @torch.inference_mode()
+    def time_rows(self, row_counts: list[int], context: int = 128, rounds: int = 3
+                  ) -> dict[int, float]:
+        """Median seconds of a step of ``rows`` rows that all give logits (a request
+        verifying ``rows - 1`` drafts after ``context`` tokens), for each row count the
+        pool has room for; the rows' K/V go to blocks no request holds yet."""
+        import statistics
+        import time
+
+        from kvserve.sampling_params import SamplingParams
+
+        bs, num_blocks = self.block_size, self.caches[0].k.shape[0]
+        info = SamplingInfo(SamplingParams(), (), (), None)
+        times = {}
+        room = min(num_blocks * bs, self.config.max_position_embeddings)
+        for rows in sorted(set(row_counts)):
+            if context + rows > room:
+                break
+            table = list(range(-(-(context + rows) // bs)))
+            step = [ScheduledRequest("cost", [0] * rows, context, table, info, rows - 1)]
+            inputs = build_inputs(step, bs, self.config.sliding_window, self.native_attention)
+            samples = []
+            for _ in range(rounds + 1):  # the first only warms up
+                start = time.perf_counter()
+                self._forward(inputs)
+                samples.append(time.perf_counter() - start)
+            times[rows] = statistics.median(samples[1:])
+        return times
+
     def close(self) -> None:
         if self.disk is not None:
             self.disk.close()
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, SampleResult]:
-        """Run one step; returns the sampled token of every request that samples."""
+    def execute(self, out: SchedulerOutput) -> dict[str, list[SampleResult]]:
+        """Run one step; returns the tokens of every request that samples: one, or the
+        drafts it verified and accepted plus one."""
         self.sampler.drop(out.finished_ids)
         if out.kv_transfers:
             self.mover.run(out.kv_transfers)
@@ -89,8 +121,12 @@ class ModelRunner:
         if not inputs.sample_order:
             return {}
         ids = [s.request_id for s in inputs.sample_order]
-        results = self.sampler(logits, ids, [s.sampling for s in inputs.sample_order])
-        return dict(zip(ids, results))
+        infos = [s.sampling for s in inputs.sample_order]
+        if inputs.num_draft_rows:
+            drafts = [s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
+                      for s in inputs.sample_order]
+            return dict(zip(ids, self.verifier(logits, ids, infos, drafts)))
+        return {rid: [r] for rid, r in zip(ids, self.sampler(logits, ids, infos))}
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The logits of the step's sampling rows. Only those rows go through the last

@@ -61,8 +61,13 @@ class Worker(ABC):
         """Called once the engine is ready to serve."""
 
     @abstractmethod
-    def execute_model(self, out: SchedulerOutput) -> dict[str, SampleResult]:
-        """Run one step; returns the sampled token of every request that samples."""
+    def execute_model(self, out: SchedulerOutput) -> dict[str, list[SampleResult]]:
+        """Run one step; returns the new tokens of every request that samples (one, or
+        its accepted drafts plus one)."""
+
+    @abstractmethod
+    def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
+        """Seconds of a step by its row count (speculative decoding's cost model)."""
 
     def transfer_stats(self) -> TransferStats:
         return TransferStats()

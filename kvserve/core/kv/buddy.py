@@ -214,6 +214,11 @@ class BuddyKVCacheManager(KVCacheManager):
             self.num_moves += 1
         return new
 
+    def truncate(self, req: Request, num_tokens: int) -> None:
+        """The run stays (a run is one allocation); only its tokens are counted back."""
+        if req.request_id in self._tokens:
+            self._tokens[req.request_id] = min(self._tokens[req.request_id], num_tokens)
+
     def free(self, req: Request) -> None:
         start = self._runs.pop(req.request_id, None)
         self._tokens.pop(req.request_id, None)

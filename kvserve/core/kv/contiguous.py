@@ -53,6 +53,11 @@ class ContiguousKVCacheManager(KVCacheManager):
         self._tokens[rid] = total
         return True
 
+    def truncate(self, req: Request, num_tokens: int) -> None:
+        """The reservation stays (it was made for the whole request)."""
+        if req.request_id in self._tokens:
+            self._tokens[req.request_id] = min(self._tokens[req.request_id], num_tokens)
+
     def free(self, req: Request) -> None:
         start = self._ranges.pop(req.request_id, None)
         self._tokens.pop(req.request_id, None)

@@ -119,6 +119,17 @@ class KVCacheManager(ABC):
     def stats(self) -> KVStats:
         """Current usage, utilisation and fragmentation."""
 
+    def truncate(self, req: Request, num_tokens: int) -> None:
+        """Keep KV for ``req``'s first ``num_tokens`` tokens only (rejected draft tokens'
+        slots go back), freeing blocks that hold none of them where the design hands out
+        single blocks. Needed for speculative decoding; a design without it is refused
+        when speculation is on."""
+        raise NotImplementedError(f"{type(self).__name__} cannot truncate a request's KV")
+
+    @classmethod
+    def supports_truncate(cls) -> bool:
+        return cls.truncate is not KVCacheManager.truncate
+
     def swap_out(self, req: Request) -> bool:
         """Move a preempted request's KV to swap space; False: not supported or no room."""
         return False

@@ -183,9 +183,26 @@ class PagedKVCacheManager(KVCacheManager):
             self._register_full_blocks(req, total)
         return True
 
-    def _register_full_blocks(self, req: Request, total: int) -> None:
+    def truncate(self, req: Request, num_tokens: int) -> None:
         rid = req.request_id
-        full = total // self.block_size
+        table = self._tables.get(rid)
+        if table is None:
+            return
+        keep = self.blocks_for(num_tokens)
+        dropped = table[keep:]
+        for b in reversed(dropped):
+            self.pool.decref(b)
+        if dropped and self._pending_copies:
+            gone = set(dropped)
+            self._pending_copies = [(s, d) for s, d in self._pending_copies if d not in gone]
+        self._tables[rid] = table[:keep]
+        self._tokens[rid] = min(self._tokens.get(rid, 0), num_tokens)
+
+    def _register_full_blocks(self, req: Request, total: int) -> None:
+        """Put the blocks that ``total`` tokens fill into the prefix cache; only blocks
+        of tokens the request holds (not draft tokens, which may be rejected)."""
+        rid = req.request_id
+        full = min(total, req.num_tokens) // self.block_size
         done = self._registered.get(rid, 0)
         if full <= done:
             return

@@ -1,0 +1,149 @@
+"""How many drafts each request carries this step, chosen so that speculation pays.
+
+Verifying k drafts costs k more rows in the step; it yields on average
+α + α² + ... + α^k more tokens for a request whose drafts are accepted at rate α. The
+step's cost by row count is measured at start (:class:`StepCostModel`); each step the
+controller hands out draft slots one at a time to the request whose next draft is most
+likely accepted, for as long as expected tokens per second of the step rise. Under
+load a row costs as much as it can yield and no request gets drafts; a request whose
+drafts keep failing stops getting them. Acceptance is estimated per request, starting
+from the engine-wide rate.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvserve.config.speculative import SpeculativeConfig
+from kvserve.core.scheduler_output import SchedulerOutput
+from kvserve.request import Request
+from kvserve.spec_decode.proposer import Proposer
+
+
+class StepCostModel:
+    """Seconds of a step by the rows it computes, linear between measured points."""
+
+    def __init__(self, seconds_by_rows: dict[int, float]) -> None:
+        if not seconds_by_rows:
+            raise ValueError("a step cost model needs at least one measured row count")
+        rows = sorted(seconds_by_rows)
+        self.rows = np.array(rows, dtype=float)
+        # a step never gets cheaper with more rows: smooth out measurement noise
+        self.seconds = np.maximum.accumulate(np.array([seconds_by_rows[r] for r in rows]))
+
+    def __call__(self, rows: int) -> float:
+        if rows > self.rows[-1] and len(self.rows) > 1:  # extrapolate the last slope
+            slope = (self.seconds[-1] - self.seconds[-2]) / (self.rows[-1] - self.rows[-2])
+            return float(self.seconds[-1] + slope * (rows - self.rows[-1]))
+        return float(np.interp(rows, self.rows, self.seconds))
+
+
+@dataclass
+class SpecDecodeStats:
+    """Cumulative counts with vLLM's meanings (spec_decode_num_* metrics)."""
+
+    num_drafts: int = 0           # request-steps that carried drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+
+class SpecDecodeController:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, cost: StepCostModel,
+                 max_num_batched_tokens: int) -> None:
+        self.k_max = config.num_speculative_tokens
+        self.proposer, self.cost = proposer, cost
+        self.budget = max_num_batched_tokens
+        self.stats = SpecDecodeStats(accepted_per_position=[0] * self.k_max)
+        self._proposed: dict[str, int] = defaultdict(int)
+        self._accepted: dict[str, int] = defaultdict(int)
+
+    def acceptance(self, request_id: str) -> float:
+        """Estimated chance that a draft is accepted: the request's own rate, pulled
+        towards the engine-wide rate while it has few drafts behind it."""
+        overall = (self.stats.num_accepted_tokens + 1) / (self.stats.num_draft_tokens + 2)
+        return ((self._accepted.get(request_id, 0) + 2 * overall)
+                / (self._proposed.get(request_id, 0) + 2))
+
+    def draft_limits(self, running: list[Request]) -> dict[str, int]:
+        """Drafts each decoding request may carry this step (absent: none)."""
+        decodes = [r for r in running if r.num_computed_tokens + 1 == r.num_tokens]
+        rows = min(self.budget, sum(r.num_tokens - r.num_computed_tokens for r in running))
+        gain, seconds = float(len(decodes)), self.cost(rows)
+        heap = []
+        for r in decodes:
+            room = min(self.k_max, r.max_tokens - r.num_output_tokens - 1)
+            if room > 0:
+                alpha = self.acceptance(r.request_id)
+                heap.append((-alpha, r.request_id, 1, alpha, room))
+        heapq.heapify(heap)
+        limits: dict[str, int] = {}
+        while heap and rows < self.budget:
+            neg_value, rid, j, alpha, room = heapq.heappop(heap)
+            more = self.cost(rows + 1)
+            if (gain - neg_value) * seconds <= gain * more:  # tokens per second would drop
+                break
+            limits[rid], rows, gain, seconds = j, rows + 1, gain - neg_value, more
+            if j < room:
+                heapq.heappush(heap, (neg_value * alpha, rid, j + 1, alpha, room))
+        return limits
+
+    def propose(self, running: list[Request]) -> None:
+        """Set each running request's draft tokens for the next step."""
+        limits = self.draft_limits(running)
+        drafts = self.proposer.propose(running, limits) if limits else {}
+        for r in running:
+            r.draft_token_ids = drafts.get(r.request_id, [])
+
+    def record(self, output: SchedulerOutput, results: dict[str, list]) -> None:
+        """Count what the step accepted (results: each request's new tokens)."""
+        for sr in output.scheduled:
+            if not sr.num_draft_tokens or sr.request_id not in results:
+                continue
+            accepted = len(results[sr.request_id]) - 1
+            self._proposed[sr.request_id] += sr.num_draft_tokens
+            self._accepted[sr.request_id] += accepted
+            s = self.stats
+            s.num_drafts += 1
+            s.num_draft_tokens += sr.num_draft_tokens
+            s.num_accepted_tokens += accepted
+            for j in range(accepted):
+                s.accepted_per_position[j] += 1
+        if output.finished_ids:
+            self.forget(output.finished_ids)
+
+    def forget(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._proposed.pop(rid, None)
+            self._accepted.pop(rid, None)
+        self.proposer.forget(request_ids)
+
+
+# row counts whose step time is measured at start (a denser grid where steps are small)
+ROW_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 160, 192, 256,
+            384, 512)
+
+
+def create_controller(config, worker) -> SpecDecodeController | None:
+    """The controller for ``config.speculative`` (None: speculation off), with the step
+    cost measured now on ``worker``."""
+    from kvserve.logger import init_logger
+    from kvserve.spec_decode import PROPOSERS
+
+    spec = config.speculative
+    if spec is None:
+        return None
+    sched = config.scheduler
+    limit = min(sched.max_num_batched_tokens, sched.max_num_seqs * (spec.num_speculative_tokens
+                                                                    + 1))
+    grid = [r for r in ROW_GRID if r <= limit] or [1]
+    times = worker.time_step_rows(grid)
+    init_logger(__name__).info(
+        "speculative decoding (%s, up to %d tokens): step ms by rows %s", spec.method,
+        spec.num_speculative_tokens,
+        " ".join(f"{r}:{1000 * t:.1f}" for r, t in times.items()))
+    return SpecDecodeController(spec, PROPOSERS[spec.method].from_config(spec),
+                                StepCostModel(times), sched.max_num_batched_tokens)

@@ -1,0 +1,100 @@
+"""Verify draft tokens: the accepted prefix of each request's drafts, plus one token.
+
+A request with drafts d_1..d_k gives k+1 rows of logits: row j is the target model's
+distribution after the context and d_1..d_j. Each row is processed as the sampler
+processes a single row (penalties and min_tokens see the drafts before it as output),
+so p_j below is exactly the distribution the sampler would draw from at that point.
+
+- Greedy: d_j is accepted while it is row j-1's argmax; the first row whose argmax
+  differs gives the last token (all accepted: row k's argmax, the bonus token). The
+  tokens are those plain greedy decoding gives.
+- Sampled: rejection sampling (Leviathan et al. 2023; Chen et al. 2023) with the drafts
+  as a one-hot proposal q: d_j is accepted with probability min(1, p(d_j) / q(d_j)) =
+  p(d_j); on the first rejection the token is drawn from max(p - q, 0) normalised, that
+  is p without d_j; all accepted: the bonus token is drawn from the last row. Each
+  token then has exactly the distribution plain sampling gives.
+
+A request with a seed draws its uniforms and tokens from its own generator, so its
+output does not depend on its batch neighbours; it is not the token sequence plain
+sampling gives with the same seed (the draws are used differently).
+"""
+from __future__ import annotations
+
+import torch
+
+from kvserve.core.scheduler_output import SamplingInfo
+from kvserve.worker.sampler import Sampler, SampleResult
+
+
+def _row_infos(info: SamplingInfo, drafts: list[int]) -> list[SamplingInfo]:
+    """One SamplingInfo per row: row j sees drafts[:j] as generated output."""
+    out = list(info.output_token_ids)
+    return [SamplingInfo(info.params, info.prompt_token_ids, out + drafts[:j],
+                         info.eos_token_id) for j in range(len(drafts) + 1)]
+
+
+class RejectionSampler:
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def __call__(self, logits: torch.Tensor, request_ids: list[str],
+                 infos: list[SamplingInfo], drafts: list[list[int]]
+                 ) -> list[list[SampleResult]]:
+        """``logits``: each request's rows (len(drafts[i]) + 1 of them) one after the
+        other, in request order; returns each request's new tokens."""
+        rows = [r for info, d in zip(infos, drafts) for r in _row_infos(info, d)]
+        raw = logits.float()
+        processed = raw
+        if any(r.params.uses_penalties for r in rows):
+            processed = self.sampler._apply_penalties(raw.clone(), rows)
+        if any(r.params.min_tokens > len(r.output_token_ids) for r in rows):
+            processed = self.sampler._mask_early_stops(
+                processed if processed is not raw else raw.clone(), rows)
+        greedy_tokens = processed.argmax(dim=-1).tolist()
+        out, first = [], 0
+        for rid, info, d in zip(request_ids, infos, drafts):
+            n = len(d) + 1
+            span = slice(first, first + n)
+            if info.params.greedy:
+                tokens = self._verify_greedy(d, greedy_tokens[span])
+            else:
+                tokens = self._verify_sampled(processed[span], rows[span], d, rid)
+            results = []
+            for j, token in enumerate(tokens):  # row j gave token j
+                results += self.sampler._results(raw[first + j:first + j + 1],
+                                                 torch.tensor([token]), [rows[first + j]])
+            out.append(results)
+            first += n
+        return out
+
+    @staticmethod
+    def _verify_greedy(drafts: list[int], argmax: list[int]) -> list[int]:
+        tokens = []
+        for j, draft in enumerate(drafts):
+            tokens.append(argmax[j])
+            if argmax[j] != draft:
+                return tokens
+        return tokens + [argmax[len(drafts)]]
+
+    def _verify_sampled(self, logits: torch.Tensor, rows: list[SamplingInfo],
+                        drafts: list[int], request_id: str) -> list[int]:
+        params = rows[0].params
+        probs = self.sampler._filtered_probs(logits / params.temperature, rows)
+        gen = (self.sampler._generator_for(request_id, params.seed)
+               if params.seed is not None else self.sampler.generator)
+        uniforms = torch.rand(len(drafts), generator=gen) if drafts else None
+        tokens = []
+        for j, draft in enumerate(drafts):
+            if uniforms[j] < probs[j, draft]:
+                tokens.append(draft)
+                continue
+            residual = probs[j].clone()
+            residual[draft] = 0.0
+            return tokens + [self._draw(residual, gen)]
+        return tokens + [self._draw(probs[len(drafts)], gen)]
+
+    @staticmethod
+    def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
+        """A token from (unnormalised) ``probs``: the exponential race, as the sampler."""
+        noise = torch.empty_like(probs).exponential_(generator=gen)
+        return int((probs / noise).argmax())

@@ -1,0 +1,37 @@
+"""The README is the user's reference: its settings table lists every engine setting, and
+the rows naming pluggable designs list exactly what the registries hold."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kvserve import EngineArgs
+from kvserve.core.batching import BATCHING_POLICIES
+from kvserve.core.kv import KV_MANAGERS
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _settings_rows() -> dict[str, str]:
+    text = README.read_text()
+    table = text.split("## Engine settings", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \|(.*)$", table, flags=re.M)
+    return dict(rows)
+
+
+def test_every_setting_has_a_row_and_no_row_is_stale():
+    assert set(_settings_rows()) == EngineArgs.field_names()
+
+
+def test_design_rows_name_exactly_the_registered_designs():
+    rows = _settings_rows()
+    for setting, registry in (("kv_manager", KV_MANAGERS), ("batching", BATCHING_POLICIES)):
+        named = re.findall(r"`([a-z-]+)`", rows[setting].split("|")[-2])
+        assert named == list(registry.names()), setting
+
+
+def test_readme_stays_a_users_document():
+    text = README.read_text()
+    assert len(text) < 20_000
+    assert "<!--" not in text, "a placeholder was left in the README"
+    assert "docs/performance.md" in text
