@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, replace
 
 _MAX_STOP_STRINGS = 16
 _MAX_LOGPROBS = 20
+_MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
 
 @dataclass
@@ -32,6 +33,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, [-100, 100]
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,16 @@ class SamplingParams:
             _check_int("stop_token_ids", t, low=0)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError("logit_bias must map token ids to biases, got "
+                                 f"{self.logit_bias!r:.80}")
+            if len(self.logit_bias) > _MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias may hold at most {_MAX_LOGIT_BIAS} tokens, got "
+                                 f"{len(self.logit_bias)}")
+            for token, bias in self.logit_bias.items():
+                _check_int("logit_bias token id", token, low=0)
+                _check_number("logit_bias value", bias, low=-100.0, high=100.0)
 
     @property
     def greedy(self) -> bool:

@@ -88,6 +88,7 @@ def _run(llm: Any, requests: Sequence[BenchRequest], single_stream: bool) -> Spe
 
     spec = llm.engine.speculator
     before = asdict(spec.stats) if spec is not None else None
+    llm.reset_prefix_cache()  # every run computes its prompts
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
               for r in requests]

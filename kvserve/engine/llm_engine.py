@@ -156,6 +156,9 @@ class LLMEngine:
                or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        outside = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if outside:
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab}); got {outside[:5]}")
         n = len(token_ids)
         if n >= self.max_model_len:
             raise ValueError(f"prompt has {n} tokens but max_model_len is {self.max_model_len}: "

@@ -6,13 +6,15 @@ step's cost by row count is measured at start (:class:`StepCostModel`); each ste
 controller hands out draft slots one at a time to the request whose next draft is most
 likely accepted, for as long as expected tokens per second of the step rise. Under
 load a row costs as much as it can yield and no request gets drafts; a request whose
-drafts keep failing stops getting them. Acceptance is estimated per request, starting
-from the engine-wide rate.
+drafts keep failing stops getting them. Acceptance is estimated per request from its own
+recent drafts (older ones count less each step, so a request that stopped getting
+drafts is tried again later: its text may have started to repeat), starting from an
+even prior.
 """
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +53,11 @@ class SpecDecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)
 
 
+PRIOR_ACCEPTANCE = 0.5  # a request's estimate before it has drafted ...
+PRIOR_WEIGHT = 2.0      # ... worth this many draft tokens
+DECAY = 0.95            # per step, the weight of a request's older drafts
+
+
 class SpecDecodeController:
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, cost: StepCostModel,
                  max_num_batched_tokens: int) -> None:
@@ -58,18 +65,23 @@ class SpecDecodeController:
         self.proposer, self.cost = proposer, cost
         self.budget = max_num_batched_tokens
         self.stats = SpecDecodeStats(accepted_per_position=[0] * self.k_max)
-        self._proposed: dict[str, int] = defaultdict(int)
-        self._accepted: dict[str, int] = defaultdict(int)
+        self._history: dict[str, tuple[float, float, int]] = {}  # accepted, proposed, step
+        self._step = 0
+        self.propose_seconds = 0.0  # per request asked for drafts, a moving average
+
+    def _decayed(self, request_id: str) -> tuple[float, float]:
+        accepted, proposed, step = self._history.get(request_id, (0.0, 0.0, self._step))
+        weight = DECAY ** (self._step - step)
+        return accepted * weight, proposed * weight
 
     def acceptance(self, request_id: str) -> float:
-        """Estimated chance that a draft is accepted: the request's own rate, pulled
-        towards the engine-wide rate while it has few drafts behind it."""
-        overall = (self.stats.num_accepted_tokens + 1) / (self.stats.num_draft_tokens + 2)
-        return ((self._accepted.get(request_id, 0) + 2 * overall)
-                / (self._proposed.get(request_id, 0) + 2))
+        """Estimated chance that a draft of this request is accepted."""
+        accepted, proposed = self._decayed(request_id)
+        return (accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (proposed + PRIOR_WEIGHT)
 
     def draft_limits(self, running: list[Request]) -> dict[str, int]:
         """Drafts each decoding request may carry this step (absent: none)."""
+        self._step += 1
         decodes = [r for r in running if r.num_computed_tokens + 1 == r.num_tokens]
         rows = min(self.budget, sum(r.num_tokens - r.num_computed_tokens for r in running))
         gain, seconds = float(len(decodes)), self.cost(rows)
@@ -81,12 +93,15 @@ class SpecDecodeController:
                 heap.append((-alpha, r.request_id, 1, alpha, room))
         heapq.heapify(heap)
         limits: dict[str, int] = {}
+        overhead = 0.0  # proposing costs time too, per request that gets drafts
         while heap and rows < self.budget:
             neg_value, rid, j, alpha, room = heapq.heappop(heap)
-            more = self.cost(rows + 1)
-            if (gain - neg_value) * seconds <= gain * more:  # tokens per second would drop
+            extra = overhead + (self.propose_seconds if j == 1 else 0.0)
+            more = self.cost(rows + 1) + extra
+            if (gain - neg_value) * (seconds + overhead) <= gain * more:  # tokens/s would drop
                 break
-            limits[rid], rows, gain, seconds = j, rows + 1, gain - neg_value, more
+            limits[rid], rows, gain, seconds = j, rows + 1, gain - neg_value, more - extra
+            overhead = extra
             if j < room:
                 heapq.heappush(heap, (neg_value * alpha, rid, j + 1, alpha, room))
         return limits
@@ -94,7 +109,12 @@ class SpecDecodeController:
     def propose(self, running: list[Request]) -> None:
         """Set each running request's draft tokens for the next step."""
         limits = self.draft_limits(running)
-        drafts = self.proposer.propose(running, limits) if limits else {}
+        drafts = {}
+        if limits:
+            start = time.perf_counter()
+            drafts = self.proposer.propose(running, limits)
+            per_request = (time.perf_counter() - start) / len(limits)
+            self.propose_seconds += 0.1 * (per_request - self.propose_seconds)
         for r in running:
             r.draft_token_ids = drafts.get(r.request_id, [])
 
@@ -104,8 +124,9 @@ class SpecDecodeController:
             if not sr.num_draft_tokens or sr.request_id not in results:
                 continue
             accepted = len(results[sr.request_id]) - 1
-            self._proposed[sr.request_id] += sr.num_draft_tokens
-            self._accepted[sr.request_id] += accepted
+            old_accepted, old_proposed = self._decayed(sr.request_id)
+            self._history[sr.request_id] = (old_accepted + accepted,
+                                            old_proposed + sr.num_draft_tokens, self._step)
             s = self.stats
             s.num_drafts += 1
             s.num_draft_tokens += sr.num_draft_tokens
@@ -117,8 +138,7 @@ class SpecDecodeController:
 
     def forget(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            self._proposed.pop(rid, None)
-            self._accepted.pop(rid, None)
+            self._history.pop(rid, None)
         self.proposer.forget(request_ids)
 
 

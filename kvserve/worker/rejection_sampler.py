@@ -42,30 +42,44 @@ class RejectionSampler:
                  ) -> list[list[SampleResult]]:
         """``logits``: each request's rows (len(drafts[i]) + 1 of them) one after the
         other, in request order; returns each request's new tokens."""
-        rows = [r for info, d in zip(infos, drafts) for r in _row_infos(info, d)]
         raw = logits.float()
-        processed = raw
-        if any(r.params.uses_penalties for r in rows):
-            processed = self.sampler._apply_penalties(raw.clone(), rows)
-        if any(r.params.min_tokens > len(r.output_token_ids) for r in rows):
-            processed = self.sampler._mask_early_stops(
-                processed if processed is not raw else raw.clone(), rows)
+        processed, rows = raw, None
+        if any(i.params.uses_penalties or i.params.logit_bias
+               or i.params.min_tokens > len(i.output_token_ids) for i in infos):
+            rows = [r for info, d in zip(infos, drafts) for r in _row_infos(info, d)]
+            processed = self.sampler.process(raw, rows)
         greedy_tokens = processed.argmax(dim=-1).tolist()
-        out, first = [], 0
+        emitted: list[list[int]] = []
+        first = 0
         for rid, info, d in zip(request_ids, infos, drafts):
-            n = len(d) + 1
-            span = slice(first, first + n)
+            span = slice(first, first + len(d) + 1)
             if info.params.greedy:
-                tokens = self._verify_greedy(d, greedy_tokens[span])
+                emitted.append(self._verify_greedy(d, greedy_tokens[span]))
             else:
-                tokens = self._verify_sampled(processed[span], rows[span], d, rid)
-            results = []
-            for j, token in enumerate(tokens):  # row j gave token j
-                results += self.sampler._results(raw[first + j:first + j + 1],
-                                                 torch.tensor([token]), [rows[first + j]])
-            out.append(results)
-            first += n
-        return out
+                row_infos = rows[span] if rows is not None else _row_infos(info, d)
+                emitted.append(self._verify_sampled(processed[span], row_infos, d, rid))
+            first += len(d) + 1
+        return self._results(raw, infos, drafts, emitted, rows)
+
+    def _results(self, raw: torch.Tensor, infos: list[SamplingInfo],
+                 drafts: list[list[int]], emitted: list[list[int]],
+                 rows: list[SamplingInfo] | None) -> list[list[SampleResult]]:
+        """SampleResults of every emitted token (token j of a request from its row j),
+        in one pass over the rows; logprobs where asked for."""
+        if all(i.params.logprobs is None for i in infos):
+            return [[SampleResult(t) for t in tokens] for tokens in emitted]
+        index, tokens, row_infos, first = [], [], [], 0
+        for info, d, out in zip(infos, drafts, emitted):
+            index += range(first, first + len(out))
+            tokens += out
+            row_infos += [info] * len(out)
+            first += len(d) + 1
+        flat = self.sampler._results(raw[index], torch.tensor(tokens), row_infos)
+        results, pos = [], 0
+        for out in emitted:
+            results.append(flat[pos:pos + len(out)])
+            pos += len(out)
+        return results
 
     @staticmethod
     def _verify_greedy(drafts: list[int], argmax: list[int]) -> list[int]:

@@ -35,12 +35,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, request_ids: list[str],
                  infos: list[SamplingInfo]) -> list[SampleResult]:
-        logits = logits.float()
-        raw = logits
-        if any(i.params.uses_penalties for i in infos):
-            logits = self._apply_penalties(logits.clone(), infos)
-        if any(i.params.min_tokens > len(i.output_token_ids) for i in infos):
-            logits = self._mask_early_stops(logits if logits is not raw else logits.clone(), infos)
+        raw = logits.float()
+        logits = self.process(raw, infos)
         greedy = [i.params.greedy for i in infos]
         if all(greedy):
             tokens = logits.argmax(dim=-1)
@@ -49,6 +45,30 @@ class Sampler:
         return self._results(raw, tokens, infos)
 
     # -- logit processors ---------------------------------------------------------------
+
+    @classmethod
+    def process(cls, raw: torch.Tensor, infos: list[SamplingInfo]) -> torch.Tensor:
+        """The logits every draw and argmax uses: ``raw`` (float32) with each row's
+        penalties, logit bias and min_tokens stop mask applied (a copy where any
+        applies, ``raw`` itself otherwise). The one place rows are processed, for the
+        sampler and the draft verifier alike."""
+        logits = raw
+        if any(i.params.uses_penalties for i in infos):
+            logits = cls._apply_penalties(logits.clone(), infos)
+        if any(i.params.logit_bias for i in infos):
+            logits = cls._apply_logit_bias(logits if logits is not raw else raw.clone(), infos)
+        if any(i.params.min_tokens > len(i.output_token_ids) for i in infos):
+            logits = cls._mask_early_stops(logits if logits is not raw else raw.clone(), infos)
+        return logits
+
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, infos: list[SamplingInfo]) -> torch.Tensor:
+        for row, info in enumerate(infos):
+            bias = info.params.logit_bias
+            if bias:
+                ids = torch.tensor(list(bias), dtype=torch.long)
+                logits[row, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+        return logits
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, infos: list[SamplingInfo]) -> torch.Tensor:

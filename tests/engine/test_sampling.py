@@ -136,3 +136,23 @@ def test_top_k_one_is_greedy(llm):
                                                 ignore_eos=True), use_tqdm=False
                          )[0].outputs[0].token_ids
     assert topk1 == greedy
+
+
+def test_logit_bias_forces_and_bans_tokens(llama_dir):
+    from kvserve import LLM
+    llm = LLM(llama_dir)
+    prompt = {"prompt_token_ids": [5, 6, 7, 8]}
+    base = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6),
+                        use_tqdm=False)[0].outputs[0].token_ids
+    forced = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6,
+                                                 logit_bias={42: 100.0}),
+                          use_tqdm=False)[0].outputs[0].token_ids
+    assert forced == [42] * 6
+    banned = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6,
+                                                 logit_bias={t: -100.0 for t in base}),
+                          use_tqdm=False)[0].outputs[0].token_ids
+    assert not set(banned) & set(base)
+    with pytest.raises(ValueError, match=r"logit_bias token ids must be in \[0, "):
+        llm.generate(prompt, SamplingParams(logit_bias={10**6: 1.0}), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"logit_bias value must be in \[-100.0, 100.0\]"):
+        SamplingParams(logit_bias={3: 150.0})

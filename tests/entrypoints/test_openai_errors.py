@@ -42,7 +42,22 @@ BAD_REQUESTS = [
     ("stop-token-ids-negative", _C, {"prompt": "x", "stop_token_ids": [-5]}, None, 400),
     ("seed-string", _C, {"prompt": "x", "seed": "abc"}, None, 400),
     ("stream-not-bool", _C, {"prompt": "x", "stream": "yes"}, None, 400),
-    ("logit-bias-unsupported", _C, {"prompt": "x", "logit_bias": {"5": 1.0}}, None, 400),
+    ("logit-bias-not-a-token", _C, {"prompt": "x", "logit_bias": {"five": 1.0}}, None, 400),
+    ("logit-bias-out-of-vocab", _C, {"prompt": "x", "logit_bias": {"99999": 1.0}}, None, 400),
+    ("logit-bias-too-big", _C, {"prompt": "x", "logit_bias": {"5": 101}}, None, 400),
+    ("unknown-field", _C, {"prompt": "x", "temprature": 0.5}, None, 400),
+    ("response-format", _CHAT, {"messages": _MSG, "response_format": {"type": "json_object"}},
+     None, 400),
+    ("tools", _CHAT, {"messages": _MSG, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {}}}]}, None, 400),
+    ("guided-json", _C, {"prompt": "x", "guided_json": {"type": "object"}}, None, 400),
+    ("chat-echo", _CHAT, {"messages": _MSG, "echo": True}, None, 400),
+    ("nested-unknown", _CHAT, {"messages": [{"role": "user", "content": "x", "mood": 1}]},
+     None, 400),
+    ("image-part", _CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, None, 400),
+    ("continuous-usage-stats", _C, {"prompt": "x", "stream": True, "stream_options": {
+        "continuous_usage_stats": True}}, None, 400),
     ("unknown-model", _C, {"model": "gpt-17", "prompt": "x"}, None, 404),
     ("body-too-large", _C, {"prompt": "x" * 1_100_000}, None, 413),
     ("chat-messages-not-list", _CHAT, {"messages": "hello"}, None, 400),
@@ -78,13 +93,26 @@ def test_bad_request(server, case):
         assert "600" in err["message"] and "512" in err["message"]
     if status == 404 and "model" in case[0]:
         assert err["code"] == "model_not_found" and err["param"] == "model"
+    named = {"unknown-field": "temprature", "response-format": "response_format",
+             "tools": "tools", "guided-json": "guided_json", "chat-echo": "echo",
+             "nested-unknown": "messages.0.mood", "logit-bias-out-of-vocab": "logit_bias",
+             "logit-bias-too-big": "logit_bias", "logit-bias-not-a-token": "logit_bias",
+             "continuous-usage-stats": "continuous_usage_stats"}
+    if case[0] in named:
+        assert named[case[0]] in err["message"], err
+    if case[0] == "unknown-field":
+        assert err["message"] == "Unrecognized request argument supplied: temprature"
+        assert err["param"] == "temprature"
 
 
-def test_wrong_method_and_healthy_after_bad_requests(server, client):
-    r = httpx.get(f"{server.url}/v1/completions")
-    assert r.status_code == 405 and "error" in r.json()
-    assert httpx.get(f"{server.url}/health").status_code == 200
-    out = client.completions.create(model=MODEL, prompt="ok", max_tokens=2)
-    assert out.choices[0].finish_reason in ("stop", "length")
-    m = server.metrics()
-    assert m["kvserve:num_requests_running"] == 0 and m["kvserve:kv_cache_usage_perc"] == 0
+def test_accepted_fields_that_change_nothing(server):
+    r = httpx.post(f"{server.url}{_CHAT}", timeout=30, json={
+        "messages": _MSG, "max_tokens": 2, "user": "someone", "metadata": {"team": "a"}})
+    assert r.status_code == 200, r.text
+
+
+def test_logit_bias_steers_greedy_decoding(server, client):
+    forced = client.completions.create(model=MODEL, prompt="hello", max_tokens=4,
+                                       temperature=0, logit_bias={"77": 100})
+    r = httpx.post(f"{server.url}/detokenize", json={"tokens": [77] * 4})
+    assert forced.choices[0].text == r.json()["prompt"]

@@ -41,6 +41,15 @@ def oracle(llama_dir, prompts):
 
 
 @pytest.fixture(autouse=True)
+def flat_step_cost(monkeypatch):
+    """Steps as cheap at any row count (as a tiny model's are, up to noise): the drafts
+    each test makes do not depend on how busy the machine was at start."""
+    from kvserve.worker.cpu_worker import CPUWorker
+    monkeypatch.setattr(CPUWorker, "time_step_rows",
+                        lambda self, rows: {r: 1e-3 * (1 + r / 1000) for r in rows})
+
+
+@pytest.fixture(autouse=True)
 def oracle_proposer(prompts, oracle):
     OracleProposer.continuations = {tuple(p): o for p, o in zip(prompts, oracle)}
     PROPOSERS.register("oracle", OracleProposer)
@@ -201,3 +210,30 @@ def test_prompt_lookup_drafts_get_accepted_on_code_the_model_copies():
     assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == plain
     stats = llm.engine.speculator.stats
     assert stats.num_accepted_tokens >= 5, stats
+
+
+def test_step_cost_is_measured_at_start_within_the_models_positions(llama_dir, monkeypatch):
+    from kvserve.worker.cpu_worker import CPUWorker
+    monkeypatch.undo()  # the real measurement
+    llm = LLM(llama_dir, speculative_config=NGRAM, max_num_seqs=256)
+    cost = llm.engine.speculator.cost
+    rows = [int(r) for r in cost.rows]
+    assert rows[0] == 1 and 256 <= rows[-1] <= 512 - 128  # context 128 + rows fit 512
+    assert all(t > 0 for t in cost.seconds) and cost(rows[-1]) > cost(1)
+    assert isinstance(llm.engine.worker, CPUWorker)
+
+
+def test_drafts_are_verified_under_the_requests_logit_bias(llama_dir, prompts):
+    """The verifier processes rows as the sampler does: a bias that changes greedy
+    tokens changes them identically with and without speculation."""
+    bias = {t: -5.0 for t in range(2, 300, 7)}
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True,
+                            logit_bias=bias, presence_penalty=0.5)
+    runs = []
+    for spec in (None, ORACLE):
+        llm = LLM(llama_dir, speculative_config=spec)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        runs.append([o.outputs[0].token_ids for o in outs])
+        if spec:
+            assert llm.engine.speculator.stats.num_accepted_tokens > 0
+    assert runs[0] == runs[1]

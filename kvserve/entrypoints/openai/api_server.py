@@ -174,9 +174,12 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
 def served_name(args: argparse.Namespace) -> str:
     if getattr(args, "served_model_name", None):
         return args.served_model_name
-    if getattr(args, "model", None) is None:
+    from kvserve.default_model import default_model_dir
+
+    model = getattr(args, "model", None)
+    if model is None or Path(model).resolve() == Path(default_model_dir()).resolve():
         return DEFAULT_MODEL_NAME
-    return Path(args.model).resolve().name
+    return Path(model).resolve().name
 
 
 def _check_server_args(args: argparse.Namespace) -> None:

@@ -56,9 +56,46 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(message, 400, param=param)
 
 
+# OpenAI and vLLM request fields this server knows but does not implement: refused with
+# the reason, so that a client never gets an answer that silently ignored them
+UNSUPPORTED_FIELDS = {
+    "response_format": "structured outputs are not implemented yet",
+    "structured_outputs": "structured outputs are not implemented yet",
+    "guided_json": "structured outputs are not implemented yet",
+    "guided_regex": "structured outputs are not implemented yet",
+    "guided_choice": "structured outputs are not implemented yet",
+    "guided_grammar": "structured outputs are not implemented yet",
+    "tools": "tool calling is not implemented yet",
+    "tool_choice": "tool calling is not implemented yet",
+    "parallel_tool_calls": "tool calling is not implemented yet",
+    "functions": "function calling is not implemented",
+    "function_call": "function calling is not implemented",
+    "prompt_logprobs": "prompt logprobs are not implemented yet",
+    "bad_words": "bad_words is not implemented yet",
+    "truncate_prompt_tokens": "prompt truncation is not implemented yet",
+    "audio": "the served models have no audio output",
+    "modalities": "the served models produce text only",
+    "prediction": "predicted outputs are not implemented",
+    "reasoning_effort": "the served models do not reason in a separate channel",
+    "web_search_options": "web search is not available",
+    "store": "stored completions are not available",
+    "service_tier": "there is one service tier",
+    "logprobs_mode": "logprobs are of the raw model distribution",
+    "echo": "chat echo is not implemented yet",
+}
+
+
 def from_validation_error(exc: ValidationError) -> APIError:
     errors = exc.errors(include_url=False)
-    first = errors[0]
+    extra = [e for e in errors if e["type"] == "extra_forbidden"]
+    first = extra[0] if extra else errors[0]
+    if first["type"] == "extra_forbidden":
+        path = ".".join(str(p) for p in first["loc"])
+        name = str(first["loc"][-1])
+        if len(first["loc"]) == 1 and name in UNSUPPORTED_FIELDS:
+            return APIError(f"'{name}' is not supported by this server: "
+                            f"{UNSUPPORTED_FIELDS[name]}", 400, param=name)
+        return APIError(f"Unrecognized request argument supplied: {path}", 400, param=path)
     if first["type"] == "json_invalid":
         return APIError(f"request body is not valid JSON: {first['msg']}", 400)
     loc = [str(p) for p in first["loc"]]

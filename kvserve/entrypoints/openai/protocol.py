@@ -2,15 +2,17 @@
 
 Requests are validated from the raw JSON body in strict mode: a string where a number
 is expected is an error, not a conversion. vLLM's sampling extras (top_k, min_p,
-repetition_penalty, ignore_eos, min_tokens, stop_token_ids, priority, ...) are accepted;
-unknown fields are ignored, as vLLM does.
+repetition_penalty, ignore_eos, min_tokens, stop_token_ids, priority, ...) are accepted.
+A field not declared here is refused (400 naming it), never ignored: ignoring one would
+answer a different question than the client asked with 200 OK. ``user`` and
+``metadata``, which change nothing about the answer, are accepted.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 MAX_N = 128
 MAX_PROMPTS = 256
@@ -18,12 +20,19 @@ MAX_LOGPROBS = 20
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(_Request):
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+    @model_validator(mode="after")
+    def _implemented(self) -> StreamOptions:
+        if self.continuous_usage_stats:
+            raise ValueError("continuous_usage_stats is not implemented yet (usage comes in "
+                             "the last chunk with include_usage)")
+        return self
 
 
 class _SamplingRequest(_Request):
@@ -40,8 +49,9 @@ class _SamplingRequest(_Request):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=300)
     user: str | None = None
+    metadata: dict[str, str] | None = None
     # vLLM extras
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)

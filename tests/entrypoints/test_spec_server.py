@@ -1,0 +1,54 @@
+"""`kvserve serve --speculative-config`: the OpenAI routes give plain decoding's text,
+streamed or not, and /metrics and the stats log carry vLLM's spec_decode series."""
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+import pytest
+
+from kvserve import LLM, SamplingParams
+from kvserve.default_model import default_model_dir
+from tests.entrypoints.conftest import ServerProcess
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+CODE = ("def add_numbers(first, second):\n    total = first + second\n    return total\n\n\n"
+        "def subtract_numbers(first, second):\n    difference = first - second\n"
+        "    return difference\n\n\n")
+PROMPT = CODE + CODE + "def add_numbers("
+
+
+@pytest.fixture(scope="module")
+def spec_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("spec_server") / "server.log"
+    server = ServerProcess(default_model_dir(), log, "--speculative-config", json.dumps(SPEC),
+                           "--log-stats-interval", "1")
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.terminate()
+
+
+def test_completions_match_plain_decoding_and_metrics_count_drafts(spec_server):
+    expected = LLM().generate(PROMPT, SamplingParams(temperature=0, max_tokens=48),
+                              use_tqdm=False)[0].outputs[0].text
+    with openai.OpenAI(base_url=f"{spec_server.url}/v1", api_key="x", max_retries=0) as c:
+        whole = c.completions.create(model="kvserve-default", prompt=PROMPT, max_tokens=48,
+                                     temperature=0)
+        streamed = "".join(chunk.choices[0].text for chunk in c.completions.create(
+            model="kvserve-default", prompt=PROMPT, max_tokens=48, temperature=0, stream=True))
+    assert whole.choices[0].text == streamed == expected
+    assert whole.usage.completion_tokens == 48
+    m = spec_server.metrics()
+    drafted = m["kvserve:spec_decode_num_draft_tokens_total"]
+    accepted = m["kvserve:spec_decode_num_accepted_tokens_total"]
+    assert 0 < accepted <= drafted and m["kvserve:spec_decode_num_drafts_total"] > 0
+    per_pos = [m.get(f'kvserve:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}',
+                     0) for i in range(4)]
+    assert sum(per_pos) == accepted and per_pos[0] >= per_pos[-1]
+    deadline = time.monotonic() + 10
+    while "SpecDecoding metrics: Mean acceptance length" not in spec_server.log():
+        assert time.monotonic() < deadline, spec_server.log()[-2000:]
+        time.sleep(0.2)
