@@ -47,4 +47,6 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, the first None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     extra: dict = field(default_factory=dict)

@@ -34,6 +34,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, [-100, 100]
+    prompt_logprobs: int | None = None  # each prompt token's logprob, plus this many top ones
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +63,8 @@ class SamplingParams:
                 f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=_MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=_MAX_LOGPROBS)
         if len(self.stop_list) > _MAX_STOP_STRINGS:
             raise ValueError(
                 f"stop may hold at most {_MAX_STOP_STRINGS} strings, got {len(self.stop_list)}")

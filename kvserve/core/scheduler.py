@@ -31,8 +31,8 @@ from collections import deque
 from kvserve.config.scheduler import SchedulerConfig
 from kvserve.core.batching import create_batching_policy
 from kvserve.core.kv import KVCacheManager
-from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest, SchedulerOutput, \
-    SchedulerStats
+from kvserve.core.scheduler_output import PromptLogprobsInfo, SamplingInfo, \
+    ScheduledRequest, SchedulerOutput, SchedulerStats
 from kvserve.logger import init_logger
 from kvserve.request import Request, RequestStatus
 
@@ -180,7 +180,9 @@ class Scheduler:
             if len(self.running) >= self.max_num_seqs or not self.kv.swap_in(req, num_new):
                 return 0
         else:
-            if req.num_computed_tokens == 0:  # new or preempted: reuse cached prefix blocks
+            wants_prompt = req.sampling_params.prompt_logprobs is not None
+            if req.num_computed_tokens == 0 and not wants_prompt:  # reuse cached prefixes
+                # (not for prompt logprobs: a cached prompt token's row is never computed)
                 req.num_computed_tokens = self.kv.get_computed_tokens(req)
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = req.num_computed_tokens
@@ -247,10 +249,13 @@ class Scheduler:
         sampling = SamplingInfo(req.sampling_params, req.prompt_token_ids,
                                 req.output_token_ids, req.eos_token_id) if ends_prompt else None
         tokens = req.token_slice(start, start + num_new)
+        k = req.sampling_params.prompt_logprobs
+        prompt = (PromptLogprobsInfo(k, req.prompt_token_ids)
+                  if k is not None and start < req.num_prompt_tokens else None)
         return ScheduledRequest(
             request_id=req.request_id, token_ids=tokens + drafts if drafts else tokens,
             start_pos=start, block_table=list(self.kv.block_table(req)), sampling=sampling,
-            num_draft_tokens=len(drafts) if drafts else 0)
+            num_draft_tokens=len(drafts) if drafts else 0, prompt_logprobs=prompt)
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         candidates = self.running[first_unscheduled:]

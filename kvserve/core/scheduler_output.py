@@ -20,6 +20,15 @@ class SamplingInfo:
 
 
 @dataclass(frozen=True)
+class PromptLogprobsInfo:
+    """A prompt chunk whose rows must also give the next prompt token's logprob."""
+
+    num_top: int                       # top logprobs per token besides its own
+    prompt_token_ids: Sequence[int]    # the whole prompt: a chunk's last row predicts the
+                                       # next chunk's first token
+
+
+@dataclass(frozen=True)
 class ScheduledRequest:
     request_id: str
     token_ids: list[int]      # the tokens to compute this step
@@ -27,6 +36,7 @@ class ScheduledRequest:
     block_table: list[int]
     sampling: SamplingInfo | None  # set when this step ends the prompt or is a decode
     num_draft_tokens: int = 0  # the last ones of token_ids: guesses the step verifies
+    prompt_logprobs: PromptLogprobsInfo | None = None
 
     @property
     def sample(self) -> bool:

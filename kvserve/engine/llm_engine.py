@@ -226,11 +226,14 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         self.last_step_stats = sched.stats if sched.scheduled else None
         try:
-            results = self.worker.execute_model(sched)
+            step = self.worker.execute_model(sched)
         except Exception:  # a failing step fails its requests, not the engine
             logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
             self.kv.reset_prefix_cache()  # blocks registered for this step were never written
             return self._fail([s.request_id for s in sched.scheduled])
+        results = step.sampled
+        if step.prompt_logprobs:
+            self.outputs.add_prompt_logprobs(step.prompt_logprobs)
         if self.speculator is not None:
             self.speculator.record(sched, results)
         progressed = self.scheduler.update(

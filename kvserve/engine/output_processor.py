@@ -32,6 +32,7 @@ class ParentState:
     prompt_token_ids: list[int]
     children: dict[str, SequenceState] = field(default_factory=dict)
     requests: dict[str, Request] = field(default_factory=dict)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 class OutputProcessor:
@@ -42,6 +43,8 @@ class OutputProcessor:
 
     def add(self, parent_id: str, prompt: str | None, children: list[Request]) -> None:
         state = ParentState(parent_id, prompt, children[0].prompt_token_ids)
+        if children[0].sampling_params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] * len(state.prompt_token_ids)
         for index, req in enumerate(children):
             sp = req.sampling_params
             seq = SequenceState(index, self.tokenizer.decode_stream(
@@ -56,6 +59,17 @@ class OutputProcessor:
     def child_ids(self, parent_id: str) -> list[str]:
         state = self.parents.get(parent_id)
         return list(state.children) if state else []
+
+    def add_prompt_logprobs(self, scored: dict[str, tuple[int, list[SampleResult]]]) -> None:
+        """Prompt tokens' logprobs from a step, by position (n samples and recomputed
+        chunks score the same tokens again: the same values)."""
+        for rid, (position, results) in scored.items():
+            parent = self.parent_of.get(rid)
+            entries = self.parents[parent].prompt_logprobs if parent is not None else None
+            if entries is None:
+                continue
+            for i, result in enumerate(results):
+                entries[position + i] = self._logprob_entry(result)
 
     def process_tokens(self, progressed: list[tuple[Request, int]],
                        results: dict[str, list[SampleResult]]) -> dict[str, tuple[str, int]]:
@@ -129,7 +143,7 @@ class OutputProcessor:
         out = RequestOutput(
             request_id=parent_id, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
             outputs=outputs, finished=finished, metrics=metrics,
-            num_cached_tokens=first.num_cached_tokens)
+            num_cached_tokens=first.num_cached_tokens, prompt_logprobs=state.prompt_logprobs)
         if finished:
             self.remove(parent_id)
         return out

@@ -30,8 +30,8 @@ from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
     freeze_startup_objects, keep_freed_memory, physical_cores
 from kvserve.worker.row_padding import measure_min_rows
-from kvserve.worker.sampler import SampleResult
-from kvserve.worker.worker_base import KVCacheLayout, TransferStats, Worker
+from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
+    Worker
 
 logger = init_logger(__name__)
 
@@ -172,7 +172,7 @@ class CPUWorker(Worker):
 
     # -- steps -------------------------------------------------------------------------------
 
-    def execute_model(self, out: SchedulerOutput) -> dict[str, list[SampleResult]]:
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute(out)
 
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:

@@ -20,6 +20,10 @@ class StepInputs:
     sample_rows: torch.Tensor      # flat rows that give logits: each sampling request's
     sample_order: list[ScheduledRequest]  # last token, and its draft tokens' rows before it
     num_draft_rows: int = 0
+    # prompt logprobs: rows whose logits score the next prompt token, and per request
+    # (request, position of the first token scored, the tokens scored)
+    prompt_rows: torch.Tensor | None = None
+    prompt_spans: list[tuple[ScheduledRequest, int, list[int]]] | None = None
 
 
 def _pad_tables(tables: list[list[int]], width: int) -> np.ndarray:
@@ -74,10 +78,34 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
     if num_drafts:  # a drafted request's rows: its last token's and each draft's, in order
         rows = np.concatenate([np.arange(ends[i] - order[i].num_draft_tokens, ends[i] + 1)
                                for i in sample_idx])
-    return StepInputs(
+    inputs = StepInputs(
         tokens=torch.from_numpy(tokens), positions=torch.from_numpy(positions), meta=meta,
         order=order, sample_rows=torch.from_numpy(rows),
         sample_order=[order[i] for i in sample_idx], num_draft_rows=num_drafts)
+    if any(s.prompt_logprobs is not None for s in order):
+        _add_prompt_rows(inputs, order, ends)
+    return inputs
+
+
+def _add_prompt_rows(inputs: StepInputs, order: list[ScheduledRequest], ends: np.ndarray
+                     ) -> None:
+    """Row p of a chunk scores prompt token p + 1, up to the prompt's last token (whose
+    row samples the first output token)."""
+    rows, spans = [], []
+    for i, s in enumerate(order):
+        info = s.prompt_logprobs
+        if info is None:
+            continue
+        first_row = int(ends[i]) - len(s.token_ids) + 1
+        stop = min(s.start_pos + len(s.token_ids), len(info.prompt_token_ids) - 1)
+        count = stop - s.start_pos
+        if count > 0:
+            rows.append(np.arange(first_row, first_row + count))
+            spans.append((s, s.start_pos + 1,
+                          list(info.prompt_token_ids[s.start_pos + 1:stop + 1])))
+    if rows:
+        inputs.prompt_rows = torch.from_numpy(np.concatenate(rows))
+        inputs.prompt_spans = spans
 
 
 def _decode_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray,

@@ -11,12 +11,17 @@ import torch
 
 from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest, SchedulerOutput
 from kvserve.model.attention import KVCache
+from kvserve.sampling_params import SamplingParams
 from kvserve.model.config import ArchConfig
 from kvserve.worker.input_batch import StepInputs, build_inputs
 from kvserve.worker.kv_tiers import BlockStore, TierMover
 from kvserve.worker.rejection_sampler import RejectionSampler
 from kvserve.worker.sampler import Sampler, SampleResult
-from kvserve.worker.worker_base import KVCacheLayout
+from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput
+
+# SamplingParams that ask for k top logprobs, one per k (prompt logprobs reuse the
+# sampler's logprob code)
+_LOGPROBS = {k: SamplingParams(temperature=0.0, logprobs=k) for k in range(21)}
 
 
 def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -77,8 +82,6 @@ class ModelRunner:
         import statistics
         import time
 
-        from kvserve.sampling_params import SamplingParams
-
         bs, num_blocks = self.block_size, self.caches[0].k.shape[0]
         info = SamplingInfo(SamplingParams(), (), (), None)
         times = {}
@@ -102,9 +105,8 @@ class ModelRunner:
             self.disk.close()
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, list[SampleResult]]:
-        """Run one step; returns the tokens of every request that samples: one, or the
-        drafts it verified and accepted plus one."""
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step: K/V moves and copies first, then the model on the flat batch."""
         self.sampler.drop(out.finished_ids)
         if out.kv_transfers:
             self.mover.run(out.kv_transfers)
@@ -113,27 +115,50 @@ class ModelRunner:
             dst = torch.tensor([d for _, d in out.block_copies])
             for cache in self.caches:
                 cache.copy_blocks(src, dst)
+        result = ModelRunnerOutput()
         if not out.scheduled:
-            return {}
+            return result
         inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
                               self.native_attention)
         logits = self._forward(inputs)
+        num_sample = len(inputs.sample_rows)
+        if inputs.prompt_spans:
+            result.prompt_logprobs = self._prompt_logprobs(logits[num_sample:], inputs)
         if not inputs.sample_order:
-            return {}
+            return result
+        logits = logits[:num_sample]
         ids = [s.request_id for s in inputs.sample_order]
         infos = [s.sampling for s in inputs.sample_order]
         if inputs.num_draft_rows:
             drafts = [s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
                       for s in inputs.sample_order]
-            return dict(zip(ids, self.verifier(logits, ids, infos, drafts)))
-        return {rid: [r] for rid, r in zip(ids, self.sampler(logits, ids, infos))}
+            result.sampled = dict(zip(ids, self.verifier(logits, ids, infos, drafts)))
+        else:
+            result.sampled = {rid: [r] for rid, r in zip(ids, self.sampler(logits, ids, infos))}
+        return result
+
+    def _prompt_logprobs(self, logits: torch.Tensor, inputs: StepInputs
+                         ) -> dict[str, tuple[int, list[SampleResult]]]:
+        """Each scored prompt token's logprob, rank and the top ones (raw distribution)."""
+        out, first = {}, 0
+        for s, position, tokens in inputs.prompt_spans:
+            rows = logits[first:first + len(tokens)].float()
+            info = SamplingInfo(_LOGPROBS[s.prompt_logprobs.num_top], (), (), None)
+            out[s.request_id] = (position, self.sampler._results(
+                rows, torch.tensor(tokens), [info] * len(tokens)))
+            first += len(tokens)
+        return out
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        """The logits of the step's sampling rows. Only those rows go through the last
-        layer's attention output, o_proj and MLP (the other rows' K/V are all a later
-        step needs): a prompt chunk skips most of one layer's work."""
+        """The logits of the step's sampling rows, then of its prompt-scoring rows. Only
+        those rows go through the last layer's attention output, o_proj and MLP (the
+        other rows' K/V are all a later step needs): a prompt chunk skips most of one
+        layer's work."""
         rows = inputs.sample_rows
-        out_rows = None if len(rows) == len(inputs.tokens) else rows
+        if inputs.prompt_rows is not None:
+            rows = torch.cat([rows, inputs.prompt_rows])
+        out_rows = None if len(rows) == len(inputs.tokens) and inputs.prompt_rows is None \
+            else rows
         hidden = self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta,
                             out_rows)
         return self.model.compute_logits(hidden)

@@ -36,6 +36,16 @@ class KVCacheLayout:
     disk_slots: int = 0       # disk tier, in blocks
 
 
+@dataclass
+class ModelRunnerOutput:
+    """What one step computed: each sampling request's new tokens (one, or its accepted
+    drafts plus one), and the logprobs of prompt tokens where a request asked for them
+    (request id -> (position of the first token scored, one result per token))."""
+
+    sampled: dict[str, list[SampleResult]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[SampleResult]]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class TransferStats:
     """Bytes and seconds spent moving KV between tiers, cumulative, by direction."""
@@ -61,9 +71,8 @@ class Worker(ABC):
         """Called once the engine is ready to serve."""
 
     @abstractmethod
-    def execute_model(self, out: SchedulerOutput) -> dict[str, list[SampleResult]]:
-        """Run one step; returns the new tokens of every request that samples (one, or
-        its accepted drafts plus one)."""
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step."""
 
     @abstractmethod
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:

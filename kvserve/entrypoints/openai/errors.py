@@ -70,7 +70,7 @@ UNSUPPORTED_FIELDS = {
     "parallel_tool_calls": "tool calling is not implemented yet",
     "functions": "function calling is not implemented",
     "function_call": "function calling is not implemented",
-    "prompt_logprobs": "prompt logprobs are not implemented yet",
+    "prompt_logprobs": "prompt logprobs are served by /v1/completions only",
     "bad_words": "bad_words is not implemented yet",
     "truncate_prompt_tokens": "prompt truncation is not implemented yet",
     "audio": "the served models have no audio output",

@@ -66,8 +66,10 @@ class _SamplingRequest(_Request):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: score the prompt only
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM extra
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
 
@@ -130,12 +132,27 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # vLLM's shape: per prompt token (the first None), token id -> its logprob
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_prompt_logprobs(self, handler):
+        data = handler(self)
+        if data.get("prompt_logprobs") is None:
+            data.pop("prompt_logprobs", None)
+        return data
 
 
 class CompletionResponse(BaseModel):

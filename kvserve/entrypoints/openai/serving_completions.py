@@ -13,7 +13,7 @@ from kvserve.entrypoints.openai.errors import (APIError, bad_request, engine_err
                                                internal_error)
 from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
                                                  CompletionLogprobs, CompletionRequest,
-                                                 CompletionResponse, UsageInfo)
+                                                 CompletionResponse, PromptLogprob, UsageInfo)
 from kvserve.entrypoints.openai.context import ServerContext, random_id
 from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
@@ -51,28 +51,32 @@ async def _tokenize_prompts(ctx: ServerContext, prompt) -> list[tuple[str | None
 
 
 def completion_logprobs(token_ids: list[int], entries: list[dict], texts: TokenTexts,
-                        offset: int, prompt_ids: list[int] | None = None
+                        offset: int, prompt_ids: list[int] | None = None,
+                        prompt_entries: list[dict | None] | None = None
                         ) -> tuple[CompletionLogprobs, int]:
-    """OpenAI's {tokens, token_logprobs, top_logprobs, text_offset}; echoed prompt tokens
-    carry null logprobs. Returns the offset after the last token (for streaming)."""
+    """OpenAI's {tokens, token_logprobs, top_logprobs, text_offset}, echoed prompt tokens
+    first (the first prompt token has no logprob: null). Returns the offset after the
+    last token (for streaming)."""
     lp = CompletionLogprobs()
-    for tid in prompt_ids or ():
+    prompt_ids = prompt_ids or []
+    tokens = list(zip(prompt_ids, prompt_entries or [None] * len(prompt_ids)))
+    tokens += list(zip(token_ids, entries))
+    for tid, entry in tokens:
         text = texts(tid)
-        lp.tokens.append(text)
-        lp.token_logprobs.append(None)
-        lp.top_logprobs.append(None)
-        lp.text_offset.append(offset)
-        offset += len(text)
-    for tid, entry in zip(token_ids, entries):
-        text = texts(tid)
-        chosen = entry.get(tid)
+        chosen = entry.get(tid) if entry is not None else None
         lp.tokens.append(text)
         lp.token_logprobs.append(chosen.logprob if chosen is not None else None)
-        lp.top_logprobs.append({texts(k): v.logprob for k, v in
-                                sorted(entry.items(), key=lambda kv: kv[1].rank)})
+        lp.top_logprobs.append(None if entry is None else {
+            texts(k): v.logprob for k, v in sorted(entry.items(), key=lambda kv: kv[1].rank)})
         lp.text_offset.append(offset)
         offset += len(text)
     return lp, offset
+
+
+def _vllm_prompt_logprobs(entries, texts: TokenTexts):
+    return [None if e is None else {str(t): PromptLogprob(logprob=v.logprob, rank=v.rank,
+                                                          decoded_token=texts(t))
+                                    for t, v in e.items()} for e in entries]
 
 
 async def create_completion(request: Request, ctx: ServerContext) -> Response:
@@ -85,12 +89,19 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
         raise bad_request("best_of must equal n (or be omitted) on this server", "best_of")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+    if req.max_tokens == 0 and (not req.echo or req.stream):
+        raise bad_request("max_tokens 0 scores the prompt: it needs echo=true and no "
+                          "stream", "max_tokens")
     prompts = await _tokenize_prompts(ctx, req.prompt)
+    want_prompt = req.prompt_logprobs is not None or (req.echo and req.logprobs is not None)
+    num_top = max(req.prompt_logprobs or 0, req.logprobs or 0) if want_prompt else None
     params = []
     for _, ids in prompts:
         room = ctx.engine.max_model_len - len(ids)
-        max_tokens = req.max_tokens or max(1, min(_DEFAULT_MAX_TOKENS, room))
+        max_tokens = 1 if req.max_tokens == 0 else (
+            req.max_tokens or max(1, min(_DEFAULT_MAX_TOKENS, room)))
         sp = make_sampling_params(req, max_tokens, req.logprobs)
+        sp.prompt_logprobs = num_top
         check_prompt(ctx, ids, sp)
         params.append(sp)
     tok = ctx.engine.tokenizer
@@ -118,16 +129,21 @@ def _response(ctx, req, request_id, finals, prompts, echo_texts) -> Response:
     for i, out in enumerate(finals):
         usage.prompt_tokens += len(out.prompt_token_ids)
         prefix = echo_texts[i] if req.echo else ""
+        score_only = req.max_tokens == 0  # the one token generated is not part of it
         for o in out.outputs:
-            usage.completion_tokens += len(o.token_ids)
+            ids, entries = ([], []) if score_only else (o.token_ids, o.logprobs or [])
+            usage.completion_tokens += len(ids)
             logprobs = None
             if req.logprobs is not None:
                 logprobs, _ = completion_logprobs(
-                    o.token_ids, o.logprobs or [], token_texts, 0,
-                    prompts[i][1] if req.echo else None)
-            choices.append(CompletionChoice(index=i * req.n + o.index, text=prefix + o.text,
-                                            logprobs=logprobs, finish_reason=o.finish_reason,
-                                            stop_reason=o.stop_reason))
+                    ids, entries, token_texts, 0, prompts[i][1] if req.echo else None,
+                    out.prompt_logprobs if req.echo else None)
+            choices.append(CompletionChoice(
+                index=i * req.n + o.index, text=prefix + ("" if score_only else o.text),
+                logprobs=logprobs, finish_reason="length" if score_only else o.finish_reason,
+                stop_reason=None if score_only else o.stop_reason,
+                prompt_logprobs=(_vllm_prompt_logprobs(out.prompt_logprobs, token_texts)
+                                 if req.prompt_logprobs is not None else None)))
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
     choices.sort(key=lambda c: c.index)
     body = CompletionResponse(id=request_id, model=ctx.model_name, choices=choices, usage=usage)
@@ -162,11 +178,14 @@ async def _stream(ctx: ServerContext, req: CompletionRequest, request_id: str, s
                 if req.logprobs is not None:
                     logprobs, offsets[index] = completion_logprobs(
                         ids, lps or [], token_texts, offsets.get(index, 0),
-                        prompts[i][1] if first and req.echo else None)
+                        prompts[i][1] if first and req.echo else None,
+                        out.prompt_logprobs if first and req.echo else None)
                 choice = CompletionChoice(
                     index=index, text=text, logprobs=logprobs,
                     finish_reason=o.finish_reason if state.done else None,
-                    stop_reason=o.stop_reason if state.done else None)
+                    stop_reason=o.stop_reason if state.done else None,
+                    prompt_logprobs=(_vllm_prompt_logprobs(out.prompt_logprobs, token_texts)
+                                     if first and req.prompt_logprobs is not None else None))
                 yield sse(CompletionStreamChunk(id=request_id, created=created,
                                                 model=ctx.model_name, choices=[choice]),
                           exclude)
