@@ -35,6 +35,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, [-100, 100]
     prompt_logprobs: int | None = None  # each prompt token's logprob, plus this many top ones
+    # token sequences never generated: a one-token sequence is banned everywhere, a longer
+    # one's last token where the output ends with the rest (vLLM's bad_words, tokenized)
+    bad_words_token_ids: list[list[int]] | None = None
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +68,10 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, low=0, high=_MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
             _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=_MAX_LOGPROBS)
+        for seq in self.bad_words_token_ids or ():
+            if not seq or not all(isinstance(t, int) and t >= 0 for t in seq):
+                raise ValueError(f"bad_words_token_ids must hold non-empty lists of token ids, "
+                                 f"got {seq!r:.80}")
         if len(self.stop_list) > _MAX_STOP_STRINGS:
             raise ValueError(
                 f"stop may hold at most {_MAX_STOP_STRINGS} strings, got {len(self.stop_list)}")

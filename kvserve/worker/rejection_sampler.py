@@ -44,7 +44,7 @@ class RejectionSampler:
         other, in request order; returns each request's new tokens."""
         raw = logits.float()
         processed, rows = raw, None
-        if any(i.params.uses_penalties or i.params.logit_bias
+        if any(i.params.uses_penalties or i.params.logit_bias or i.params.bad_words_token_ids
                or i.params.min_tokens > len(i.output_token_ids) for i in infos):
             rows = [r for info, d in zip(infos, drafts) for r in _row_infos(info, d)]
             processed = self.sampler.process(raw, rows)

@@ -57,8 +57,20 @@ class Sampler:
             logits = cls._apply_penalties(logits.clone(), infos)
         if any(i.params.logit_bias for i in infos):
             logits = cls._apply_logit_bias(logits if logits is not raw else raw.clone(), infos)
+        if any(i.params.bad_words_token_ids for i in infos):
+            logits = cls._ban_bad_words(logits if logits is not raw else raw.clone(), infos)
         if any(i.params.min_tokens > len(i.output_token_ids) for i in infos):
             logits = cls._mask_early_stops(logits if logits is not raw else raw.clone(), infos)
+        return logits
+
+    @staticmethod
+    def _ban_bad_words(logits: torch.Tensor, infos: list[SamplingInfo]) -> torch.Tensor:
+        for row, info in enumerate(infos):
+            out = info.output_token_ids
+            for seq in info.params.bad_words_token_ids or ():
+                *head, last = seq
+                if not head or (len(out) >= len(head) and list(out[-len(head):]) == head):
+                    logits[row, last] = float("-inf")
         return logits
 
     @staticmethod

@@ -56,8 +56,8 @@ BAD_REQUESTS = [
      None, 400),
     ("image-part", _CHAT, {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, None, 400),
-    ("continuous-usage-stats", _C, {"prompt": "x", "stream": True, "stream_options": {
-        "continuous_usage_stats": True}}, None, 400),
+    ("truncate-zero", _C, {"prompt": "x", "truncate_prompt_tokens": 0}, None, 400),
+    ("bad-words-blank", _C, {"prompt": "x", "bad_words": [" "]}, None, 400),
     ("unknown-model", _C, {"model": "gpt-17", "prompt": "x"}, None, 404),
     ("body-too-large", _C, {"prompt": "x" * 1_100_000}, None, 413),
     ("chat-messages-not-list", _CHAT, {"messages": "hello"}, None, 400),
@@ -97,7 +97,7 @@ def test_bad_request(server, case):
              "tools": "tools", "guided-json": "guided_json", "chat-echo": "echo",
              "nested-unknown": "messages.0.mood", "logit-bias-out-of-vocab": "logit_bias",
              "logit-bias-too-big": "logit_bias", "logit-bias-not-a-token": "logit_bias",
-             "continuous-usage-stats": "continuous_usage_stats"}
+             "truncate-zero": "truncate_prompt_tokens", "bad-words-blank": "bad_words"}
     if case[0] in named:
         assert named[case[0]] in err["message"], err
     if case[0] == "unknown-field":

@@ -81,3 +81,18 @@ def test_logprobs_rank_and_top():
     assert res.token_id == 1 and res.rank == 1
     assert [t for t, _ in res.top_logprobs] == [1, 2]
     assert abs(res.logprob - float(ref[1])) < 1e-6
+
+
+def test_bad_words_ban_single_tokens_and_sequence_ends():
+    logits = torch.tensor([[0.0, 5.0, 4.0, 3.0]])
+    greedy = dict(temperature=0, bad_words_token_ids=[[1], [0, 2]])
+    sampler = Sampler(0)
+    # token 1 is banned everywhere; 2 only right after 0
+    assert sampler(logits, ["a"], [_info(output=[3], **greedy)])[0].token_id == 2
+    assert sampler(logits, ["a"], [_info(output=[3, 0], **greedy)])[0].token_id == 3
+
+
+def test_logit_bias_shifts_the_chosen_logits():
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    out = Sampler.process(logits, [_info(logit_bias={0: 5.0, 2: -1.0})])
+    assert out.tolist() == [[6.0, 2.0, 2.0]] and logits.tolist() == [[1.0, 2.0, 3.0]]

@@ -156,8 +156,9 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
             ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
             _, ids = await render_chat(ctx, req.messages, req.add_generation_prompt)
+        strs = [tok.id_to_token(t) for t in ids] if req.return_token_strs else None
         return JSONResponse({"count": len(ids), "max_model_len": engine.max_model_len,
-                             "tokens": ids, "token_strs": None})
+                             "tokens": ids, "token_strs": strs})
 
     @route("/detokenize", "POST")
     async def detokenize(request: Request) -> Response:

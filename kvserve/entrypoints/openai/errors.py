@@ -71,8 +71,6 @@ UNSUPPORTED_FIELDS = {
     "functions": "function calling is not implemented",
     "function_call": "function calling is not implemented",
     "prompt_logprobs": "prompt logprobs are served by /v1/completions only",
-    "bad_words": "bad_words is not implemented yet",
-    "truncate_prompt_tokens": "prompt truncation is not implemented yet",
     "audio": "the served models have no audio output",
     "modalities": "the served models produce text only",
     "prediction": "predicted outputs are not implemented",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 MAX_N = 128
 MAX_PROMPTS = 256
@@ -27,12 +27,6 @@ class StreamOptions(_Request):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
-    @model_validator(mode="after")
-    def _implemented(self) -> StreamOptions:
-        if self.continuous_usage_stats:
-            raise ValueError("continuous_usage_stats is not implemented yet (usage comes in "
-                             "the last chunk with include_usage)")
-        return self
 
 
 class _SamplingRequest(_Request):
@@ -62,6 +56,8 @@ class _SamplingRequest(_Request):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = 0
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N; -1: the most
+    bad_words: list[str] | None = Field(None, max_length=256)  # never generated
 
 
 class CompletionRequest(_SamplingRequest):
@@ -106,6 +102,7 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    return_token_strs: bool = False  # each token's vocabulary piece, as vLLM's
 
 
 class DetokenizeRequest(_Request):

@@ -14,10 +14,11 @@ SAMPLING_FIELDS = frozenset(
      "min_tokens", "logprobs", "prompt", "messages", "logit_bias"})
 
 
-def make_sampling_params(req: Any, max_tokens: int | None, logprobs: int | None
-                         ) -> SamplingParams:
+def make_sampling_params(req: Any, max_tokens: int | None, logprobs: int | None,
+                         tokenizer) -> SamplingParams:
     kwargs = dict(n=req.n, stop=req.stop, seed=req.seed, stop_token_ids=req.stop_token_ids,
-                  logit_bias=_token_biases(req.logit_bias), ignore_eos=req.ignore_eos, max_tokens=max_tokens, min_tokens=req.min_tokens,
+                  logit_bias=_token_biases(req.logit_bias), ignore_eos=req.ignore_eos,
+                  bad_words_token_ids=_bad_word_sequences(req.bad_words, tokenizer), max_tokens=max_tokens, min_tokens=req.min_tokens,
                   logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
                   include_stop_str_in_output=req.include_stop_str_in_output)
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -41,6 +42,33 @@ def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | Non
                               "logit_bias")
         out[int(key)] = bias
     return out
+
+
+def _bad_word_sequences(words: list[str] | None, tokenizer) -> list[list[int]] | None:
+    """Each bad word as the model writes it alone and after a space (as vLLM)."""
+    if not words:
+        return None
+    seqs = []
+    for word in words:
+        if not word.strip():
+            raise bad_request("bad_words must be non-empty strings", "bad_words")
+        for text in (word, " " + word.lstrip()):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if ids and ids not in seqs:
+                seqs.append(ids)
+    return seqs
+
+
+def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: keep the prompt's last ``keep`` tokens (-1: as many
+    as the model takes)."""
+    if keep is None:
+        return ids
+    if keep == 0:
+        raise bad_request("truncate_prompt_tokens must be -1 or at least 1",
+                          "truncate_prompt_tokens")
+    keep = max_model_len if keep == -1 else keep
+    return ids[-keep:]
 
 
 def check_prompt(ctx: ServerContext, token_ids: list[int], params: SamplingParams) -> None:

@@ -20,10 +20,11 @@ from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,
 from kvserve.entrypoints.openai.context import ServerContext, random_id
 from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
-from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params
+from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params, \
+    truncate_prompt
 from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
-                                                  sse)
+                                                  sse, usage_so_far)
 from kvserve.model.token_text import TokenTexts
 from kvserve.logger import init_logger
 
@@ -71,9 +72,12 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
     text, ids = await render_chat(ctx, req.messages, req.add_generation_prompt)
+    if req.truncate_prompt_tokens is not None:
+        ids = truncate_prompt(ids, req.truncate_prompt_tokens, ctx.engine.max_model_len)
+        text = ctx.engine.tokenizer.decode(ids)
     max_tokens = req.max_completion_tokens or req.max_tokens  # None: up to max_model_len
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = make_sampling_params(req, max_tokens, logprobs)
+    params = make_sampling_params(req, max_tokens, logprobs, ctx.engine.tokenizer)
     check_prompt(ctx, ids, params)
     ctx.check_capacity(req.n)
     request_id = random_id("chatcmpl")
@@ -111,6 +115,7 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
                   hold: int) -> AsyncIterator[str]:
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
     exclude = None if include_usage else {"usage"}
     texts = TokenTexts(ctx.engine.tokenizer)
 
@@ -141,7 +146,8 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
                 yield chunk([ChatStreamChoice(
                     index=o.index, delta=delta, logprobs=logprobs,
                     finish_reason=o.finish_reason if state.done else None,
-                    stop_reason=o.stop_reason if state.done else None)])
+                    stop_reason=o.stop_reason if state.done else None)],
+                    usage_so_far(out) if continuous else None)
             if out.finished:
                 usage.prompt_tokens = len(out.prompt_token_ids)
                 usage.completion_tokens = sum(len(o.token_ids) for o in out.outputs)

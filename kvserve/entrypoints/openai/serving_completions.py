@@ -17,10 +17,11 @@ from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
 from kvserve.entrypoints.openai.context import ServerContext, random_id
 from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
-from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params
+from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params, \
+    truncate_prompt
 from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
-                                                  sse)
+                                                  sse, usage_so_far)
 from kvserve.model.token_text import TokenTexts
 from kvserve.logger import init_logger
 
@@ -93,6 +94,10 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
         raise bad_request("max_tokens 0 scores the prompt: it needs echo=true and no "
                           "stream", "max_tokens")
     prompts = await _tokenize_prompts(ctx, req.prompt)
+    if req.truncate_prompt_tokens is not None:
+        tok, limit = ctx.engine.tokenizer, ctx.engine.max_model_len
+        prompts = [(tok.decode(cut), cut) for cut in (
+            truncate_prompt(ids, req.truncate_prompt_tokens, limit) for _, ids in prompts)]
     want_prompt = req.prompt_logprobs is not None or (req.echo and req.logprobs is not None)
     num_top = max(req.prompt_logprobs or 0, req.logprobs or 0) if want_prompt else None
     params = []
@@ -100,7 +105,7 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
         room = ctx.engine.max_model_len - len(ids)
         max_tokens = 1 if req.max_tokens == 0 else (
             req.max_tokens or max(1, min(_DEFAULT_MAX_TOKENS, room)))
-        sp = make_sampling_params(req, max_tokens, req.logprobs)
+        sp = make_sampling_params(req, max_tokens, req.logprobs, ctx.engine.tokenizer)
         sp.prompt_logprobs = num_top
         check_prompt(ctx, ids, sp)
         params.append(sp)
@@ -154,6 +159,7 @@ async def _stream(ctx: ServerContext, req: CompletionRequest, request_id: str, s
                   prompts, echo_texts, hold: int) -> AsyncIterator[str]:
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
     exclude = None if include_usage else {"usage"}
     token_texts = TokenTexts(ctx.engine.tokenizer)
     states: dict[int, ChoiceState] = {}
@@ -186,9 +192,11 @@ async def _stream(ctx: ServerContext, req: CompletionRequest, request_id: str, s
                     stop_reason=o.stop_reason if state.done else None,
                     prompt_logprobs=(_vllm_prompt_logprobs(out.prompt_logprobs, token_texts)
                                      if first and req.prompt_logprobs is not None else None))
+                running = usage_so_far(out) if continuous else None
                 yield sse(CompletionStreamChunk(id=request_id, created=created,
-                                                model=ctx.model_name, choices=[choice]),
-                          exclude)
+                                                model=ctx.model_name, choices=[choice],
+                                                usage=running),
+                          None if running is not None else exclude)
             if out.finished:
                 usage.prompt_tokens += len(out.prompt_token_ids)
                 usage.completion_tokens += sum(len(o.token_ids) for o in out.outputs)

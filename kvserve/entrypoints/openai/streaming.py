@@ -49,6 +49,15 @@ class ChoiceState:
         return not text and not ids and not self.done
 
 
+def usage_so_far(out: RequestOutput):
+    """Usage of one request's output up to now (stream_options.continuous_usage_stats)."""
+    from kvserve.entrypoints.openai.protocol import UsageInfo
+
+    completion = sum(len(o.token_ids) for o in out.outputs)
+    return UsageInfo(prompt_tokens=len(out.prompt_token_ids), completion_tokens=completion,
+                     total_tokens=len(out.prompt_token_ids) + completion)
+
+
 def hold_back(params: SamplingParams) -> int:
     return max((len(s) for s in params.stop_list), default=1) - 1
 
