@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from kvserve.structured_output.params import StructuredOutputsParams
+
 _MAX_STOP_STRINGS = 16
 _MAX_LOGPROBS = 20
 _MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
@@ -38,6 +40,7 @@ class SamplingParams:
     # token sequences never generated: a one-token sequence is banned everywhere, a longer
     # one's last token where the output ends with the rest (vLLM's bad_words, tokenized)
     bad_words_token_ids: list[list[int]] | None = None
+    structured_outputs: StructuredOutputsParams | None = None  # the output matches this
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -72,6 +75,10 @@ class SamplingParams:
             if not seq or not all(isinstance(t, int) and t >= 0 for t in seq):
                 raise ValueError(f"bad_words_token_ids must hold non-empty lists of token ids, "
                                  f"got {seq!r:.80}")
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
         if len(self.stop_list) > _MAX_STOP_STRINGS:
             raise ValueError(
                 f"stop may hold at most {_MAX_STOP_STRINGS} strings, got {len(self.stop_list)}")

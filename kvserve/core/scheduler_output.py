@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from kvserve.core.kv.interface import KVStats
 from kvserve.core.kv.tiers import KVTransfer
@@ -62,6 +62,8 @@ class SchedulerOutput:
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # swap / disk, before copies
     finished_ids: list[str] = field(default_factory=list)  # runner may drop their state
     stats: SchedulerStats | None = None
+    # structured outputs: request id -> allowed tokens [its sampling rows, vocab] (bool)
+    token_masks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -25,6 +25,7 @@ from kvserve.outputs import RequestOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 from kvserve.spec_decode.controller import SpecDecodeStats, create_controller
+from kvserve.structured_output.manager import StructuredOutputManager
 from kvserve.worker import KVCacheLayout, TransferStats, create_worker
 
 logger = init_logger(__name__)
@@ -89,6 +90,9 @@ class LLMEngine:
             config.model.model_dir, config.model.arch.eos_token_ids, self.tokenizer)
         self._ids = itertools.count()
         self.last_step_stats: SchedulerStats | None = None
+        self.structured = StructuredOutputManager(
+            config.model.model_dir, self.vocab_size,
+            [t for t in [self.eos_token_id, *self.extra_stop_ids] if t is not None])
         self.worker.warm_up()
         self.speculator = create_controller(config, self.worker)
         if config.cache.warmup_prompts:
@@ -181,6 +185,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = self.tokenize_prompt(prompt)
         max_tokens = self.validate_prompt(token_ids, params)
+        grammar = self.structured.compile(params) if params.structured_outputs else None
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         children = []
         for i in range(params.n):
@@ -195,13 +200,17 @@ class LLMEngine:
                 priority=priority))
         for child in children:
             self.scheduler.add_request(child)  # children are alike: the first raises if any
+            if grammar is not None:
+                self.structured.add(child, grammar)
         self.outputs.add(request_id, text, children)
         return request_id
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         for parent in [request_ids] if isinstance(request_ids, str) else request_ids:
-            for child in self.outputs.child_ids(parent):
+            children = self.outputs.child_ids(parent)
+            for child in children:
                 self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+            self.structured.remove(children)
             self.outputs.remove(parent)
 
     def has_unfinished_requests(self) -> bool:
@@ -221,9 +230,14 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One step; ``last_step_stats`` then holds the scheduler's state as it was
         scheduled (None when the step had nothing to run)."""
+        constrained = self.structured.has_any()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
+            if constrained:
+                self.structured.cut_drafts(self.scheduler.running)
         sched = self.scheduler.schedule()
+        if constrained:
+            sched = dataclasses.replace(sched, token_masks=self.structured.masks(sched))
         self.last_step_stats = sched.stats if sched.scheduled else None
         try:
             step = self.worker.execute_model(sched)
@@ -238,7 +252,11 @@ class LLMEngine:
             self.speculator.record(sched, results)
         progressed = self.scheduler.update(
             sched, {rid: [r.token_id for r in rs] for rid, rs in results.items()})
+        if constrained:
+            self.structured.advance(progressed)
         self.scheduler.finish_on_stop_strings(self.outputs.process_tokens(progressed, results))
+        if constrained:
+            self.structured.remove([r.request_id for r, _ in progressed if r.is_finished])
         parents = dict.fromkeys(self.outputs.parent_of[r.request_id] for r, _ in progressed)
         return [self.outputs.make_output(p) for p in parents]
 
@@ -247,8 +265,10 @@ class LLMEngine:
                                 if c in self.outputs.parent_of)
         outs = []
         for parent in parents:
-            for child in self.outputs.child_ids(parent):
+            children = self.outputs.child_ids(parent)
+            for child in children:
                 self.scheduler.finish_request(child, RequestStatus.FINISHED_ERROR)
+            self.structured.remove(children)
             out = self.outputs.make_output(parent)
             out.error = "internal error while running the model"
             outs.append(out)

@@ -129,12 +129,15 @@ class ModelRunner:
         logits = logits[:num_sample]
         ids = [s.request_id for s in inputs.sample_order]
         infos = [s.sampling for s in inputs.sample_order]
+        masks = [out.token_masks.get(rid) for rid in ids] if out.token_masks else None
         if inputs.num_draft_rows:
             drafts = [s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
                       for s in inputs.sample_order]
-            result.sampled = dict(zip(ids, self.verifier(logits, ids, infos, drafts)))
+            result.sampled = dict(zip(ids, self.verifier(logits, ids, infos, drafts, masks)))
         else:
-            result.sampled = {rid: [r] for rid, r in zip(ids, self.sampler(logits, ids, infos))}
+            row_masks = None if masks is None else [None if m is None else m[0] for m in masks]
+            result.sampled = {rid: [r] for rid, r in zip(
+                ids, self.sampler(logits, ids, infos, row_masks))}
         return result
 
     def _prompt_logprobs(self, logits: torch.Tensor, inputs: StepInputs

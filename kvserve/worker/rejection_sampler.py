@@ -38,16 +38,22 @@ class RejectionSampler:
         self.sampler = sampler
 
     def __call__(self, logits: torch.Tensor, request_ids: list[str],
-                 infos: list[SamplingInfo], drafts: list[list[int]]
-                 ) -> list[list[SampleResult]]:
+                 infos: list[SamplingInfo], drafts: list[list[int]],
+                 masks: list | None = None) -> list[list[SampleResult]]:
         """``logits``: each request's rows (len(drafts[i]) + 1 of them) one after the
-        other, in request order; returns each request's new tokens."""
+        other, in request order; ``masks``: per request, its rows' allowed tokens or
+        None. Returns each request's new tokens."""
         raw = logits.float()
         processed, rows = raw, None
-        if any(i.params.uses_penalties or i.params.logit_bias or i.params.bad_words_token_ids
-               or i.params.min_tokens > len(i.output_token_ids) for i in infos):
+        row_masks = None
+        if masks is not None and any(m is not None for m in masks):
+            row_masks = [None if m is None else m[j] for m, d in zip(masks, drafts)
+                         for j in range(len(d) + 1)]
+        if row_masks is not None or any(
+                i.params.uses_penalties or i.params.logit_bias or i.params.bad_words_token_ids
+                or i.params.min_tokens > len(i.output_token_ids) for i in infos):
             rows = [r for info, d in zip(infos, drafts) for r in _row_infos(info, d)]
-            processed = self.sampler.process(raw, rows)
+            processed = self.sampler.process(raw, rows, row_masks)
         greedy_tokens = processed.argmax(dim=-1).tolist()
         emitted: list[list[int]] = []
         first = 0

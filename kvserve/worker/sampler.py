@@ -34,9 +34,10 @@ class Sampler:
             self._request_generators.pop(rid, None)
 
     def __call__(self, logits: torch.Tensor, request_ids: list[str],
-                 infos: list[SamplingInfo]) -> list[SampleResult]:
+                 infos: list[SamplingInfo], masks: list | None = None) -> list[SampleResult]:
+        """``masks``: per row, the allowed tokens (bool [vocab]) or None: unconstrained."""
         raw = logits.float()
-        logits = self.process(raw, infos)
+        logits = self.process(raw, infos, masks)
         greedy = [i.params.greedy for i in infos]
         if all(greedy):
             tokens = logits.argmax(dim=-1)
@@ -47,12 +48,18 @@ class Sampler:
     # -- logit processors ---------------------------------------------------------------
 
     @classmethod
-    def process(cls, raw: torch.Tensor, infos: list[SamplingInfo]) -> torch.Tensor:
+    def process(cls, raw: torch.Tensor, infos: list[SamplingInfo], masks: list | None = None
+                ) -> torch.Tensor:
         """The logits every draw and argmax uses: ``raw`` (float32) with each row's
-        penalties, logit bias and min_tokens stop mask applied (a copy where any
-        applies, ``raw`` itself otherwise). The one place rows are processed, for the
-        sampler and the draft verifier alike."""
+        penalties, logit bias, bad words, min_tokens stop mask and grammar mask applied
+        (a copy where any applies, ``raw`` itself otherwise). The one place rows are
+        processed, for the sampler and the draft verifier alike."""
         logits = raw
+        if masks is not None and any(m is not None for m in masks):
+            logits = raw.clone()
+            for row, mask in enumerate(masks):
+                if mask is not None:
+                    logits[row].masked_fill_(~mask, float("-inf"))
         if any(i.params.uses_penalties for i in infos):
             logits = cls._apply_penalties(logits.clone(), infos)
         if any(i.params.logit_bias for i in infos):

@@ -46,11 +46,11 @@ BAD_REQUESTS = [
     ("logit-bias-out-of-vocab", _C, {"prompt": "x", "logit_bias": {"99999": 1.0}}, None, 400),
     ("logit-bias-too-big", _C, {"prompt": "x", "logit_bias": {"5": 101}}, None, 400),
     ("unknown-field", _C, {"prompt": "x", "temprature": 0.5}, None, 400),
-    ("response-format", _CHAT, {"messages": _MSG, "response_format": {"type": "json_object"}},
+    ("response-format-type", _CHAT, {"messages": _MSG, "response_format": {"type": "xml"}},
      None, 400),
     ("tools", _CHAT, {"messages": _MSG, "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {}}}]}, None, 400),
-    ("guided-json", _C, {"prompt": "x", "guided_json": {"type": "object"}}, None, 400),
+    ("guided-json-not-json", _C, {"prompt": "x", "guided_json": "{not json"}, None, 400),
     ("chat-echo", _CHAT, {"messages": _MSG, "echo": True}, None, 400),
     ("nested-unknown", _CHAT, {"messages": [{"role": "user", "content": "x", "mood": 1}]},
      None, 400),
@@ -93,8 +93,8 @@ def test_bad_request(server, case):
         assert "600" in err["message"] and "512" in err["message"]
     if status == 404 and "model" in case[0]:
         assert err["code"] == "model_not_found" and err["param"] == "model"
-    named = {"unknown-field": "temprature", "response-format": "response_format",
-             "tools": "tools", "guided-json": "guided_json", "chat-echo": "echo",
+    named = {"unknown-field": "temprature", "response-format-type": "response_format",
+             "tools": "tools", "guided-json-not-json": "json", "chat-echo": "echo",
              "nested-unknown": "messages.0.mood", "logit-bias-out-of-vocab": "logit_bias",
              "logit-bias-too-big": "logit_bias", "logit-bias-not-a-token": "logit_bias",
              "truncate-zero": "truncate_prompt_tokens", "bad-words-blank": "bad_words"}

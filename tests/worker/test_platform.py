@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from kvserve.worker import platform as host
 from kvserve.worker.platform import available_memory_bytes, freeze_startup_objects, \
-    keep_freed_memory, one_cpu_per_core, physical_cores
+    one_cpu_per_core, physical_cores
 
 
 def test_hyperthread_siblings_count_as_one_core(monkeypatch):

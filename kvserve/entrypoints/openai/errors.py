@@ -59,12 +59,6 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 # OpenAI and vLLM request fields this server knows but does not implement: refused with
 # the reason, so that a client never gets an answer that silently ignored them
 UNSUPPORTED_FIELDS = {
-    "response_format": "structured outputs are not implemented yet",
-    "structured_outputs": "structured outputs are not implemented yet",
-    "guided_json": "structured outputs are not implemented yet",
-    "guided_regex": "structured outputs are not implemented yet",
-    "guided_choice": "structured outputs are not implemented yet",
-    "guided_grammar": "structured outputs are not implemented yet",
     "tools": "tool calling is not implemented yet",
     "tool_choice": "tool calling is not implemented yet",
     "parallel_tool_calls": "tool calling is not implemented yet",

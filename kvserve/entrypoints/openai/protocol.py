@@ -29,6 +29,28 @@ class StreamOptions(_Request):
 
 
 
+class JsonSchemaFormat(_Request):
+    name: str
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Request):
+    """vLLM's structured_outputs object: exactly one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _SamplingRequest(_Request):
     """Fields shared by completions and chat completions."""
 
@@ -57,6 +79,14 @@ class _SamplingRequest(_Request):
     include_stop_str_in_output: bool = False
     priority: int = 0
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last N; -1: the most
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and the
+    # older guided_* fields (vLLM now ignores those silently; kvserve honours them)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     bad_words: list[str] | None = Field(None, max_length=256)  # never generated
 
 

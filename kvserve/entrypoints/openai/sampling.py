@@ -7,6 +7,7 @@ from typing import Any
 from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.entrypoints.openai.errors import bad_request, from_value_error
 from kvserve.sampling_params import SamplingParams
+from kvserve.structured_output import StructuredOutputsParams
 
 SAMPLING_FIELDS = frozenset(
     {"n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -18,7 +19,8 @@ def make_sampling_params(req: Any, max_tokens: int | None, logprobs: int | None,
                          tokenizer) -> SamplingParams:
     kwargs = dict(n=req.n, stop=req.stop, seed=req.seed, stop_token_ids=req.stop_token_ids,
                   logit_bias=_token_biases(req.logit_bias), ignore_eos=req.ignore_eos,
-                  bad_words_token_ids=_bad_word_sequences(req.bad_words, tokenizer), max_tokens=max_tokens, min_tokens=req.min_tokens,
+                  bad_words_token_ids=_bad_word_sequences(req.bad_words, tokenizer),
+                  structured_outputs=structured_outputs_of(req), max_tokens=max_tokens, min_tokens=req.min_tokens,
                   logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
                   include_stop_str_in_output=req.include_stop_str_in_output)
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -42,6 +44,40 @@ def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | Non
                               "logit_bias")
         out[int(key)] = bias
     return out
+
+
+def structured_outputs_of(req: Any) -> StructuredOutputsParams | None:
+    """The one output constraint a request carries, whichever field it came in."""
+    forms = []
+    rf = req.response_format
+    if rf is not None and rf.type != "text":
+        if rf.type == "json_object":
+            forms.append(("response_format", dict(json_object=True)))
+        elif rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise bad_request("response_format json_schema needs json_schema.schema",
+                              "response_format")
+        else:
+            forms.append(("response_format", dict(json=rf.json_schema.schema_)))
+    so = req.structured_outputs
+    if so is not None:
+        given = {k: v for k, v in (("json", so.json_), ("regex", so.regex),
+                                    ("choice", so.choice), ("grammar", so.grammar),
+                                    ("json_object", so.json_object or None)) if v is not None}
+        forms.append(("structured_outputs", given))
+    for name, key in (("guided_json", "json"), ("guided_regex", "regex"),
+                      ("guided_choice", "choice"), ("guided_grammar", "grammar")):
+        if getattr(req, name) is not None:
+            forms.append((name, {key: getattr(req, name)}))
+    if not forms:
+        return None
+    if len(forms) > 1:
+        raise bad_request("give one output constraint, got "
+                          f"{', '.join(f for f, _ in forms)}", forms[1][0])
+    field, kwargs = forms[0]
+    try:
+        return StructuredOutputsParams(**kwargs)
+    except ValueError as e:
+        raise bad_request(str(e), field) from None
 
 
 def _bad_word_sequences(words: list[str] | None, tokenizer) -> list[list[int]] | None:

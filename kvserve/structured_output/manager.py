@@ -1,0 +1,87 @@
+"""StructuredOutputManager: the grammar state of every constrained sequence.
+
+Each constrained sequence has a matcher that has consumed exactly its output tokens.
+Before a step, drafts are cut at the first token the grammar refuses, and each
+constrained row gets the mask of tokens allowed there (a drafted request's rows: the
+mask after each draft prefix, then the matcher rolls back); the sampler and the draft
+verifier apply the masks in their shared logits pass. After the step the matcher
+consumes the tokens the request kept. A preempted request keeps its output, so its
+matcher stays valid.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kvserve.core.scheduler_output import SchedulerOutput
+from kvserve.request import Request
+from kvserve.structured_output.guidance import GuidanceBackend
+
+
+class StructuredOutputManager:
+    def __init__(self, model_dir: Path, vocab_size: int, eos_ids: list[int]) -> None:
+        self._args = (str(model_dir / "tokenizer.json"), vocab_size, eos_ids)
+        self._backend: GuidanceBackend | None = None  # built on the first grammar
+        self._matchers: dict[str, object] = {}
+
+    @property
+    def backend(self) -> GuidanceBackend:
+        if self._backend is None:
+            self._backend = GuidanceBackend(*self._args)
+        return self._backend
+
+    def compile(self, req_params) -> str:
+        """Check and compile a request's grammar (ValueError: refuse the request)."""
+        return self.backend.compile(*req_params.structured_outputs.spec())
+
+    def add(self, req: Request, grammar: str) -> None:
+        self._matchers[req.request_id] = self.backend.matcher(grammar)
+
+    def remove(self, request_ids) -> None:
+        for rid in request_ids:
+            self._matchers.pop(rid, None)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._matchers
+
+    def has_any(self) -> bool:
+        return bool(self._matchers)
+
+    def cut_drafts(self, running: list[Request]) -> None:
+        """Keep each constrained request's drafts only up to the first one refused."""
+        for req in running:
+            m = self._matchers.get(req.request_id)
+            if m is None or not req.draft_token_ids:
+                continue
+            ok = m.try_consume_tokens(req.draft_token_ids)
+            if ok:
+                m.rollback(ok)
+            req.draft_token_ids = req.draft_token_ids[:ok]
+
+    def masks(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
+        """Allowed tokens [rows, vocab] for each constrained request that samples."""
+        masks = {}
+        for s in out.scheduled:
+            m = self._matchers.get(s.request_id)
+            if m is None or not s.sample:
+                continue
+            drafts = s.token_ids[len(s.token_ids) - s.num_draft_tokens:] \
+                if s.num_draft_tokens else []
+            rows = [self.backend.mask(m)]
+            for d in drafts:
+                m.consume_token(d)
+                rows.append(self.backend.mask(m))
+            if drafts:
+                m.rollback(len(drafts))
+            masks[s.request_id] = torch.stack(rows)
+        return masks
+
+    def advance(self, progressed: list[tuple[Request, int]]) -> None:
+        """Consume the tokens each constrained request kept this step."""
+        for req, kept in progressed:
+            m = self._matchers.get(req.request_id)
+            if m is not None and kept:
+                if not m.consume_tokens(req.output_token_ids[-kept:]) and not m.is_stopped():
+                    raise RuntimeError(f"request {req.request_id}: a sampled token broke "
+                                       f"its grammar ({m.get_error()})")

@@ -1,0 +1,126 @@
+"""Structured outputs in the engine: what finishes with `stop` parses and matches its
+schema / regex / choice / grammar, with sampling, n > 1, preemption and speculation."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from kvserve import LLM, SamplingParams
+from kvserve.structured_output import StructuredOutputsParams as Constraint
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                      "age": {"type": "integer", "minimum": 0,
+                                              "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string",
+                                                                          "maxLength": 5},
+                                               "minItems": 1, "maxItems": 3}},
+     "required": ["tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"kind": {"enum": ["cat", "dog", "eel"]},
+                                      "score": {"type": "number", "minimum": -1,
+                                                "maximum": 1}},
+     "required": ["kind", "score"], "additionalProperties": False},
+    {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]$"}},
+     "required": ["code"], "additionalProperties": False},
+    {"type": "object", "properties": {"v": {"anyOf": [{"type": "integer"},
+                                                       {"type": "boolean"}]}},
+     "required": ["v"], "additionalProperties": False},
+    {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"},
+                                                          "y": {"type": "integer"}},
+                         "required": ["x", "y"], "additionalProperties": False}},
+     "type": "object", "properties": {"a": {"$ref": "#/$defs/point"},
+                                      "b": {"$ref": "#/$defs/point"}},
+     "required": ["a", "b"], "additionalProperties": False},
+    {"type": "object", "properties": {"inner": {"type": "object", "properties": {
+        "deep": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                 "required": ["ok"], "additionalProperties": False}},
+        "required": ["deep"], "additionalProperties": False}},
+     "required": ["inner"], "additionalProperties": False},
+]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM()  # the embedded model: a real tokenizer
+
+
+def _texts(llm, constraint, n=4, temperature=0.9, max_tokens=160, **settings):
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, n=n, seed=3,
+                            structured_outputs=constraint)
+    out = llm.generate("def main():\n    config = ", params, use_tqdm=False)[0]
+    return [(o.text, o.finish_reason) for o in out.outputs]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[f"schema{i}" for i in range(len(SCHEMAS))])
+def test_json_schema_outputs_validate(llm, schema):
+    results = _texts(llm, Constraint(json=schema))
+    finished = [t for t, reason in results if reason == "stop"]
+    assert finished, results
+    for text in finished:
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_regex_choice_grammar_and_any_object(llm):
+    for text, reason in _texts(llm, Constraint(regex=r"[a-z]{2,5}-[0-9]{1,3}")):
+        assert reason == "stop" and re.fullmatch(r"[a-z]{2,5}-[0-9]{1,3}", text)
+    for text, reason in _texts(llm, Constraint(choice=["alpha", "beta", "gamma"])):
+        assert reason == "stop" and text in ("alpha", "beta", "gamma")
+    grammar = 'start: "x" ("+" "x")* "=" NUMBER\nNUMBER: /[0-9]+/'
+    for text, reason in _texts(llm, Constraint(grammar=grammar), max_tokens=40):
+        assert reason != "stop" or re.fullmatch(r"x(\+x)*=[0-9]+", text), text
+    for text, reason in _texts(llm, Constraint(json_object=True)):
+        assert reason != "stop" or isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (Constraint(regex="[unclosed"), "regex"),
+    (Constraint(json={"type": "object", "properties": {"a": {"type": "strung"}}}), "json"),
+    (Constraint(grammar="start: undefined_rule"), "grammar"),
+])
+def test_a_grammar_that_cannot_compile_is_refused(llm, bad, message):
+    with pytest.raises(ValueError, match=f"structured_outputs.*{message}"):
+        llm.generate("x", SamplingParams(structured_outputs=bad), use_tqdm=False)
+    assert llm.engine.kv.stats().num_used_blocks == 0 and not llm.engine.structured.has_any()
+
+
+def test_params_need_exactly_one_constraint():
+    with pytest.raises(ValueError, match="exactly one"):
+        Constraint(regex="a", choice=["a"])
+    with pytest.raises(ValueError, match="exactly one"):
+        Constraint()
+
+
+def test_the_same_schema_compiles_once(llm):
+    backend = llm.engine.structured.backend
+    _texts(llm, Constraint(json=SCHEMAS[0]), n=1)
+    before = backend.compile.cache_info()
+    _texts(llm, Constraint(json=SCHEMAS[0]), n=1)
+    after = backend.compile.cache_info()
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+
+
+@pytest.mark.parametrize("settings", [
+    {"num_kv_blocks": 17, "block_size": 8},  # preemption keeps each matcher valid
+    {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                            "prompt_lookup_min": 1}},
+], ids=["preempted", "speculative"])
+def test_greedy_constrained_output_is_unchanged_by_engine_modes(llm, settings):
+    schema = SCHEMAS[5]
+    params = SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=Constraint(
+        json=schema))
+    prompts = ["def a():\n    x = ", "class B:\n    y = ", "import os\nz = "] * 2
+    plain = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+    other = LLM(**settings)
+    got = [o.outputs[0].text for o in other.generate(prompts, params, use_tqdm=False)]
+    assert got == plain
+    for text in got:
+        jsonschema.validate(json.loads(text), schema)
+    if "speculative_config" in settings:
+        assert other.engine.speculator.stats.num_draft_tokens > 0
+    else:
+        assert other.engine.scheduler.num_preemptions > 0, "no preemption: test lost its point"
+    assert other.engine.kv.stats().num_used_blocks == 0 and not other.engine.structured.has_any()
