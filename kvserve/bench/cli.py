@@ -156,13 +156,25 @@ def _add_spec(sub: Any) -> None:
     p.set_defaults(func=commands.cmd_spec)
 
 
+def _add_structured(sub: Any) -> None:
+    p = sub.add_parser("structured", help="json_schema-constrained vs unconstrained decoding",
+                       description="Concurrent requests constrained by a JSON schema against "
+                                   "the same requests unconstrained, in alternating rounds.")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--num-prompts", type=int, default=32, help="concurrent requests (32)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (64)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
+    add_output_args(p, plot=False)
+    p.set_defaults(func=commands.cmd_structured)
+
+
 def add_bench_parser(subparsers: Any) -> None:
     """Add ``bench`` with its sub-commands to a ``parser.add_subparsers()`` object."""
     bench = subparsers.add_parser("bench", help="benchmarks: throughput, serving, comparisons",
                                   description="kvserve benchmark instruments")
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
-                _add_memory, _add_spec):
+                _add_memory, _add_spec, _add_structured):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 

@@ -410,3 +410,21 @@ def cmd_spec(args: argparse.Namespace) -> int:
                "engine_args": engine_args, "result": result}
         print(f"wrote {report.write_json(args.json, out)}")
     return 0
+
+
+def cmd_structured(args: argparse.Namespace) -> int:
+    """``kvserve bench structured``: json_schema-constrained vs unconstrained decoding."""
+    from kvserve.bench.structured import run_structured_bench
+
+    model_dir = resolve_model_dir(args.model)
+    info = _header("kvserve structured", {"model": model_dir.name, "requests": args.num_prompts,
+                                          "max_tokens": args.max_tokens, "rounds": args.rounds})
+    result = run_structured_bench(args.model, args.num_prompts, args.max_tokens, args.rounds)
+    print(report.format_table(
+        ["unconstrained tok/s", "json_schema tok/s", "ratio", "mask us/token", "mask share"],
+        [(result["plain_tok_s"], result["constrained_tok_s"], result["ratio"],
+          result["mask_us_per_token"] or 0.0, result["mask_share_of_run"] or 0.0)]))
+    if args.json:
+        out = {"machine": info, "model": model_dir.name, "result": result}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0

@@ -19,6 +19,7 @@ class GuidanceBackend:
         self.vocab_size = vocab_size
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
                                                 eos_token=eos_ids)
+        self.executor = llguidance.LLExecutor()
 
     @functools.lru_cache(maxsize=256)
     def compile(self, fmt: str, text: str) -> str:
@@ -48,6 +49,17 @@ class GuidanceBackend:
         bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
                              bitorder="little")
         return torch.from_numpy(bits[:self.vocab_size].astype(bool))
+
+    def masks(self, matchers: list) -> torch.Tensor:
+        """The next-token masks of many matchers [len, vocab], computed in parallel by
+        llguidance's own threads in one call."""
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+
+        words = allocate_token_bitmask(len(matchers), self.vocab_size)
+        fill_next_token_bitmask_par(self.executor, [(m, i) for i, m in enumerate(matchers)],
+                                    words)
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+        return torch.from_numpy(bits[:, :self.vocab_size].astype(bool))
 
 
 def _compact_json(schema_text: str) -> str:

@@ -10,6 +10,7 @@ matcher stays valid.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +25,8 @@ class StructuredOutputManager:
         self._args = (str(model_dir / "tokenizer.json"), vocab_size, eos_ids)
         self._backend: GuidanceBackend | None = None  # built on the first grammar
         self._matchers: dict[str, object] = {}
+        self.mask_seconds = 0.0  # cumulative time computing masks, and how many rows
+        self.masked_rows = 0
 
     @property
     def backend(self) -> GuidanceBackend:
@@ -60,21 +63,27 @@ class StructuredOutputManager:
             req.draft_token_ids = req.draft_token_ids[:ok]
 
     def masks(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
-        """Allowed tokens [rows, vocab] for each constrained request that samples."""
-        masks = {}
+        """Allowed tokens [rows, vocab] for each constrained request that samples: one
+        batched call for the requests without drafts, draft by draft for the others."""
+        start = time.perf_counter()
+        plain, drafted = [], []
         for s in out.scheduled:
             m = self._matchers.get(s.request_id)
-            if m is None or not s.sample:
-                continue
-            drafts = s.token_ids[len(s.token_ids) - s.num_draft_tokens:] \
-                if s.num_draft_tokens else []
+            if m is not None and s.sample:
+                (drafted if s.num_draft_tokens else plain).append((s, m))
+        masks = {}
+        if plain:
+            rows = self.backend.masks([m for _, m in plain])
+            masks = {s.request_id: rows[i:i + 1] for i, (s, _) in enumerate(plain)}
+        for s, m in drafted:
             rows = [self.backend.mask(m)]
-            for d in drafts:
+            for d in s.token_ids[len(s.token_ids) - s.num_draft_tokens:]:
                 m.consume_token(d)
                 rows.append(self.backend.mask(m))
-            if drafts:
-                m.rollback(len(drafts))
+            m.rollback(s.num_draft_tokens)
             masks[s.request_id] = torch.stack(rows)
+        self.masked_rows += sum(len(r) for r in masks.values())
+        self.mask_seconds += time.perf_counter() - start
         return masks
 
     def advance(self, progressed: list[tuple[Request, int]]) -> None:

@@ -56,10 +56,11 @@ class Sampler:
         processed, for the sampler and the draft verifier alike."""
         logits = raw
         if masks is not None and any(m is not None for m in masks):
-            logits = raw.clone()
+            allowed = torch.ones(raw.shape, dtype=torch.bool)
             for row, mask in enumerate(masks):
                 if mask is not None:
-                    logits[row].masked_fill_(~mask, float("-inf"))
+                    allowed[row] = mask
+            logits = raw.masked_fill(~allowed, float("-inf"))
         if any(i.params.uses_penalties for i in infos):
             logits = cls._apply_penalties(logits.clone(), infos)
         if any(i.params.logit_bias for i in infos):
@@ -140,6 +141,9 @@ class Sampler:
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, infos: list[SamplingInfo]) -> torch.Tensor:
         vocab = logits.shape[-1]
+        if all(not i.params.top_k and i.params.top_p >= 1.0 and not i.params.min_p
+               for i in infos):  # nothing to filter: no sort over the vocabulary
+            return logits.softmax(dim=-1)
         top_k = torch.tensor([i.params.top_k or vocab for i in infos])
         top_p = torch.tensor([i.params.top_p for i in infos])
         min_p = torch.tensor([i.params.min_p for i in infos])
