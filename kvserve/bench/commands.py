@@ -421,9 +421,11 @@ def cmd_structured(args: argparse.Namespace) -> int:
                                           "max_tokens": args.max_tokens, "rounds": args.rounds})
     result = run_structured_bench(args.model, args.num_prompts, args.max_tokens, args.rounds)
     print(report.format_table(
-        ["unconstrained tok/s", "json_schema tok/s", "ratio", "mask us/token", "mask share"],
+        ["unconstrained tok/s", "json_schema tok/s", "ratio", "mask us/token", "mask share",
+         "waited share"],
         [(result["plain_tok_s"], result["constrained_tok_s"], result["ratio"],
-          result["mask_us_per_token"] or 0.0, result["mask_share_of_run"] or 0.0)]))
+          result["mask_us_per_token"] or 0.0, result["mask_share_of_run"] or 0.0,
+          result["mask_wait_share_of_run"] or 0.0)]))
     if args.json:
         out = {"machine": info, "model": model_dir.name, "result": result}
         print(f"wrote {report.write_json(args.json, out)}")

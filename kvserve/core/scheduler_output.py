@@ -62,8 +62,9 @@ class SchedulerOutput:
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # swap / disk, before copies
     finished_ids: list[str] = field(default_factory=list)  # runner may drop their state
     stats: SchedulerStats | None = None
-    # structured outputs: request id -> allowed tokens [its sampling rows, vocab] (bool)
-    token_masks: dict[str, Any] = field(default_factory=dict)
+    # structured outputs: request id -> allowed tokens [its sampling rows, vocab] (bool),
+    # or a Future of that dict (computed while the model runs)
+    token_masks: Any = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

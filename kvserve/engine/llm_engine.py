@@ -237,7 +237,8 @@ class LLMEngine:
                 self.structured.cut_drafts(self.scheduler.running)
         sched = self.scheduler.schedule()
         if constrained:
-            sched = dataclasses.replace(sched, token_masks=self.structured.masks(sched))
+            sched = dataclasses.replace(
+                sched, token_masks=self.structured.masks_in_background(sched))
         self.last_step_stats = sched.stats if sched.scheduled else None
         try:
             step = self.worker.execute_model(sched)

@@ -11,6 +11,7 @@ matcher stays valid.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ class StructuredOutputManager:
         self._matchers: dict[str, object] = {}
         self.mask_seconds = 0.0  # cumulative time computing masks, and how many rows
         self.masked_rows = 0
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def backend(self) -> GuidanceBackend:
@@ -61,6 +63,13 @@ class StructuredOutputManager:
             if ok:
                 m.rollback(ok)
             req.draft_token_ids = req.draft_token_ids[:ok]
+
+    def masks_in_background(self, out: SchedulerOutput) -> Future:
+        """:meth:`masks` on a helper thread: the worker runs the model meanwhile and
+        waits for them only when it samples (llguidance releases the GIL)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvserve-grammar")
+        return self._pool.submit(self.masks, out)
 
     def masks(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
         """Allowed tokens [rows, vocab] for each constrained request that samples: one

@@ -5,6 +5,7 @@ may use; what to choose is the worker's business (:mod:`kvserve.worker.cpu_worke
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -48,6 +49,7 @@ class ModelRunner:
                      if layout.disk_slots else None)
         self.mover = TierMover(self.caches, self.swap, self.disk)
         self.native_attention = attention_kernels
+        self.mask_wait_seconds = 0.0  # sampling waited this long for grammar masks
 
     @torch.inference_mode()
     def warm_up(self, num_tokens: int, max_prompt_len: int = 512) -> int:
@@ -121,6 +123,11 @@ class ModelRunner:
         inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
                               self.native_attention)
         logits = self._forward(inputs)
+        token_masks = out.token_masks
+        if hasattr(token_masks, "result"):  # computed while the model ran
+            start = time.perf_counter()
+            token_masks = token_masks.result()
+            self.mask_wait_seconds += time.perf_counter() - start
         num_sample = len(inputs.sample_rows)
         if inputs.prompt_spans:
             result.prompt_logprobs = self._prompt_logprobs(logits[num_sample:], inputs)
@@ -129,7 +136,7 @@ class ModelRunner:
         logits = logits[:num_sample]
         ids = [s.request_id for s in inputs.sample_order]
         infos = [s.sampling for s in inputs.sample_order]
-        masks = [out.token_masks.get(rid) for rid in ids] if out.token_masks else None
+        masks = [token_masks.get(rid) for rid in ids] if token_masks else None
         if inputs.num_draft_rows:
             drafts = [s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
                       for s in inputs.sample_order]
