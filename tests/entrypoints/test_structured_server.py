@@ -62,3 +62,12 @@ def test_bad_constraints_are_400s_and_the_server_goes_on(server, client, body, m
                    json={"prompt": "x", "max_tokens": 5, **body})
     assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices
+
+
+def test_streamed_constrained_chat_matches_the_whole_answer(client):
+    kwargs = dict(model=MODEL, messages=MSG, max_tokens=40, temperature=0,
+                  extra_body={"guided_json": SCHEMA})
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(stream=True, **kwargs) if c.choices)
+    assert streamed == whole and whole.startswith("{")
