@@ -55,12 +55,23 @@ class Sampler:
         (a copy where any applies, ``raw`` itself otherwise). The one place rows are
         processed, for the sampler and the draft verifier alike."""
         logits = raw
+        allowed = None
         if masks is not None and any(m is not None for m in masks):
             allowed = torch.ones(raw.shape, dtype=torch.bool)
             for row, mask in enumerate(masks):
                 if mask is not None:
                     allowed[row] = mask
             logits = raw.masked_fill(~allowed, float("-inf"))
+        logits = cls._process_unmasked(raw, logits, infos)
+        if allowed is not None:  # the grammar wins where the rest would leave no token
+            dead = torch.isneginf(logits).all(dim=-1)
+            if bool(dead.any()):
+                logits[dead] = raw[dead].masked_fill(~allowed[dead], float("-inf"))
+        return logits
+
+    @classmethod
+    def _process_unmasked(cls, raw: torch.Tensor, logits: torch.Tensor,
+                          infos: list[SamplingInfo]) -> torch.Tensor:
         if any(i.params.uses_penalties for i in infos):
             logits = cls._apply_penalties(logits.clone(), infos)
         if any(i.params.logit_bias for i in infos):

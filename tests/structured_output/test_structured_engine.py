@@ -128,3 +128,20 @@ def test_greedy_constrained_output_is_unchanged_by_engine_modes(llm, settings, m
     else:
         assert other.engine.scheduler.num_preemptions > 0, "no preemption: test lost its point"
     assert other.engine.kv.stats().num_used_blocks == 0 and not other.engine.structured.has_any()
+
+
+def test_a_grammar_that_allows_only_eos_beats_min_tokens_and_bad_words(llm):
+    """Other processors never leave a constrained row without a token: the grammar wins."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=3,
+                            structured_outputs=Constraint(choice=["yes", "no"]))
+    other = LLM(max_num_seqs=4)
+    outs = other.generate(["a", "b"], params, use_tqdm=False)
+    for out in outs:
+        assert out.outputs[0].text in ("yes", "no") and out.outputs[0].finish_reason == "stop"
+    tok = other.get_tokenizer()
+    banned = SamplingParams(temperature=0.0, max_tokens=8, bad_words_token_ids=[
+        tok.encode(w, add_special_tokens=False) for w in ("yes", "no")],
+        structured_outputs=Constraint(choice=["yes", "no"]))
+    text = other.generate("a", banned, use_tqdm=False)[0].outputs[0].text
+    assert text in ("yes", "no")
+    assert other.engine.kv.stats().num_used_blocks == 0
