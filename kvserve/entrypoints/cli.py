@@ -68,6 +68,9 @@ def _add_serve(subparsers) -> None:
                         "aborting them (default: 30)")
     p.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per HTTP request")
+    from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
+    p.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSERS.names(),
+                   help="how the model writes tool calls (default: hermes)")
     EngineArgs.add_cli_args(p, skip=("model",))
     p.set_defaults(func=_serve)
 

@@ -62,15 +62,23 @@ class Tokenizer:
                       ) -> "StreamDecoder":
         return StreamDecoder(self._tok, prefix_ids, skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template shows the model its tools."""
+        return bool(self.chat_template) and "tools" in self.chat_template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template (tokenizer_config.json "
                              "'chat_template' or chat_template.jinja); use a completion prompt")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(
+            value, ensure_ascii=False, indent=indent)  # as transformers: no HTML escaping
         try:
             return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
                 bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except TemplateError as e:
             raise ValueError(f"chat template failed: {e}") from e

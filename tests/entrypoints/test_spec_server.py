@@ -52,3 +52,19 @@ def test_completions_match_plain_decoding_and_metrics_count_drafts(spec_server):
     while "SpecDecoding metrics: Mean acceptance length" not in spec_server.log():
         assert time.monotonic() < deadline, spec_server.log()[-2000:]
         time.sleep(0.2)
+
+
+def test_auto_tool_choice_on_a_template_that_shows_tools(spec_server):
+    """The embedded model's template lists the tools; under `auto` the answer is text or a
+    parsed call, never an error."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+    with openai.OpenAI(base_url=f"{spec_server.url}/v1", api_key="x", max_retries=0) as c:
+        out = c.chat.completions.create(model="kvserve-default", tools=tools, max_tokens=30,
+                                        temperature=0, messages=[
+                                            {"role": "user", "content": "find the docs"}])
+    choice = out.choices[0]
+    if choice.finish_reason == "tool_calls":
+        assert choice.message.tool_calls[0].function.name == "lookup"
+    else:
+        assert choice.message.content is not None and not choice.message.tool_calls

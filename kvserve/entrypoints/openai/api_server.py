@@ -80,9 +80,12 @@ def _endpoint(fn):
 
 def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None,
               max_waiting: int = DEFAULT_MAX_WAITING,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              tool_call_parser: str = "hermes") -> FastAPI:
     from kvserve import __version__
-    ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes)
+    from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
+    ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes,
+                        TOOL_PARSERS[tool_call_parser]())
     tok = engine.tokenizer
     vocab = max(tok.vocab_size, engine.vocab_size)
 
@@ -220,7 +223,8 @@ def run_server(args: argparse.Namespace) -> int:
     metrics = ServerMetrics(name)
     engine = AsyncLLMEngine.from_engine_args(engine_args, metrics, args.log_stats_interval)
     app = build_app(engine, name, api_key=api_key, max_waiting=args.max_waiting,
-                    max_body_bytes=args.max_body_bytes)
+                    max_body_bytes=args.max_body_bytes,
+                    tool_call_parser=getattr(args, "tool_call_parser", "hermes"))
     hint = _usage_hint(args.host, args.port, name, bool(api_key))
 
     timeout = args.shutdown_timeout

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from kvserve.engine.async_engine import AsyncLLMEngine
 from kvserve.entrypoints.openai.errors import APIError
@@ -20,6 +21,7 @@ class ServerContext:
     model_name: str
     max_waiting: int
     max_body_bytes: int
+    tool_parser: Any = None  # a tool_parsers.ToolParser
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -59,9 +59,6 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 # OpenAI and vLLM request fields this server knows but does not implement: refused with
 # the reason, so that a client never gets an answer that silently ignored them
 UNSUPPORTED_FIELDS = {
-    "tools": "tool calling is not implemented yet",
-    "tool_choice": "tool calling is not implemented yet",
-    "parallel_tool_calls": "tool calling is not implemented yet",
     "functions": "function calling is not implemented",
     "function_call": "function calling is not implemented",
     "prompt_logprobs": "prompt logprobs are served by /v1/completions only",

@@ -16,7 +16,9 @@ from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,
                                                  ChatCompletionResponse, ChatMessage,
                                                  ChatResponseMessage, ChatStreamChoice,
                                                  ChatTokenLogprob, ChatTopLogprob,
-                                                 DeltaMessage, UsageInfo)
+                                                 DeltaMessage, DeltaToolCall,
+                                                 ResponseFunctionCall, ResponseToolCall,
+                                                 UsageInfo)
 from kvserve.entrypoints.openai.context import ServerContext, random_id
 from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
@@ -25,6 +27,8 @@ from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_para
 from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
+from kvserve.entrypoints.openai.tools import conversation, extract_calls, forced_call, \
+    plan_tools
 from kvserve.model.token_text import TokenTexts
 from kvserve.logger import init_logger
 
@@ -33,13 +37,14 @@ _LONG_TEXT = 4096
 
 
 async def render_chat(ctx: ServerContext, messages: list[ChatMessage],
-                      add_generation_prompt: bool) -> tuple[str, list[int]]:
+                      add_generation_prompt: bool, tools: list[dict] | None = None
+                      ) -> tuple[str, list[int]]:
     """Chat template -> (text, token ids), as LLM.chat does."""
     tok = ctx.engine.tokenizer
-    conversation = [{"role": m.role, "content": m.text(),
-                     **({"name": m.name} if m.name else {})} for m in messages]
     try:
-        text = tok.apply_chat_template(conversation, add_generation_prompt)
+        text = tok.apply_chat_template(conversation(messages), add_generation_prompt,
+                                       [{"type": "function", "function": f} for f in tools]
+                                       if tools else None)
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
     if len(text) > _LONG_TEXT:
@@ -71,20 +76,31 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
         raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
-    text, ids = await render_chat(ctx, req.messages, req.add_generation_prompt)
+    plan = plan_tools(req, ctx.engine.tokenizer)
+    forced = forced_call(plan, ctx.tool_parser)
+    if forced is not None and req.response_format is not None:
+        raise bad_request("a forced tool call and response_format cannot be combined",
+                          "response_format")
+    text, ids = await render_chat(ctx, req.messages, req.add_generation_prompt,
+                                  plan.functions if plan else None)
     if req.truncate_prompt_tokens is not None:
         ids = truncate_prompt(ids, req.truncate_prompt_tokens, ctx.engine.max_model_len)
         text = ctx.engine.tokenizer.decode(ids)
     max_tokens = req.max_completion_tokens or req.max_tokens  # None: up to max_model_len
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = make_sampling_params(req, max_tokens, logprobs, ctx.engine.tokenizer)
+    if forced is not None:
+        if params.structured_outputs is not None:
+            raise bad_request("a forced tool call and another output constraint cannot be "
+                              "combined", "tool_choice")
+        params.structured_outputs = forced
     check_prompt(ctx, ids, params)
     ctx.check_capacity(req.n)
     request_id = random_id("chatcmpl")
     streams = await add_all(ctx, request_id, [{"prompt": text, "prompt_token_ids": ids}],
                             [params], req.priority, arrival)
     if req.stream:
-        gen = _stream(ctx, req, request_id, streams, hold_back(params))
+        gen = _stream(ctx, req, request_id, streams, hold_back(params), plan)
         return SSEResponse(gen, ctx.engine, streams)
     try:
         finals = await unless_disconnected(request, final_outputs(ctx.engine, streams))
@@ -102,9 +118,13 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
         if req.logprobs:
             lp = ChatChoiceLogprobs(content=chat_logprobs(o.token_ids, o.logprobs or [], texts,
                                                           req.top_logprobs or 0))
-        choices.append(ChatChoice(index=o.index, message=ChatResponseMessage(content=o.text),
-                                  logprobs=lp, finish_reason=o.finish_reason,
-                                  stop_reason=o.stop_reason))
+        content, calls = extract_calls(plan, ctx.tool_parser, o.text)
+        message = ChatResponseMessage(content=content, tool_calls=[
+            ResponseToolCall(id=cid, function=ResponseFunctionCall(name=name, arguments=args))
+            for cid, name, args in calls])
+        reason = "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
+        choices.append(ChatChoice(index=o.index, message=message, logprobs=lp,
+                                  finish_reason=reason, stop_reason=o.stop_reason))
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
     body = ChatCompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
                                   usage=usage)
@@ -112,7 +132,9 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
 
 
 async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: str, streams,
-                  hold: int) -> AsyncIterator[str]:
+                  hold: int, plan=None) -> AsyncIterator[str]:
+    """Server-sent chunks. With tools in play the answer may be a call, so each choice is
+    held until it finishes and then sent as content or as ``delta.tool_calls``."""
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -136,6 +158,11 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
                 if state.done:
                     continue
                 text, ids, lps = state.advance(o)
+                if plan is not None:
+                    if not state.done:
+                        continue
+                    yield _final_tool_chunk(chunk, ctx, plan, o)
+                    continue
                 if state.nothing_to_send(text, ids):
                     continue
                 logprobs = None
@@ -164,3 +191,14 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
     finally:
         ctx.engine.abort([s.request_id for s in streams])
     yield SSE_DONE
+
+
+def _final_tool_chunk(chunk, ctx: ServerContext, plan, o) -> str:
+    """A finished choice's whole answer: its tool calls, or its text."""
+    content, calls = extract_calls(plan, ctx.tool_parser, o.text)
+    delta = DeltaMessage(content=content, tool_calls=[
+        DeltaToolCall(index=i, id=cid, function=ResponseFunctionCall(name=name, arguments=a))
+        for i, (cid, name, a) in enumerate(calls)] or None)
+    reason = "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
+    return chunk([ChatStreamChoice(index=o.index, delta=delta, finish_reason=reason,
+                                   stop_reason=o.stop_reason)])
