@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install serve test clean
+.PHONY: install serve test test-slow clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ serve: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+test-slow: install  # the long fuzzing run; CI runs it after `make test`
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -34,6 +34,7 @@ from kvserve.entrypoints.openai.protocol import (DetokenizeRequest, ModelCard, M
 from kvserve.entrypoints.openai.serving_chat import create_chat_completion, render_chat
 from kvserve.entrypoints.openai.serving_completions import create_completion
 from kvserve.entrypoints.openai.context import ServerContext
+from kvserve.entrypoints.openai.openapi import build_openapi
 from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.logger import init_logger
 
@@ -78,6 +79,17 @@ def _endpoint(fn):
     return wrapper
 
 
+def _allowed(app: FastAPI, path: str) -> str:
+    from starlette.routing import Match
+
+    methods = set()
+    for r in app.router.routes:
+        match, _ = r.matches({"type": "http", "path": path, "method": "GET"})
+        if match != Match.NONE and getattr(r, "methods", None):
+            methods |= set(r.methods)
+    return ", ".join(sorted(methods))
+
+
 def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None,
               max_waiting: int = DEFAULT_MAX_WAITING,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -97,12 +109,18 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
 
     app = FastAPI(title="kvserve", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
+    document = build_openapi(__version__, protected=bool(api_key))
+    app.openapi = lambda: document
     if api_key:
         app.add_middleware(_APIKeyMiddleware, api_key=api_key)
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return http_status_error(exc.status_code, None if exc.status_code in (404, 405)
-                                 else str(exc.detail)).response()
+        response = http_status_error(exc.status_code, None if exc.status_code in (404, 405)
+                                     else str(exc.detail)).response()
+        if exc.status_code == 405:  # RFC 9110: name the methods the route has
+            response.headers["Allow"] = (exc.headers or {}).get("Allow") or _allowed(
+                app, request.url.path)
+        return response
     app.add_exception_handler(StarletteHTTPException, on_http_error)
 
     def route(path: str, method: str):
