@@ -60,3 +60,17 @@ def test_chat_prompt_logprobs_refused_naming_where_it_is(server):
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=30, json={
         "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1})
     assert r.status_code == 400 and "/v1/completions" in r.json()["error"]["message"]
+
+
+def test_chat_top_logprobs_20_match_transformers(client, server, llama_dir):
+    from tests.helpers import hf_logprobs
+    messages = [{"role": "user", "content": "hello there"}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3,
+                                         temperature=0, logprobs=True, top_logprobs=20)
+    content = out.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(t.top_logprobs) == 20 for t in content)
+    prompt = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()["tokens"]
+    first = hf_logprobs(llama_dir, prompt, [0])[0]  # the first step's distribution
+    top = first.topk(20).values.tolist()
+    assert [t.logprob for t in content[0].top_logprobs] == pytest.approx(top, abs=1e-4)
+    assert content[0].logprob == pytest.approx(top[0], abs=1e-4)  # greedy: the best one
