@@ -12,7 +12,7 @@ from typing import Any
 
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
-from kvserve.bench import commands, memory, spec
+from kvserve.bench import commands, decoding_commands, memory, spec
 from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
 
 __all__ = ["add_bench_parser", "main"]
@@ -153,7 +153,7 @@ def _add_spec(sub: Any) -> None:
     add_workload_args(p)
     add_engine_args(p)
     add_output_args(p, plot=False)
-    p.set_defaults(func=commands.cmd_spec)
+    p.set_defaults(func=decoding_commands.cmd_spec)
 
 
 def _add_structured(sub: Any) -> None:
@@ -165,7 +165,7 @@ def _add_structured(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (64)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
     add_output_args(p, plot=False)
-    p.set_defaults(func=commands.cmd_structured)
+    p.set_defaults(func=decoding_commands.cmd_structured)
 
 
 def add_bench_parser(subparsers: Any) -> None:

@@ -36,24 +36,13 @@ from typing import AsyncIterator
 
 from kvserve.config import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine, PromptType
+from kvserve.engine.streams import EngineDeadError, RequestStream
 from kvserve.logger import init_logger
 from kvserve.metrics import EngineSnapshot, ServerMetrics, StatsRecorder
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
-
-
-class EngineRequestError(RuntimeError):
-    """The request failed inside the engine (500) or was aborted by the server (503)."""
-
-    def __init__(self, message: str, status: int = 500) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop is not running (shut down or crashed)."""
 
 
 @dataclass
@@ -69,37 +58,6 @@ class _Add:
 @dataclass
 class _Abort:
     request_ids: list[str]
-
-
-class RequestStream:
-    """The outputs of one request, read on the event loop. Keeps only the latest."""
-
-    __slots__ = ("request_id", "finished", "_latest", "_error", "_status", "_event")
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.finished = False
-        self._latest: RequestOutput | None = None
-        self._error: str | None = None
-        self._status = 500
-        self._event = asyncio.Event()
-
-    def put(self, out: RequestOutput) -> None:
-        self._latest = out
-        self._event.set()
-
-    def fail(self, message: str, status: int = 500) -> None:
-        self._error, self._status = message, status
-        self._event.set()
-
-    async def get(self) -> RequestOutput:
-        await self._event.wait()
-        if self._latest is None:
-            raise EngineRequestError(self._error or "request failed", self._status)
-        out, self._latest = self._latest, None
-        if self._error is None:
-            self._event.clear()
-        return out
 
 
 def _spec_fields(spec) -> dict:

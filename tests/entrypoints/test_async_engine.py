@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from kvserve.config import EngineArgs
-from kvserve.engine.async_engine import AsyncLLMEngine, EngineRequestError
+from kvserve.engine.async_engine import AsyncLLMEngine
+from kvserve.engine.streams import EngineRequestError
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.entrypoints.openai.api_server import build_app
 from kvserve.metrics import ServerMetrics

@@ -51,3 +51,10 @@ def test_tokenize_returns_token_strings_when_asked(server):
     assert len(r["token_strs"]) == len(r["tokens"]) and all(r["token_strs"])
     plain = httpx.post(f"{server.url}/tokenize", json={"prompt": "hello world"}).json()
     assert plain["token_strs"] is None
+
+
+def test_truncating_a_prompt_of_invalid_token_ids_is_a_400(server):
+    """Found by fuzzing: the cut prompt was decoded before its ids were checked (500)."""
+    r = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
+        "prompt": [-283, 53874, -1547], "truncate_prompt_tokens": 2})
+    assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]

@@ -8,7 +8,7 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kvserve.engine.async_engine import EngineRequestError
+from kvserve.engine.streams import EngineRequestError
 from kvserve.entrypoints.openai.errors import (APIError, bad_request, engine_error,
                                                internal_error)
 from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,

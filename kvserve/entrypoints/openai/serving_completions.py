@@ -8,7 +8,7 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kvserve.engine.async_engine import EngineRequestError
+from kvserve.engine.streams import EngineRequestError
 from kvserve.entrypoints.openai.errors import (APIError, bad_request, engine_error,
                                                internal_error)
 from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
@@ -95,9 +95,11 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
                           "stream", "max_tokens")
     prompts = await _tokenize_prompts(ctx, req.prompt)
     if req.truncate_prompt_tokens is not None:
-        tok, limit = ctx.engine.tokenizer, ctx.engine.max_model_len
-        prompts = [(tok.decode(cut), cut) for cut in (
-            truncate_prompt(ids, req.truncate_prompt_tokens, limit) for _, ids in prompts)]
+        tok, limit, vocab = ctx.engine.tokenizer, ctx.engine.max_model_len, ctx.engine.vocab_size
+        cuts = [truncate_prompt(ids, req.truncate_prompt_tokens, limit) for _, ids in prompts]
+        # ids outside the vocabulary are not decoded: the prompt check refuses them below
+        prompts = [(tok.decode(cut) if all(0 <= t < vocab for t in cut) else None, cut)
+                   for cut in cuts]
     want_prompt = req.prompt_logprobs is not None or (req.echo and req.logprobs is not None)
     num_top = max(req.prompt_logprobs or 0, req.logprobs or 0) if want_prompt else None
     params = []

@@ -8,7 +8,8 @@ from typing import AsyncIterator
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 
-from kvserve.engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
+from kvserve.engine.async_engine import AsyncLLMEngine
+from kvserve.engine.streams import EngineDeadError, RequestStream
 from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.entrypoints.openai.errors import APIError, from_value_error
 from kvserve.entrypoints.openai.sampling import SAMPLING_FIELDS
