@@ -133,7 +133,7 @@ def test_chat_streaming_with_usage(server, client):
 
 
 def test_raw_sse_ends_with_done(server):
-    body = {"model": MODEL, "prompt": "x = ", "max_tokens": 3, "stream": True}
+    body = {"model": MODEL, "prompt": "x = ", "max_tokens": 3, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line]
