@@ -20,7 +20,8 @@ running requests until it fits.
 
 The scheduler owns each request's lifecycle: it alone decides that a request is finished
 and why (:meth:`Scheduler.update` for a stop, :meth:`Scheduler.finish_request` for the
-rest). Each :meth:`Scheduler.schedule` attaches a :class:`SchedulerStats` to its output.
+rest). Each :meth:`Scheduler.schedule` that runs something attaches a
+:class:`SchedulerStats` to its output.
 """
 from __future__ import annotations
 
@@ -162,8 +163,9 @@ class Scheduler:
                 budget -= num_new
                 prefill += num_new
 
-        stats = self.stats(sum(len(s.token_ids) for s in scheduled))
-        if scheduled and logger.isEnabledFor(logging.DEBUG):
+        # taken only for steps that run something (a KV snapshot walks every table)
+        stats = self.stats(sum(len(s.token_ids) for s in scheduled)) if scheduled else None
+        if stats is not None and logger.isEnabledFor(logging.DEBUG):
             self._log_step(stats)
         finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(scheduled=scheduled, preempted=preempted,

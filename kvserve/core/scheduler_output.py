@@ -61,7 +61,7 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # done before the step
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # swap / disk, before copies
     finished_ids: list[str] = field(default_factory=list)  # runner may drop their state
-    stats: SchedulerStats | None = None
+    stats: SchedulerStats | None = None  # set when the step runs something
     # structured outputs: request id -> allowed tokens [its sampling rows, vocab] (bool),
     # or a Future of that dict (computed while the model runs)
     token_masks: Any = field(default_factory=dict)

@@ -239,7 +239,7 @@ class LLMEngine:
         if constrained:
             sched = dataclasses.replace(
                 sched, token_masks=self.structured.masks_in_background(sched))
-        self.last_step_stats = sched.stats if sched.scheduled else None
+        self.last_step_stats = sched.stats
         try:
             step = self.worker.execute_model(sched)
         except Exception:  # a failing step fails its requests, not the engine

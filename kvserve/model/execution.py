@@ -21,8 +21,6 @@ class ExecutionMode:
     linear_min_rows: int = 1       # packed GEMMs of fewer rows run padded to this many
 
 
-TORCH_ONLY = ExecutionMode()
-
 
 def configure_layers(model: nn.Module, mode: ExecutionMode) -> int:
     """Apply ``mode`` to every layer of ``model`` (itself included) that has a

@@ -47,9 +47,6 @@ class StructuredOutputManager:
         for rid in request_ids:
             self._matchers.pop(rid, None)
 
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._matchers
-
     def has_any(self) -> bool:
         return bool(self._matchers)
 

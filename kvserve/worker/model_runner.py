@@ -5,6 +5,7 @@ may use; what to choose is the worker's business (:mod:`kvserve.worker.cpu_worke
 """
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -81,9 +82,6 @@ class ModelRunner:
         """Median seconds of a step of ``rows`` rows that all give logits (a request
         verifying ``rows - 1`` drafts after ``context`` tokens), for each row count the
         pool has room for; the rows' K/V go to blocks no request holds yet."""
-        import statistics
-        import time
-
         bs, num_blocks = self.block_size, self.caches[0].k.shape[0]
         info = SamplingInfo(SamplingParams(), (), (), None)
         times = {}

@@ -79,17 +79,6 @@ def _endpoint(fn):
     return wrapper
 
 
-def _allowed(app: FastAPI, path: str) -> str:
-    from starlette.routing import Match
-
-    methods = set()
-    for r in app.router.routes:
-        match, _ = r.matches({"type": "http", "path": path, "method": "GET"})
-        if match != Match.NONE and getattr(r, "methods", None):
-            methods |= set(r.methods)
-    return ", ".join(sorted(methods))
-
-
 def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None,
               max_waiting: int = DEFAULT_MAX_WAITING,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -117,9 +106,8 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         response = http_status_error(exc.status_code, None if exc.status_code in (404, 405)
                                      else str(exc.detail)).response()
-        if exc.status_code == 405:  # RFC 9110: name the methods the route has
-            response.headers["Allow"] = (exc.headers or {}).get("Allow") or _allowed(
-                app, request.url.path)
+        if exc.headers:  # a 405's Allow (RFC 9110: name the methods the route has)
+            response.headers.update(exc.headers)
         return response
     app.add_exception_handler(StarletteHTTPException, on_http_error)
 
