@@ -6,7 +6,10 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install serve test test-slow clean
+.PHONY: install system-deps serve test test-slow clean
+
+# Debian tools the tests drive: promtool and a real Prometheus, a headless browser
+SYSTEM_TOOLS := promtool:prometheus prometheus:prometheus chromium:chromium
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -20,16 +23,24 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 
 install: $(VENV)/.installed
 
+system-deps:  # root installs what is missing; others get told what the tests will skip
+	@missing=""; for pair in $(SYSTEM_TOOLS); do \
+	  command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "kvserve: not root, so tests needing$$missing will be skipped"; fi; fi
+
 serve: install
 	@echo "kvserve: starting the OpenAI-compatible server on http://127.0.0.1:8000 (Ctrl-C stops it). Once it is up:"
 	@echo "  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\": \"def fibonacci(n):\", \"max_tokens\": 32, \"temperature\": 0}'"
 	@echo "  or any OpenAI client with base_url=http://127.0.0.1:8000/v1 (model: kvserve-default)"
 	$(BIN)/kvserve serve --host 127.0.0.1 --port 8000
 
-test: install
+test: install system-deps
 	$(BIN)/python -m pytest -q
 
-test-slow: install  # the long fuzzing run; CI runs it after `make test`
+test-slow: install system-deps  # fuzzing, a real Prometheus; CI runs it after `make test`
 	$(BIN)/python -m pytest -q -m slow
 
 clean:

@@ -109,6 +109,9 @@ class EngineArgs:
         "CPUs the compute threads are bound to, one each, as vLLM's "
         "VLLM_CPU_OMP_THREADS_BIND: auto (one CPU per physical core), nobind, or a list "
         "such as 0-3 or 0,2"))
+    step_profile_interval: int = field(default=16, metadata=_help(
+        "time one step in this many by part (linear layers, attention, other) for the "
+        "metrics and the dashboard; the other steps run unhooked; 0: off"))
 
     speculative_config: dict | str | None = field(default=None, metadata=_help(
         "speculative decoding, as vLLM's (JSON on the command line), e.g. "
@@ -150,7 +153,8 @@ class EngineArgs:
         return WorkerConfig(
             attention_backend=self.attention_backend, linear_min_rows=self.linear_min_rows,
             gemm_warmup_rows=warmup_rows, num_threads=self.num_threads,
-            omp_threads_bind=self.omp_threads_bind)
+            omp_threads_bind=self.omp_threads_bind,
+            step_profile_interval=self.step_profile_interval)
 
     def create_engine_config(self) -> EngineConfig:
         """The validated parts; reads the model directory's config.json."""

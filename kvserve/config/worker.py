@@ -18,6 +18,7 @@ class WorkerConfig:
     gemm_warmup_rows: int | None = None   # None: max_num_seqs; 0: off
     num_threads: int | None = None        # None: physical cores
     omp_threads_bind: str = "auto"        # auto | nobind | a CPU list
+    step_profile_interval: int = 16       # one step in N timed by part; 0: off
 
     def __post_init__(self) -> None:
         choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
@@ -29,6 +30,7 @@ class WorkerConfig:
         if self.gemm_warmup_rows is not None:
             non_negative_int("gemm_warmup_rows", self.gemm_warmup_rows, "off")
         optional_positive_int("num_threads", self.num_threads)
+        non_negative_int("step_profile_interval", self.step_profile_interval, "off")
         if self.omp_threads_bind not in ("auto", "nobind"):
             parse_cpu_list(self.omp_threads_bind)
 

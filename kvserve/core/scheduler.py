@@ -115,10 +115,14 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
-    def stats(self, num_scheduled_tokens: int = 0) -> SchedulerStats:
+    def stats(self, scheduled: list[ScheduledRequest] = (),
+              preempted: list[str] = ()) -> SchedulerStats:
+        decodes = sum(1 for s in scheduled
+                      if s.sampling is not None and len(s.token_ids) == s.num_draft_tokens + 1)
         return SchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
                               num_preemptions=self.num_preemptions, kv=self.kv.stats(),
-                              num_scheduled_tokens=num_scheduled_tokens)
+                              num_scheduled_tokens=sum(len(s.token_ids) for s in scheduled),
+                              num_decode_requests=decodes, preempted=tuple(preempted))
 
     # -- one step ----------------------------------------------------------------------
 
@@ -164,7 +168,7 @@ class Scheduler:
                 prefill += num_new
 
         # taken only for steps that run something (a KV snapshot walks every table)
-        stats = self.stats(sum(len(s.token_ids) for s in scheduled)) if scheduled else None
+        stats = self.stats(scheduled, preempted) if scheduled else None
         if stats is not None and logger.isEnabledFor(logging.DEBUG):
             self._log_step(stats)
         finished, self._finished_ids = self._finished_ids, []

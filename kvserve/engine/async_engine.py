@@ -34,11 +34,11 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from kvserve.config import EngineArgs
+from kvserve.config import EngineArgs, ObservabilityConfig
 from kvserve.engine.llm_engine import LLMEngine, PromptType
 from kvserve.engine.streams import EngineDeadError, RequestStream
 from kvserve.logger import init_logger
-from kvserve.metrics import EngineSnapshot, ServerMetrics, StatsRecorder
+from kvserve.metrics import EngineSnapshot, StatsRecorder, create_recorder
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
@@ -53,19 +53,12 @@ class _Add:
     priority: int
     arrival_time: float
     future: asyncio.Future
+    trace_headers: dict | None = None
 
 
 @dataclass
 class _Abort:
     request_ids: list[str]
-
-
-def _spec_fields(spec) -> dict:
-    if spec is None:
-        return {}
-    return {"spec_drafts": spec.num_drafts, "spec_draft_tokens": spec.num_draft_tokens,
-            "spec_accepted_tokens": spec.num_accepted_tokens,
-            "spec_accepted_per_pos": tuple(spec.accepted_per_position)}
 
 
 def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
@@ -74,18 +67,18 @@ def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None,
-                 log_stats_interval: float = 10.0) -> None:
+    def __init__(self, engine: LLMEngine, recorder: StatsRecorder | None = None) -> None:
+        """``recorder``: what observes the engine (metrics, live stats, traces); its
+        methods run on the engine thread."""
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
-        self.metrics = metrics
-        if metrics is not None:
-            metrics.publish_cache_config(engine.cache_config_info())
         self.snapshot = EngineSnapshot()
-        self._stats = StatsRecorder(metrics, log_stats_interval)
-        self._idle_wait = min(log_stats_interval, 1.0) if log_stats_interval > 0 else 1.0
+        self._stats = recorder or StatsRecorder(None, log_interval=0)
+        self.metrics, self.live = self._stats.metrics, self._stats.live
+        interval = self._stats.log_interval
+        self._idle_wait = min(interval, 1.0) if interval > 0 else 1.0
         self._cv = threading.Condition()
         self._cmds: list[_Add | _Abort] = []
         self._stop = False
@@ -98,9 +91,10 @@ class AsyncLLMEngine:
         self._go = threading.Event()  # start() was called: a waiting engine thread may run
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs, metrics: ServerMetrics | None = None,
-                         log_stats_interval: float = 10.0) -> "AsyncLLMEngine":
-        """Build the LLMEngine on the engine thread; it then waits for :meth:`start`.
+    def from_engine_args(cls, args: EngineArgs,
+                         observability: ObservabilityConfig | None = None) -> "AsyncLLMEngine":
+        """Build the LLMEngine (and the recorder ``observability`` asks for) on the
+        engine thread; it then waits for :meth:`start`.
 
         Blocks until the model is loaded and re-raises whatever loading raised.
         """
@@ -108,7 +102,9 @@ class AsyncLLMEngine:
 
         def boot() -> None:
             try:
-                made.set_result(cls(LLMEngine(args), metrics, log_stats_interval))
+                engine = LLMEngine(args)
+                recorder = create_recorder(observability, engine) if observability else None
+                made.set_result(cls(engine, recorder))
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 made.set_exception(e)
                 return
@@ -145,6 +141,8 @@ class AsyncLLMEngine:
         if self._thread is not None and self._thread.is_alive():
             await asyncio.to_thread(self._thread.join, timeout)
         self._fail_streams(list(self._streams), "the server is shutting down", 503)
+        if self._stats.tracer is not None:
+            self._stats.tracer.shutdown()  # sends the spans still batched
 
     # -- requests (event loop) -----------------------------------------------------------
 
@@ -158,9 +156,10 @@ class AsyncLLMEngine:
         return len(self._streams)
 
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                          priority: int = 0, arrival_time: float | None = None
-                          ) -> RequestStream:
-        """Queue a request; raises ValueError (bad prompt / params) as the engine does."""
+                          priority: int = 0, arrival_time: float | None = None,
+                          trace_headers: dict | None = None) -> RequestStream:
+        """Queue a request; raises ValueError (bad prompt / params) as the engine does.
+        ``trace_headers``: the caller's W3C trace context (traceparent), for its span."""
         if not self.is_running:
             raise EngineDeadError(self.dead_error or "the engine is not running")
         if request_id in self._streams:
@@ -169,7 +168,7 @@ class AsyncLLMEngine:
         fut = self._loop.create_future()
         self._pending_adds += 1
         self._send(_Add(request_id, prompt, params, priority,
-                        arrival_time or time.monotonic(), fut))
+                        arrival_time or time.monotonic(), fut, trace_headers))
         try:
             await fut
         except BaseException as e:
@@ -271,6 +270,7 @@ class AsyncLLMEngine:
                 if failures >= 3:
                     self.dead_error = f"the engine loop died: {type(e).__name__}: {e}"
                     self._post(self._fail_streams, list(self._live), self.dead_error)
+                    self._stats.on_state(self.snapshot, alive=False)
                     return
                 try:
                     self._abort_all("internal error in the engine loop")
@@ -321,6 +321,7 @@ class AsyncLLMEngine:
                                     arrival_time=cmd.arrival_time, priority=cmd.priority)
         except Exception as e:  # ValueError: the client's mistake; others: ours
             return cmd.future, e
+        self._stats.on_add(cmd.request_id, cmd.params, cmd.arrival_time, cmd.trace_headers)
         self._live.add(cmd.request_id)
         return cmd.future, None
 
@@ -332,7 +333,9 @@ class AsyncLLMEngine:
                              len(self._live))
             self._abort_all("internal error while running the engine step")
             return
-        self._stats.on_outputs(outputs, time.monotonic())
+        now = time.monotonic()
+        self._stats.on_step(self.engine.last_step_stats, self.engine.last_step_preempted, now)
+        self._stats.on_outputs(outputs, now)
         for out in outputs:
             if out.finished:
                 self._live.discard(out.request_id)
@@ -357,15 +360,5 @@ class AsyncLLMEngine:
             self._post(self._fail_streams, ids, message)
 
     def _publish(self) -> None:
-        stats = self.engine.get_stats()
-        sched, kv, moved = stats.scheduler, stats.scheduler.kv, stats.transfers
-        snap = EngineSnapshot(
-            num_running=sched.num_running, num_waiting=sched.num_waiting, kv_usage=kv.usage,
-            kv_utilization=kv.utilization, kv_fragmentation=kv.fragmentation,
-            num_preemptions=sched.num_preemptions,
-            prefix_hit_rate=kv.prefix_hits / kv.prefix_queries if kv.prefix_queries else None,
-            prefix_queries=kv.prefix_queries, prefix_hits=kv.prefix_hits,
-            transfer_bytes=dict(moved.bytes_moved), transfer_seconds=dict(moved.seconds),
-            **_spec_fields(stats.spec_decode))
-        self.snapshot = snap
+        self.snapshot = snap = EngineSnapshot.of(self.engine.get_stats())
         self._stats.on_state(snap)

@@ -27,6 +27,7 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.spec_decode.controller import SpecDecodeStats, create_controller
 from kvserve.structured_output.manager import StructuredOutputManager
 from kvserve.worker import KVCacheLayout, TransferStats, create_worker
+from kvserve.worker.step_profiler import StepTimeStats
 
 logger = init_logger(__name__)
 
@@ -71,6 +72,7 @@ class EngineStats:
     scheduler: SchedulerStats
     transfers: TransferStats
     spec_decode: SpecDecodeStats | None = None  # None: speculation off
+    step_time: StepTimeStats = StepTimeStats()
 
 
 class LLMEngine:
@@ -90,6 +92,7 @@ class LLMEngine:
             config.model.model_dir, config.model.arch.eos_token_ids, self.tokenizer)
         self._ids = itertools.count()
         self.last_step_stats: SchedulerStats | None = None
+        self.last_step_preempted: list[str] = []  # request ids (as added) the step preempted
         self.structured = StructuredOutputManager(
             config.model.model_dir, self.vocab_size,
             [t for t in [self.eos_token_id, *self.extra_stop_ids] if t is not None])
@@ -118,7 +121,8 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         spec = self.speculator.stats if self.speculator is not None else None
-        return EngineStats(self.scheduler.stats(), self.worker.transfer_stats(), spec)
+        return EngineStats(self.scheduler.stats(), self.worker.transfer_stats(), spec,
+                           self.worker.step_time_stats())
 
     def pin_prompts(self, path: str) -> None:
         """Compute the KV of each prompt in ``path`` and pin it in the prefix cache."""
@@ -240,6 +244,8 @@ class LLMEngine:
             sched = dataclasses.replace(
                 sched, token_masks=self.structured.masks_in_background(sched))
         self.last_step_stats = sched.stats
+        self.last_step_preempted = list(dict.fromkeys(
+            self.outputs.parent_of.get(c, c) for c in sched.preempted))
         try:
             step = self.worker.execute_model(sched)
         except Exception:  # a failing step fails its requests, not the engine

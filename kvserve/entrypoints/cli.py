@@ -63,6 +63,13 @@ def _add_serve(subparsers) -> None:
                    help="largest request body; larger ones get 413 (default: 8 MiB)")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between throughput log lines; 0 disables (default: 10)")
+    from kvserve.config.observability import METRICS_PREFIXES
+    p.add_argument("--metrics-prefix", default="kvserve", choices=METRICS_PREFIXES,
+                   help="name the Prometheus series kvserve:... or vllm:... (vLLM's own "
+                        "dashboards and alerts then read them unchanged; default: kvserve)")
+    p.add_argument("--otlp-traces-endpoint", default=None,
+                   help="send one OpenTelemetry span per request to this OTLP/HTTP "
+                        "collector, e.g. http://127.0.0.1:4318/v1/traces (default: off)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish before "
                         "aborting them (default: 30)")

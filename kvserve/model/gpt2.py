@@ -10,6 +10,8 @@ from kvserve.model.layers import Linear, activation, in_row_chunks
 
 
 class GPT2Attention(nn.Module):
+    step_part = "attention"  # for the step profiler
+
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim

@@ -22,6 +22,7 @@ class Linear(nn.Linear):
     kept because releasing it made small decode steps slower (docs/performance.md).
     """
 
+    step_part = "linear"  # for the step profiler (kvserve/worker/step_profiler.py)
     packed_weight: torch.Tensor | None = None
     min_rows: int = 1  # a packed GEMM of fewer rows runs on min_rows rows, the real ones first
     _padded: torch.Tensor | None = None

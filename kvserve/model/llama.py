@@ -16,6 +16,8 @@ from kvserve.model.layers import GatedActivation, Linear, RMSNorm, RotaryEmbeddi
 
 
 class LlamaAttention(nn.Module):
+    step_part = "attention"  # for the step profiler
+
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -44,6 +44,8 @@ class Int8Linear(nn.Module):
     ``bias`` [out] in the compute dtype. Inputs are 2-D [tokens, in].
     """
 
+    step_part = "linear"  # for the step profiler
+
     native = None  # kvserve.kernels.Kernels (quantize / rescale passes) when configured
 
     def __init__(self, qweight: torch.Tensor, weight_scale: torch.Tensor,

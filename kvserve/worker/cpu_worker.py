@@ -30,6 +30,7 @@ from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
     freeze_startup_objects, keep_freed_memory, physical_cores
 from kvserve.worker.row_padding import measure_min_rows
+from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
 from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
     Worker
 
@@ -54,6 +55,7 @@ class CPUWorker(Worker):
         self.mode = ExecutionMode(kernels=self.kernels, packed_linear=worker_cfg.native_kernels,
                                   linear_min_rows=worker_cfg.linear_min_rows or 1)
         configure_layers(self.model, self.mode)
+        self.profiler = StepProfiler(self.model, worker_cfg.step_profile_interval)
         cache = config.cache
         self.kv_dtype = (model_cfg.dtype if cache.kv_cache_dtype == "auto"
                          else getattr(torch, cache.kv_cache_dtype))
@@ -173,10 +175,15 @@ class CPUWorker(Worker):
     # -- steps -------------------------------------------------------------------------------
 
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        if out.scheduled and self.profiler.due():
+            return self.profiler.run(self.runner.execute, out)
         return self.runner.execute(out)
 
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
         return self.runner.time_rows(row_counts)
+
+    def step_time_stats(self) -> StepTimeStats:
+        return self.profiler.stats()
 
     def transfer_stats(self) -> TransferStats:
         mover = self.runner.mover

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.worker.sampler import SampleResult
+from kvserve.worker.step_profiler import StepTimeStats
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class Worker(ABC):
 
     def transfer_stats(self) -> TransferStats:
         return TransferStats()
+
+    def step_time_stats(self) -> StepTimeStats:
+        """Where the profiled steps' time went (empty when the worker does not profile)."""
+        return StepTimeStats()
 
     def close(self) -> None:
         """Release files and memory the worker holds."""

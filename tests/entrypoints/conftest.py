@@ -59,12 +59,13 @@ class ServerProcess:
         raise RuntimeError(f"server not healthy after {timeout}s:\n{self.log()}")
 
     def metrics(self) -> dict[str, float]:
-        """Samples of the kvserve metrics, keyed by name plus label string."""
+        """Samples of the kvserve metrics, keyed by name plus label string (without the
+        model_name and engine labels every series has)."""
         text = httpx.get(f"{self.url}/metrics", timeout=5.0).text
         out = {}
         for m in re.finditer(r"^(kvserve:[a-z0-9_:]+)(\{[^}]*\})? ([-0-9.e+naif]+)$", text, re.M):
             pairs = [p for p in re.findall(r'[a-z_]+="[^"]*"', m.group(2) or "")
-                     if not p.startswith("model_name=")]
+                     if not p.startswith(("model_name=", "engine="))]
             out[m.group(1) + ("{" + ",".join(pairs) + "}" if pairs else "")] = float(m.group(3))
         return out
 

@@ -12,7 +12,7 @@ from kvserve.engine.async_engine import AsyncLLMEngine
 from kvserve.engine.streams import EngineRequestError
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.entrypoints.openai.api_server import build_app
-from kvserve.metrics import ServerMetrics
+from kvserve.metrics import ServerMetrics, StatsRecorder
 from kvserve.sampling_params import SamplingParams
 
 
@@ -24,7 +24,7 @@ def llm_engine(llama_dir):
 def _run(llm_engine, body):
     """Run ``body(engine)`` on a fresh AsyncLLMEngine (one engine thread at a time)."""
     async def main():
-        engine = AsyncLLMEngine(llm_engine, ServerMetrics("t"), log_stats_interval=0)
+        engine = AsyncLLMEngine(llm_engine, StatsRecorder(ServerMetrics("t"), log_interval=0))
         engine.start()
         try:
             return await asyncio.wait_for(body(engine), 60)
@@ -124,7 +124,7 @@ def test_app_internal_error_is_500_and_server_recovers(llm_engine, monkeypatch):
             assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"]
             assert (await client.get("/health")).status_code == 200
             metrics = (await client.get("/metrics")).text
-            assert 'kvserve:request_success_total{finished_reason="error",model_name="t"} 2.0' \
+            assert 'kvserve:request_success_total{engine="0",finished_reason="error",model_name="t"} 2.0' \
                 in metrics
     _run(llm_engine, body)
 
@@ -163,7 +163,7 @@ def test_from_engine_args_loads_and_steps_on_one_thread(llama_dir, monkeypatch):
     monkeypatch.setattr(LLMEngine, "__init__", init)
     monkeypatch.setattr(LLMEngine, "step", step)
     engine = AsyncLLMEngine.from_engine_args(
-        EngineArgs(model=llama_dir, num_threads=1, max_num_seqs=4), log_stats_interval=0)
+        EngineArgs(model=llama_dir, num_threads=1, max_num_seqs=4))
     assert built_on and built_on[0] != threading.get_ident()
 
     async def main():
@@ -182,7 +182,6 @@ def test_from_engine_args_loads_and_steps_on_one_thread(llama_dir, monkeypatch):
 def test_from_engine_args_reraises_load_errors_and_shuts_down_unstarted(llama_dir, tmp_path):
     with pytest.raises(FileNotFoundError):
         AsyncLLMEngine.from_engine_args(EngineArgs(model=str(tmp_path / "missing")))
-    engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=llama_dir, num_threads=1),
-                                             log_stats_interval=0)
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=llama_dir, num_threads=1))
     asyncio.run(engine.shutdown(timeout=10))  # never started: the thread just ends
     assert not engine._thread.is_alive()

@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP server: ``build_app(...)`` (FastAPI) and ``run_server(args)``.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-GET /v1/models/{id}, GET /health, GET /version, GET /metrics, POST /tokenize,
-POST /detokenize. Every error is OpenAI's ``{"error": {...}}`` body; a client mistake
+GET /v1/models/{id}, GET /health, GET /version, GET /metrics (Prometheus),
+GET /v1/stats (the live window, JSON), GET /dashboard (a page that reads it),
+POST /tokenize, POST /detokenize. Every error is OpenAI's ``{"error": {...}}`` body; a client mistake
 is a 4xx, an internal failure a 500 for that request only.
 
 SIGTERM / SIGINT: uvicorn stops accepting connections and lets in-flight responses
@@ -24,7 +25,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from kvserve.engine.async_engine import AsyncLLMEngine
 from kvserve.entrypoints.openai.errors import (APIError, bad_request, http_status_error,
@@ -37,6 +38,12 @@ from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.entrypoints.openai.openapi import build_openapi
 from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.logger import init_logger
+
+
+def dashboard_page() -> str:
+    """The live dashboard: one self-contained HTML file shipped in the package."""
+    from importlib.resources import files
+    return files("kvserve.entrypoints.dashboard").joinpath("dashboard.html").read_text()
 
 logger = init_logger(__name__)
 
@@ -134,8 +141,19 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     async def metrics(request: Request) -> Response:
         if engine.metrics is None:
             raise APIError("metrics are disabled", 404)
+        engine.metrics.engine_healthy.set(1 if engine.is_running else 0)
         body, ctype = engine.metrics.render()
         return Response(body, media_type=ctype)
+
+    @route("/v1/stats", "GET")
+    async def stats(request: Request) -> Response:
+        if engine.live is None:
+            raise APIError("metrics are disabled", 404)
+        return JSONResponse(engine.live.view(engine.is_running))
+
+    @route("/dashboard", "GET")
+    async def dashboard(request: Request) -> Response:
+        return HTMLResponse(dashboard_page())
 
     @route("/v1/models", "GET")
     async def list_models(request: Request) -> Response:
@@ -219,15 +237,17 @@ def run_server(args: argparse.Namespace) -> int:
     """``kvserve serve``: load the model, then serve until SIGTERM / SIGINT (exit 0)."""
     import uvicorn
 
-    from kvserve.config import EngineArgs
-    from kvserve.metrics import ServerMetrics
+    from kvserve.config import EngineArgs, ObservabilityConfig
 
     _check_server_args(args)
     engine_args = EngineArgs.from_cli_args(args)
     name = served_name(args)
     api_key = args.api_key or os.environ.get("KVSERVE_API_KEY") or None
-    metrics = ServerMetrics(name)
-    engine = AsyncLLMEngine.from_engine_args(engine_args, metrics, args.log_stats_interval)
+    observability = ObservabilityConfig(
+        served_model_name=name, metrics_prefix=args.metrics_prefix,
+        log_stats_interval=args.log_stats_interval,
+        otlp_traces_endpoint=args.otlp_traces_endpoint)
+    engine = AsyncLLMEngine.from_engine_args(engine_args, observability)
     app = build_app(engine, name, api_key=api_key, max_waiting=args.max_waiting,
                     max_body_bytes=args.max_body_bytes,
                     tool_call_parser=getattr(args, "tool_call_parser", "hermes"))

@@ -24,6 +24,7 @@ from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params, \
     truncate_prompt
+from kvserve.tracing import trace_headers
 from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
@@ -98,7 +99,7 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     ctx.check_capacity(req.n)
     request_id = random_id("chatcmpl")
     streams = await add_all(ctx, request_id, [{"prompt": text, "prompt_token_ids": ids}],
-                            [params], req.priority, arrival)
+                            [params], req.priority, arrival, trace_headers(request.headers))
     if req.stream:
         gen = _stream(ctx, req, request_id, streams, hold_back(params), plan)
         return SSEResponse(gen, ctx.engine, streams)
