@@ -168,13 +168,27 @@ def _add_structured(sub: Any) -> None:
     p.set_defaults(func=decoding_commands.cmd_structured)
 
 
+def _add_metrics(sub: Any) -> None:
+    from kvserve.bench.metrics_overhead import cmd_metrics
+    p = sub.add_parser("metrics", help="the metrics recorder on vs off, in alternating rounds",
+                       description="Step one engine over a workload with and without what a "
+                                   "server records per step; report the overhead and how long "
+                                   "/metrics and /v1/stats take under the fullest batch.")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    add_workload_args(p)
+    add_engine_args(p)
+    add_output_args(p, plot=False)
+    p.set_defaults(func=cmd_metrics)
+
+
 def add_bench_parser(subparsers: Any) -> None:
     """Add ``bench`` with its sub-commands to a ``parser.add_subparsers()`` object."""
     bench = subparsers.add_parser("bench", help="benchmarks: throughput, serving, comparisons",
                                   description="kvserve benchmark instruments")
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
-                _add_memory, _add_spec, _add_structured):
+                _add_memory, _add_spec, _add_structured, _add_metrics):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 

@@ -1,0 +1,126 @@
+"""``kvserve bench metrics``: what observability costs the engine, in one run.
+
+One engine, the same requests, rounds alternating between
+
+- off: the engine stepped alone, the step profiler off;
+- on: everything a server adds per step — the step profiler at its interval, the
+  engine's stats read into a snapshot, and the recorder fed (Prometheus series, the
+  live window behind the dashboard) exactly as the server's engine thread does.
+
+Reported: the wall time of each round, the median on/off ratio, the share of the
+on rounds spent inside the recorder (timed directly: the ratio is within the machine's
+noise), and, while the whole batch is running, how long rendering ``/metrics`` and building
+``/v1/stats`` take (they run on the server's event loop, never on the engine thread).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kvserve.bench.workloads import BenchRequest
+from kvserve.config import ObservabilityConfig
+from kvserve.metrics import EngineSnapshot, create_recorder
+from kvserve.sampling_params import SamplingParams
+
+PROFILE_INTERVAL = 16  # the default of step_profile_interval
+
+
+def _timed(fn, repeats: int = 5) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def _round(engine, requests: Sequence[BenchRequest], observe: bool, tag: str) -> dict:
+    engine.worker.profiler.interval = PROFILE_INTERVAL if observe else 0
+    recorder = (create_recorder(ObservabilityConfig("bench", log_stats_interval=0), engine)
+                if observe else None)
+    start = time.perf_counter()
+    for i, req in enumerate(requests):
+        params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
+        rid = f"{tag}-{i}"
+        engine.add_request(rid, {"prompt_token_ids": req.prompt_token_ids}, params)
+        if recorder:
+            recorder.on_add(rid, params, time.monotonic())
+    peak, render_ms, view_ms, recording = 0, None, None, 0.0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        if recorder is None:
+            continue
+        now = time.monotonic()
+        begin = time.perf_counter()
+        recorder.on_step(engine.last_step_stats, engine.last_step_preempted, now)
+        recorder.on_outputs(outputs, now)
+        snap = EngineSnapshot.of(engine.get_stats())
+        recorder.on_state(snap)
+        recording += time.perf_counter() - begin
+        if snap.num_running > peak:  # reading under the fullest batch (not timed)
+            peak = snap.num_running
+            pause = time.perf_counter()
+            render_ms = _timed(recorder.metrics.render)
+            view_ms = _timed(recorder.live.view)
+            start += time.perf_counter() - pause
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_running": peak, "recording_share": recording / seconds,
+            "metrics_render_ms": render_ms, "stats_view_ms": view_ms}
+
+
+def run_metrics_bench(model_dir: str | Path | None, requests: Sequence[BenchRequest],
+                      engine_args: dict[str, Any], rounds: int,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    from kvserve import LLM
+
+    engine = LLM(None if model_dir is None else str(model_dir), **engine_args).engine
+    _round(engine, requests, True, "warm")  # a whole round: the heap and kernels settle
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    for i in range(rounds):
+        order = ("off", "on") if i % 2 == 0 else ("on", "off")
+        for name in order:
+            runs[name].append(_round(engine, requests, name == "on", f"{name}{i}"))
+        ratio = runs["on"][-1]["seconds"] / runs["off"][-1]["seconds"]
+        log(f"  round {i + 1} of {rounds}: off {runs['off'][-1]['seconds']:.2f}s, on "
+            f"{runs['on'][-1]['seconds']:.2f}s ({ratio:.4f}x)")
+    ratios = [a["seconds"] / b["seconds"] for a, b in zip(runs["on"], runs["off"])]
+    on = runs["on"]
+    return {
+        "requests": len(requests), "rounds": rounds,
+        "off_seconds": [r["seconds"] for r in runs["off"]],
+        "on_seconds": [r["seconds"] for r in on],
+        "round_ratios": ratios, "overhead": statistics.median(ratios) - 1,
+        # the engine thread's time inside the recorder, timed directly (the A/B ratio
+        # above also holds the profiled steps' hooks, and the machine's noise)
+        "recording_share": statistics.median(r["recording_share"] for r in on),
+        "peak_running": max(r["peak_running"] for r in on),
+        "metrics_render_ms": statistics.median(r["metrics_render_ms"] for r in on),
+        "stats_view_ms": statistics.median(r["stats_view_ms"] for r in on),
+    }
+
+
+def cmd_metrics(args) -> int:
+    """``kvserve bench metrics``: the recorder on vs off."""
+    from kvserve.bench import report
+    from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
+    from kvserve.bench.commands import _header, _wl_settings
+
+    model_dir = resolve_model_dir(args.model)
+    engine_args = engine_args_from(args)
+    wl = workload_from_args(args, model_dir)
+    info = _header("kvserve metrics", {"model": model_dir.name, **_wl_settings(wl),
+                                       "engine_args": engine_args, "rounds": args.rounds})
+    result = run_metrics_bench(model_dir, wl.requests, engine_args, args.rounds)
+    print(report.format_table(
+        ["requests", "on/off", "recorder share", "peak running", "/metrics render ms",
+         "/v1/stats ms"],
+        [(result["requests"], f"{100 * result['overhead']:+.2f}%",
+          f"{100 * result['recording_share']:.2f}%", result["peak_running"],
+          result["metrics_render_ms"], result["stats_view_ms"])]))
+    if args.json:
+        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
+               "engine_args": engine_args, "result": result}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0
