@@ -39,6 +39,7 @@ class Request:
     max_tokens: int  # resolved: never None, capped by max_model_len
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
+    background: bool = False  # a batch line: below every foreground request (scheduler)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -182,13 +182,36 @@ def _add_metrics(sub: Any) -> None:
     p.set_defaults(func=cmd_metrics)
 
 
+def _add_batch(sub: Any) -> None:
+    from kvserve.bench.batch import cmd_batch
+    p = sub.add_parser("batch", help="the Batch API beside realtime load; batch and run-batch "
+                                     "vs LLM.generate",
+                       description="Start a server; measure realtime P99 TTFT/TPOT with and "
+                                   "without a batch running, then a batch alone and run-batch "
+                                   "against LLM.generate on the same lines.")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--request-rate", type=float, default=2.0,
+                   help="realtime requests per second (default 2)")
+    p.add_argument("--realtime-requests", type=int, default=40,
+                   help="realtime requests per round (default 40)")
+    p.add_argument("--batch-lines", type=int, default=2000,
+                   help="lines of the batch running beside them (default 2000)")
+    p.add_argument("--alone-lines", type=int, default=256,
+                   help="lines of the batch timed alone (default 256)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    add_engine_args(p)
+    add_output_args(p, plot=False)
+    p.set_defaults(func=cmd_batch)
+
+
 def add_bench_parser(subparsers: Any) -> None:
     """Add ``bench`` with its sub-commands to a ``parser.add_subparsers()`` object."""
     bench = subparsers.add_parser("bench", help="benchmarks: throughput, serving, comparisons",
                                   description="kvserve benchmark instruments")
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
-                _add_memory, _add_spec, _add_structured, _add_metrics):
+                _add_memory, _add_spec, _add_structured, _add_metrics,
+                _add_batch):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 

@@ -74,6 +74,10 @@ class EngineArgs:
         "buddy kv_manager: share of the KV blocks pre-allocated as the buddy memory pool"))
     enable_prefix_caching: bool = field(default=True, metadata=_help(
         "reuse the KV of full blocks shared with earlier prompts (paged kv_manager)"))
+    background_step_tokens: int = field(default=2, metadata=_help(
+        "while foreground requests are there (and for 5 s after), background ones (batch "
+        "API lines) compute at most this many tokens a step, so they never stretch a "
+        "realtime decode step; 0: they wait"))
     preemption_mode: str = field(default="recompute", metadata=_help(
         "what preemption does with a victim's KV: recompute it later, or swap it to host "
         "memory and back (paged kv_manager)", choices=PREEMPTION_MODES))
@@ -137,7 +141,8 @@ class EngineArgs:
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             prefill_join_tokens=self.prefill_join_tokens, batching=self.batching,
             scheduling_policy=self.scheduling_policy, max_batch_size=self.max_batch_size,
-            bucket_window_s=self.bucket_window_s, preemption_mode=self.preemption_mode)
+            bucket_window_s=self.bucket_window_s, preemption_mode=self.preemption_mode,
+            background_step_tokens=self.background_step_tokens)
 
     def create_cache_config(self) -> CacheConfig:
         return CacheConfig(

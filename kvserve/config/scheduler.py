@@ -19,6 +19,7 @@ class SchedulerConfig:
     max_batch_size: int = 16              # static batches and released length buckets
     bucket_window_s: float = 0.1
     preemption_mode: str = "recompute"
+    background_step_tokens: int = 2      # background tokens a step while foreground runs
 
     def __post_init__(self) -> None:
         from kvserve.core.batching import BATCHING_POLICIES
@@ -34,6 +35,8 @@ class SchedulerConfig:
         choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         positive_int("max_batch_size", self.max_batch_size)
         number("bucket_window_s", self.bucket_window_s, low=0.0)
+        non_negative_int("background_step_tokens", self.background_step_tokens,
+                         "background requests wait while foreground ones run")
 
     @property
     def swap_on_preemption(self) -> bool:

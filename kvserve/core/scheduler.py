@@ -18,6 +18,15 @@ prefill. Under the priority policy a waiting request that outranks a running one
 admitted before the running requests are scheduled, preempting the lowest-priority
 running requests until it fits.
 
+Background requests (batch API lines) are a class below every other request, under
+either policy: they wait behind all foreground requests, a waiting foreground request
+preempts a running background one to get in, they are the first victims under memory
+pressure, and while foreground requests are there they compute at most
+``background_step_tokens`` tokens a step, so their prompts never make a realtime
+decode step long. "There" lingers for FOREGROUND_LINGER_S after the last foreground
+request left: under steady realtime traffic the gaps between requests are not filled
+with long background steps that a new arrival would have to wait for.
+
 The scheduler owns each request's lifecycle: it alone decides that a request is finished
 and why (:meth:`Scheduler.update` for a stop, :meth:`Scheduler.finish_request` for the
 rest). Each :meth:`Scheduler.schedule` that runs something attaches a
@@ -39,6 +48,8 @@ from kvserve.request import Request, RequestStatus
 
 logger = init_logger(__name__)
 
+FOREGROUND_LINGER_S = 5.0
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
@@ -48,6 +59,8 @@ class Scheduler:
         limited = config.batching == "continuous" and config.prefill_join_tokens > 0
         self.prefill_join_tokens = config.prefill_join_tokens if limited else float("inf")
         self.priority_first = config.scheduling_policy == "priority"
+        self.background_step_tokens = config.background_step_tokens
+        self._foreground_seen = float("-inf")  # when a foreground request was last there
         self.swap_mode = config.swap_on_preemption
         self.kv = kv
         self.requests: dict[str, Request] = {}
@@ -72,19 +85,25 @@ class Scheduler:
         self.requests[req.request_id] = req
         self._enqueue(req)
 
+    def _rank(self, req: Request) -> tuple[bool, int]:
+        """Lower runs first: foreground before background, then priority (its policy)."""
+        return req.background, req.priority if self.priority_first else 0
+
     def _enqueue(self, req: Request, front: bool = False) -> None:
-        if front and not self.priority_first:
-            self.waiting.appendleft(req)
-        elif self.priority_first:
-            # keep waiting sorted by (priority, arrival): insert after equals
-            idx = len(self.waiting)
-            for i, other in enumerate(self.waiting):
-                if (req.priority, req.arrival_time) < (other.priority, other.arrival_time):
-                    idx = i
-                    break
-            self.waiting.insert(idx, req)
+        """Waiting stays sorted by rank; within a rank by arrival under the priority
+        policy, else in queue order (a preempted request goes to its rank's front)."""
+        rank = self._rank(req)
+        if self.priority_first:
+            key = (*rank, req.arrival_time)
+            idx = next((i for i, o in enumerate(self.waiting)
+                        if key < (*self._rank(o), o.arrival_time)), len(self.waiting))
+        elif front:
+            idx = next((i for i, o in enumerate(self.waiting) if self._rank(o) >= rank),
+                       len(self.waiting))
         else:
-            self.waiting.append(req)
+            idx = next((i for i, o in enumerate(self.waiting) if self._rank(o) > rank),
+                       len(self.waiting))
+        self.waiting.insert(idx, req)
 
     def finish_request(self, request_id: str, status: RequestStatus,
                        stop_reason: int | str | None = None) -> Request | None:
@@ -133,16 +152,31 @@ class Scheduler:
         now = time.monotonic()
 
         i = 0
-        if self.priority_first:
+        background = any(r.background for r in self.running)
+        if background:  # foreground first, each class in admission order
+            self.running.sort(key=lambda r: r.background)
+        if self.priority_first or background:
             i, budget = self._admit_outranking(budget, now, scheduled, preempted)
         num_priority_preempted = len(preempted)
+        # background tokens this step: capped while foreground requests are (or were
+        # lately) there
+        if (any(not r.background for r in self.running)
+                or (self.waiting and not self.waiting[0].background)):
+            self._foreground_seen = now
+        foreground = now - self._foreground_seen < FOREGROUND_LINGER_S
+        bg_left = self.background_step_tokens if foreground else budget
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.background:
+                num_new = min(num_new, bg_left)
+                if num_new == 0:  # the rest of running is background too
+                    break
             drafts = self._take_drafts(req, num_new, budget)
             if drafts and self.kv.allocate_slots(req, num_new + len(drafts)):
                 scheduled.append(self._scheduled(req, num_new, drafts))
                 budget -= num_new + len(drafts)
+                bg_left -= (num_new + len(drafts)) if req.background else 0
                 i += 1
                 continue
             while not self.kv.allocate_slots(req, num_new):  # no drafts when memory is short
@@ -154,6 +188,7 @@ class Scheduler:
             else:
                 scheduled.append(self._scheduled(req, num_new))
                 budget -= num_new
+                bg_left -= num_new if req.background else 0
                 i += 1
 
         if len(preempted) == num_priority_preempted:  # no memory pressure this step
@@ -161,10 +196,12 @@ class Scheduler:
             for req in self.batching.admissible(self.waiting, now):
                 if prefill >= self.prefill_join_tokens:
                     break
-                num_new = self._try_admit(req, budget, now, scheduled) if budget > 0 else 0
+                room = min(budget, bg_left) if req.background else budget
+                num_new = self._try_admit(req, room, now, scheduled) if room > 0 else 0
                 if not num_new:
                     break
                 budget -= num_new
+                bg_left -= num_new if req.background else 0
                 prefill += num_new
 
         # taken only for steps that run something (a KV snapshot walks every table)
@@ -214,7 +251,7 @@ class Scheduler:
         n = 0
         while self.waiting and budget > 0:
             req = self.waiting[0]
-            lower = [r for r in self.running[n:] if r.priority > req.priority]
+            lower = [r for r in self.running[n:] if self._rank(r) > self._rank(req)]
             if not lower:
                 break
             num_new = self._try_admit(req, budget, now, scheduled)
@@ -223,7 +260,7 @@ class Scheduler:
                 n += 1
                 budget -= num_new
                 continue
-            victim = max(lower, key=lambda r: (r.priority, r.arrival_time))
+            victim = max(lower, key=lambda r: (*self._rank(r), r.arrival_time))
             self._preempt(victim)
             preempted.append(victim.request_id)
         return n, budget
@@ -265,8 +302,7 @@ class Scheduler:
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         candidates = self.running[first_unscheduled:]
-        return max(candidates, key=lambda r: (r.priority if self.priority_first else 0,
-                                              r.arrival_time))
+        return max(candidates, key=lambda r: (*self._rank(r), r.arrival_time))
 
     def _preempt(self, req: Request) -> None:
         """Swap the victim's KV out when configured and there is room, else drop it."""

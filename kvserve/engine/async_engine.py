@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ from kvserve.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
 
+PUBLISH_INTERVAL_S = 0.05  # the engine state the server reads may be this old mid-burst
+
 
 @dataclass
 class _Add:
@@ -54,6 +57,8 @@ class _Add:
     arrival_time: float
     future: asyncio.Future
     trace_headers: dict | None = None
+    background: bool = False
+    final_only: bool = False
 
 
 @dataclass
@@ -74,6 +79,7 @@ class AsyncLLMEngine:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
+        self.max_num_seqs = engine.config.scheduler.max_num_seqs
         self.snapshot = EngineSnapshot()
         self._stats = recorder or StatsRecorder(None, log_interval=0)
         self.metrics, self.live = self._stats.metrics, self._stats.live
@@ -87,6 +93,8 @@ class AsyncLLMEngine:
         self._streams: dict[str, RequestStream] = {}  # event-loop side
         self._pending_adds = 0  # event-loop side
         self._live: set[str] = set()  # engine-thread side
+        self._final_only: set[str] = set()  # engine-thread side: posted only once finished
+        self._published = 0.0
         self.dead_error: str | None = None
         self._go = threading.Event()  # start() was called: a waiting engine thread may run
 
@@ -118,13 +126,20 @@ class AsyncLLMEngine:
 
     # -- lifecycle (event loop) ----------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the engine loop; call from the event loop that will read the streams."""
+    def start(self, hold: bool = False) -> None:
+        """Start the engine loop; call from the event loop that will read the streams.
+        ``hold``: requests may be added, but no step runs before :meth:`release` (an
+        offline batch whose first step should see all of its requests)."""
         self._loop = asyncio.get_running_loop()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="kvserve-engine",
+            self._thread = threading.Thread(target=self._wait_and_run, name="kvserve-engine",
                                             daemon=True)
             self._thread.start()
+        if not hold:
+            self._go.set()
+
+    def release(self) -> None:
+        """Let a held engine run."""
         self._go.set()
 
     @property
@@ -157,18 +172,22 @@ class AsyncLLMEngine:
 
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                           priority: int = 0, arrival_time: float | None = None,
-                          trace_headers: dict | None = None) -> RequestStream:
+                          trace_headers: dict | None = None, background: bool = False,
+                          final_only: bool = False) -> RequestStream:
         """Queue a request; raises ValueError (bad prompt / params) as the engine does.
-        ``trace_headers``: the caller's W3C trace context (traceparent), for its span."""
+        ``trace_headers``: the caller's W3C trace context (traceparent), for its span;
+        ``background``: a batch line (the scheduler's lowest class); ``final_only``: the
+        stream yields the finished output alone."""
         if not self.is_running:
             raise EngineDeadError(self.dead_error or "the engine is not running")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        stream = self._streams[request_id] = RequestStream(request_id)
+        stream = self._streams[request_id] = RequestStream(request_id, final_only)
         fut = self._loop.create_future()
         self._pending_adds += 1
         self._send(_Add(request_id, prompt, params, priority,
-                        arrival_time or time.monotonic(), fut, trace_headers))
+                        arrival_time or time.monotonic(), fut, trace_headers, background,
+                        final_only))
         try:
             await fut
         except BaseException as e:
@@ -311,6 +330,7 @@ class AsyncLLMEngine:
             if live:
                 for rid in live:
                     self._live.discard(rid)
+                    self._final_only.discard(rid)
                     self._stats.on_abort(rid)
                 self.engine.abort_request(live)
             return None
@@ -318,11 +338,14 @@ class AsyncLLMEngine:
             return None
         try:
             self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
-                                    arrival_time=cmd.arrival_time, priority=cmd.priority)
+                                    arrival_time=cmd.arrival_time, priority=cmd.priority,
+                                    background=cmd.background)
         except Exception as e:  # ValueError: the client's mistake; others: ours
             return cmd.future, e
         self._stats.on_add(cmd.request_id, cmd.params, cmd.arrival_time, cmd.trace_headers)
         self._live.add(cmd.request_id)
+        if cmd.final_only:
+            self._final_only.add(cmd.request_id)
         return cmd.future, None
 
     def _step(self) -> None:
@@ -339,11 +362,18 @@ class AsyncLLMEngine:
         for out in outputs:
             if out.finished:
                 self._live.discard(out.request_id)
-        self._publish()
-        if outputs:
-            self._post(self._deliver, outputs)
-        elif self.snapshot.num_running == 0:  # nothing admitted (e.g. a batching window):
-            with self._cv:                    # don't spin, but wake at once for commands
+        idle = not self.engine.has_unfinished_requests()
+        self._publish(at_most_every=0.0 if idle else PUBLISH_INTERVAL_S)
+        # a response that is not streamed waits for its last output: the event loop is
+        # not woken (nor the engine's cores disturbed) for the ones before
+        post = [o for o in outputs if o.finished or o.request_id not in self._final_only]
+        for out in post:
+            if out.finished:
+                self._final_only.discard(out.request_id)
+        if post:
+            self._post(self._deliver, post)
+        if self.engine.last_step_stats is None:  # nothing ran (e.g. a batching window):
+            with self._cv:                       # don't spin, but wake at once for commands
                 if not self._cmds and not self._stop:
                     self._cv.wait(0.002)
 
@@ -356,9 +386,21 @@ class AsyncLLMEngine:
             for rid in ids:
                 self._stats.on_abort(rid)
             self._live.clear()
+            self._final_only.clear()
             self._publish()
             self._post(self._fail_streams, ids, message)
 
-    def _publish(self) -> None:
+    def _publish(self, at_most_every: float = 0.0) -> None:
+        """Read the engine's state for the server and the recorder; between steps of one
+        burst at most every ``at_most_every`` seconds (the KV snapshot walks every
+        block table), the queue sizes (what backpressure reads) at every step."""
+        now = time.monotonic()
+        if now - self._published < at_most_every:
+            step = self.engine.last_step_stats  # the queue as this step left it: cheap
+            if step is not None:
+                self.snapshot = dataclasses.replace(self.snapshot, num_running=step.num_running,
+                                                    num_waiting=step.num_waiting)
+            return
+        self._published = now
         self.snapshot = snap = EngineSnapshot.of(self.engine.get_stats())
         self._stats.on_state(snap)

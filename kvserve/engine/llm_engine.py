@@ -182,7 +182,8 @@ class LLMEngine:
 
     def add_request(self, request_id: str | None, prompt: PromptType,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
-                    priority: int = 0) -> str:
+                    priority: int = 0, background: bool = False) -> str:
+        """``background``: a batch line, below every other request (see the scheduler)."""
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.outputs.parents:
@@ -201,7 +202,7 @@ class LLMEngine:
                 request_id=request_id if params.n == 1 else f"{request_id}#{i}",
                 prompt_token_ids=token_ids, sampling_params=child,
                 eos_token_id=self.eos_token_id, max_tokens=max_tokens, arrival_time=arrival,
-                priority=priority))
+                priority=priority, background=background))
         for child in children:
             self.scheduler.add_request(child)  # children are alike: the first raises if any
             if grammar is not None:

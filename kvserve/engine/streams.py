@@ -20,12 +20,17 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestStream:
-    """The outputs of one request, read on the event loop. Keeps only the latest."""
+    """The outputs of one request, read on the event loop. Keeps only the latest.
 
-    __slots__ = ("request_id", "finished", "_latest", "_error", "_status", "_event")
+    ``final_only``: the reader wants the finished output alone (a response that is not
+    streamed), so the steps before it do not wake it."""
 
-    def __init__(self, request_id: str) -> None:
+    __slots__ = ("request_id", "finished", "final_only", "_latest", "_error", "_status",
+                 "_event")
+
+    def __init__(self, request_id: str, final_only: bool = False) -> None:
         self.request_id = request_id
+        self.final_only = final_only
         self.finished = False
         self._latest: RequestOutput | None = None
         self._error: str | None = None
@@ -33,6 +38,8 @@ class RequestStream:
         self._event = asyncio.Event()
 
     def put(self, out: RequestOutput) -> None:
+        if self.final_only and not out.finished:
+            return
         self._latest = out
         self._event.set()
 

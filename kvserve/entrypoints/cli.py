@@ -70,6 +70,14 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--otlp-traces-endpoint", default=None,
                    help="send one OpenTelemetry span per request to this OTLP/HTTP "
                         "collector, e.g. http://127.0.0.1:4318/v1/traces (default: off)")
+    p.add_argument("--state-dir", default=None,
+                   help="where the Batch API keeps its database and files (default: "
+                        "$XDG_CACHE_HOME/kvserve, else ~/.cache/kvserve)")
+    p.add_argument("--max-batch-lines-in-flight", type=int, default=None,
+                   help="batch lines in the engine at once while no realtime request is in "
+                        "flight; fewer while some are (default: 2 x max_num_seqs)")
+    p.add_argument("--max-batch-file-bytes", type=int, default=200 * 2**20,
+                   help="largest file /v1/files accepts (default and OpenAI's limit: 200 MiB)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish before "
                         "aborting them (default: 30)")
@@ -82,10 +90,26 @@ def _add_serve(subparsers) -> None:
     p.set_defaults(func=_serve)
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    from kvserve.batch.offline import run_batch_from_args
+    return run_batch_from_args(args)
+
+
+def _add_run_batch(subparsers) -> None:
+    from kvserve.batch.offline import add_run_batch_args
+    from kvserve.config import EngineArgs
+    p = subparsers.add_parser("run-batch", help="run a Batch API input file (JSONL) offline "
+                                                "and write the output file")
+    add_run_batch_args(p)
+    EngineArgs.add_cli_args(p, skip=("model",))
+    p.set_defaults(func=_run_batch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvserve", description="kvserve: LLM inference engine")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_serve(subparsers)
+    _add_run_batch(subparsers)
     _add_generate(subparsers)
     from kvserve.bench.cli import add_bench_parser
     add_bench_parser(subparsers)

@@ -155,6 +155,10 @@ class ServerMetrics:
                                            BATCH_ROW_BUCKETS)
         self.iteration_prefill_tokens = h("iteration_prefill_tokens", "Prompt tokens "
                                           "computed per engine step.", ITERATION_TOKEN_BUCKETS)
+        self.batch_lines = self._gauges("batch_lines", "Batch API lines of active batches, "
+                                        "by state.", state=("queued", "running"))
+        self.batch_lines_finished = c("batch_lines_finished", "Batch API lines finished, by "
+                                      "outcome.", outcome=("completed", "failed"))
         self.structured_output_requests = c("structured_output_requests", "Requests that "
                                             "decoded under a grammar (json_schema, regex, "
                                             "tool calls, ...).")
@@ -173,6 +177,11 @@ class ServerMetrics:
     def _gauge(self, name: str, doc: str):
         return Gauge(self._name(name), doc, list(self._labels),
                      registry=self.registry).labels(**self._labels)
+
+    def _gauges(self, name: str, doc: str, **values: tuple[str, ...]):
+        """A gauge's children by the values of one label."""
+        metric = Gauge(self._name(name), doc, [*self._labels, *values], registry=self.registry)
+        return self._labelled(metric, values)
 
     def _counter(self, name: str, doc: str, **values: tuple[str, ...]):
         """A counter; with ``key=(values...)`` a dict of its children by that label."""

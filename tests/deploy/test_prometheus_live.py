@@ -170,7 +170,7 @@ def test_prometheus_sees_what_the_client_saw(stack):
     m = '{model_name="vm"}'
     prom.wait_for(f"count_over_time(vllm:e2e_request_latency_seconds_count{m}[1m]) >= 3")
     assert prom.value(f"sum(vllm:request_success_total{m})") == NUM_REQUESTS
-    assert prom.value(f'vllm:request_success_total{{model_name="vm",finished_reason="length"}}') \
+    assert prom.value('vllm:request_success_total{model_name="vm",finished_reason="length"}') \
         == NUM_REQUESTS
     assert prom.value(f"vllm:generation_tokens_total{m}") == sum(t for _, t in results)
     assert prom.value(f"vllm:time_to_first_token_seconds_count{m}") == NUM_REQUESTS

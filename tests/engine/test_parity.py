@@ -82,3 +82,24 @@ def test_default_model_parity_and_no_argument_llm():
     assert [o.prompt_token_ids for o in outs] == prompts
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(default_model_dir(), prompts,
                                                                MAX_NEW)
+
+
+@pytest.mark.parametrize("engine_args", [{}, {"num_kv_blocks": 14, "block_size": 8}],
+                         ids=["roomy", "preempting"])
+def test_parity_with_background_requests(llama_dir, oracle, engine_args):
+    """Batch lines (background requests) beside foreground ones, preempted first under a
+    small pool: every request still gets transformers' tokens."""
+    from kvserve.engine.llm_engine import LLMEngine
+    from kvserve.config import EngineArgs
+
+    engine = LLMEngine(EngineArgs(model=llama_dir, background_step_tokens=3, **engine_args))
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    for i, prompt in enumerate(prompts_of_lengths(LENGTHS)):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params, background=i % 2 == 0)
+    got = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                got[int(out.request_id)] = out.outputs[0].token_ids
+    assert [got[i] for i in range(len(LENGTHS))] == oracle("llama")
+    assert engine.kv.stats().num_used_blocks == 0

@@ -19,6 +19,7 @@ import hmac
 import os
 import signal
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
 
@@ -37,7 +38,23 @@ from kvserve.entrypoints.openai.serving_completions import create_completion
 from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.entrypoints.openai.openapi import build_openapi
 from kvserve.entrypoints.openai.request_body import parse_request
+from kvserve.batch.runner import BatchRunner
+from kvserve.batch.store import BatchStore
+from kvserve.entrypoints.openai.batch_routes import add_batch_routes, make_executor
 from kvserve.logger import init_logger
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    state_dir: str
+    max_lines_in_flight: int | None = None  # None: 2 x max_num_seqs
+    max_file_bytes: int = 200 * 2**20
+
+
+def default_state_dir() -> str:
+    """``$XDG_CACHE_HOME/kvserve`` (``~/.cache/kvserve``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "kvserve")
 
 
 def dashboard_page() -> str:
@@ -89,7 +106,8 @@ def _endpoint(fn):
 def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None,
               max_waiting: int = DEFAULT_MAX_WAITING,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              tool_call_parser: str = "hermes") -> FastAPI:
+              tool_call_parser: str = "hermes", batch: BatchSettings | None = None) -> FastAPI:
+    """``batch``: where the Batch API keeps its state (None: no /v1/files, /v1/batches)."""
     from kvserve import __version__
     from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
     ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes,
@@ -97,11 +115,27 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     tok = engine.tokenizer
     vocab = max(tok.vocab_size, engine.vocab_size)
 
+    runner = None
+    if batch is not None:
+        store = BatchStore(batch.state_dir)
+        execute = make_executor(ctx, {"/v1/completions": create_completion,
+                                      "/v1/chat/completions": create_chat_completion})
+        runner = BatchRunner(store, execute, lambda: engine.num_in_flight - runner.in_flight,
+                             batch.max_lines_in_flight or 2 * engine.max_num_seqs,
+                             engine.max_num_seqs, engine.metrics)
+        if engine.live is not None:
+            engine.live.batch_counts = runner.counts
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
+        task = asyncio.get_running_loop().create_task(runner.run()) if runner else None
         yield
+        if task is not None:
+            task.cancel()
         await engine.shutdown()
+        if runner is not None:
+            runner.store.close()
 
     app = FastAPI(title="kvserve", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
@@ -196,6 +230,8 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
             raise bad_request(f"token ids must be in [0, {vocab}); got {bad[:5]}", "tokens")
         return JSONResponse({"prompt": tok.decode(req.tokens)})
 
+    if runner is not None:
+        add_batch_routes(route, runner.store, runner, batch.max_file_bytes, max_body_bytes)
     return app
 
 
@@ -213,8 +249,9 @@ def served_name(args: argparse.Namespace) -> str:
 def _check_server_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    for name in ("max_waiting", "max_body_bytes"):
-        if getattr(args, name) < 1:
+    for name in ("max_waiting", "max_body_bytes", "max_batch_lines_in_flight",
+                 "max_batch_file_bytes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("log_stats_interval", "shutdown_timeout"):
         if getattr(args, name) < 0:
@@ -250,7 +287,10 @@ def run_server(args: argparse.Namespace) -> int:
     engine = AsyncLLMEngine.from_engine_args(engine_args, observability)
     app = build_app(engine, name, api_key=api_key, max_waiting=args.max_waiting,
                     max_body_bytes=args.max_body_bytes,
-                    tool_call_parser=getattr(args, "tool_call_parser", "hermes"))
+                    tool_call_parser=getattr(args, "tool_call_parser", "hermes"),
+                    batch=BatchSettings(args.state_dir or default_state_dir(),
+                                        args.max_batch_lines_in_flight,
+                                        args.max_batch_file_bytes))
     hint = _usage_hint(args.host, args.port, name, bool(api_key))
 
     timeout = args.shutdown_timeout

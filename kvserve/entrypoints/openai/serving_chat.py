@@ -25,6 +25,7 @@ from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params, \
     truncate_prompt
 from kvserve.tracing import trace_headers
+from kvserve.batch.lines import is_batch_line
 from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
@@ -99,7 +100,9 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     ctx.check_capacity(req.n)
     request_id = random_id("chatcmpl")
     streams = await add_all(ctx, request_id, [{"prompt": text, "prompt_token_ids": ids}],
-                            [params], req.priority, arrival, trace_headers(request.headers))
+                            [params], req.priority, arrival,
+                            trace_headers(request.headers), is_batch_line(request),
+                            final_only=not req.stream)
     if req.stream:
         gen = _stream(ctx, req, request_id, streams, hold_back(params), plan)
         return SSEResponse(gen, ctx.engine, streams)

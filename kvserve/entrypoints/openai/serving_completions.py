@@ -20,6 +20,7 @@ from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params, \
     truncate_prompt
 from kvserve.tracing import trace_headers
+from kvserve.batch.lines import is_batch_line
 from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
@@ -118,7 +119,9 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     request_id = random_id("cmpl")
     streams = await add_all(ctx, request_id, [{"prompt": t, "prompt_token_ids": ids}
                                               for t, ids in prompts], params,
-                            req.priority, arrival, trace_headers(request.headers))
+                            req.priority, arrival,
+                            trace_headers(request.headers), is_batch_line(request),
+                            final_only=not req.stream)
     if req.stream:
         gen = _stream(ctx, req, request_id, streams, prompts, texts, hold_back(params[0]))
         return SSEResponse(gen, ctx.engine, streams)

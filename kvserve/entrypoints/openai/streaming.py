@@ -91,14 +91,16 @@ class SSEResponse(StreamingResponse):
 
 async def add_all(ctx: ServerContext, base_id: str, prompts: list[dict],
                   params: list[SamplingParams], priority: int, arrival: float,
-                  trace_headers: dict | None = None) -> list[RequestStream]:
-    """Queue one engine request per prompt (ids ``base-i``); all or nothing."""
+                  trace_headers: dict | None = None, background: bool = False,
+                  final_only: bool = False) -> list[RequestStream]:
+    """Queue one engine request per prompt (ids ``base-i``); all or nothing.
+    ``final_only``: a response that is not streamed reads only the finished outputs."""
     streams: list[RequestStream] = []
     try:
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             streams.append(await ctx.engine.add_request(
                 f"{base_id}-{i}", prompt, sp, priority=priority, arrival_time=arrival,
-                trace_headers=trace_headers))
+                trace_headers=trace_headers, background=background, final_only=final_only))
     except BaseException as e:
         ctx.engine.abort([s.request_id for s in streams])
         if isinstance(e, ValueError):
