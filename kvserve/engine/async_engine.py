@@ -45,6 +45,8 @@ from kvserve.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
 
+BURST_GAP_S = 0.002   # a burst of adds has ended when none came for this long ...
+BURST_MAX_S = 0.02    # ... or after this long
 PUBLISH_INTERVAL_S = 0.05  # the engine state the server reads may be this old mid-burst
 
 
@@ -301,6 +303,8 @@ class AsyncLLMEngine:
         with self._cv:
             if not self._cmds and not busy and not self._stop:
                 self._cv.wait(timeout=self._idle_wait)
+            if not busy and len(self._cmds) > 1:
+                self._gather_burst()
             cmds, self._cmds = self._cmds, []
             stop = self._stop
         if cmds:
@@ -323,6 +327,18 @@ class AsyncLLMEngine:
             self._step()
         self._stats.maybe_log(self.snapshot)
         return self.engine.has_unfinished_requests(), False
+
+    def _gather_burst(self) -> None:
+        """An idle engine woken by several adds at once (a batch, a client's burst) waits
+        while more keep coming, briefly: its first step then takes them together, as
+        LLM.generate's does, instead of a trickle of small prefills. A lone request does
+        not wait. Called holding the condition."""
+        deadline = time.monotonic() + BURST_MAX_S
+        while time.monotonic() < deadline and not self._stop:
+            seen = len(self._cmds)
+            self._cv.wait(BURST_GAP_S)
+            if len(self._cmds) == seen:
+                return
 
     def _apply(self, cmd: _Add | _Abort):
         if isinstance(cmd, _Abort):

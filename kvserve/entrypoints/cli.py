@@ -72,7 +72,7 @@ def _add_serve(subparsers) -> None:
                         "collector, e.g. http://127.0.0.1:4318/v1/traces (default: off)")
     p.add_argument("--state-dir", default=None,
                    help="where the Batch API keeps its database and files (default: "
-                        "$XDG_CACHE_HOME/kvserve, else ~/.cache/kvserve)")
+                        "$XDG_CACHE_HOME/kvserve/state, else ~/.cache/kvserve/state)")
     p.add_argument("--max-batch-lines-in-flight", type=int, default=None,
                    help="batch lines in the engine at once while no realtime request is in "
                         "flight; fewer while some are (default: 2 x max_num_seqs)")

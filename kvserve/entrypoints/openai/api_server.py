@@ -52,9 +52,9 @@ class BatchSettings:
 
 
 def default_state_dir() -> str:
-    """``$XDG_CACHE_HOME/kvserve`` (``~/.cache/kvserve``)."""
+    """``$XDG_CACHE_HOME/kvserve/state`` (``~/.cache/kvserve/state``)."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "kvserve")
+    return os.path.join(cache, "kvserve", "state")
 
 
 def dashboard_page() -> str:
