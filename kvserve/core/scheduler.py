@@ -141,6 +141,7 @@ class Scheduler:
         return SchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
                               num_preemptions=self.num_preemptions, kv=self.kv.stats(),
                               num_scheduled_tokens=sum(len(s.token_ids) for s in scheduled),
+                              num_scheduled_requests=len(scheduled),
                               num_decode_requests=decodes, preempted=tuple(preempted))
 
     # -- one step ----------------------------------------------------------------------

@@ -52,6 +52,7 @@ class SchedulerStats:
     num_preemptions: int      # cumulative
     kv: KVStats
     num_scheduled_tokens: int = 0  # tokens the step computes (0 between steps)
+    num_scheduled_requests: int = 0
     num_decode_requests: int = 0   # of the step's requests, those computing one new token
     preempted: tuple[str, ...] = ()  # requests preempted while scheduling the step
 

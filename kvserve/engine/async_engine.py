@@ -311,7 +311,9 @@ class AsyncLLMEngine:
             resolved = []
             try:
                 resolved = [self._apply(cmd) for cmd in cmds]
-                self._publish()  # before answering adds, so backpressure sees them
+                # before answering adds, so backpressure sees them; in full once idle (an
+                # abort emptied the engine: no step follows to publish it)
+                self._publish(full=not self.engine.has_unfinished_requests())
             finally:
                 done = {id(r[0]) for r in resolved if r is not None}
                 for r in resolved:
@@ -406,16 +408,16 @@ class AsyncLLMEngine:
             self._publish()
             self._post(self._fail_streams, ids, message)
 
-    def _publish(self, at_most_every: float = 0.0) -> None:
-        """Read the engine's state for the server and the recorder; between steps of one
-        burst at most every ``at_most_every`` seconds (the KV snapshot walks every
-        block table), the queue sizes (what backpressure reads) at every step."""
+    def _publish(self, full: bool = True, at_most_every: float = 0.0) -> None:
+        """Read the engine's state for the server and the recorder: the queue sizes
+        (what backpressure reads) every time, the full state (its KV snapshot walks every
+        block table) when ``full`` and not within ``at_most_every`` seconds of the last,
+        so the recorder samples the state as steps leave it."""
         now = time.monotonic()
-        if now - self._published < at_most_every:
-            step = self.engine.last_step_stats  # the queue as this step left it: cheap
-            if step is not None:
-                self.snapshot = dataclasses.replace(self.snapshot, num_running=step.num_running,
-                                                    num_waiting=step.num_waiting)
+        if not full or now - self._published < at_most_every:
+            running, waiting = self.engine.queue_sizes()
+            self.snapshot = dataclasses.replace(self.snapshot, num_running=running,
+                                                num_waiting=waiting)
             return
         self._published = now
         self.snapshot = snap = EngineSnapshot.of(self.engine.get_stats())

@@ -76,10 +76,11 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, args: EngineArgs | EngineConfig) -> None:
+    def __init__(self, args: EngineArgs | EngineConfig, model=None) -> None:
+        """``model``: weights already loaded for these settings' model (see create_worker)."""
         self.config = config = (args.create_engine_config() if isinstance(args, EngineArgs)
                                 else args)
-        self.worker = create_worker(config)
+        self.worker = create_worker(config, model)
         self.kv_layout: KVCacheLayout = self.worker.determine_kv_cache_layout()
         self.worker.initialize_kv_cache(self.kv_layout)
         layout = self.kv_layout
@@ -118,6 +119,10 @@ class LLMEngine:
         return {"block_size": cache.block_size, "cache_dtype": self.kv_layout.dtype_name,
                 "num_kv_blocks": self.kv_layout.num_blocks, "kv_manager": cache.kv_manager,
                 "enable_prefix_caching": cache.enable_prefix_caching}
+
+    def queue_sizes(self) -> tuple[int, int]:
+        """(running, waiting) requests, cheaply (get_stats takes a KV snapshot)."""
+        return self.scheduler.num_running, self.scheduler.num_waiting
 
     def get_stats(self) -> EngineStats:
         spec = self.speculator.stats if self.speculator is not None else None

@@ -5,6 +5,8 @@ import argparse
 import os
 import sys
 
+from kvserve.config.config_file import ConfigFileParser, add_config_argument
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -37,6 +39,7 @@ def _add_generate(subparsers) -> None:
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--sampling-seed", type=int, default=None)
     EngineArgs.add_cli_args(p)
+    add_config_argument(p)
     p.set_defaults(func=_generate)
 
 
@@ -87,6 +90,7 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSERS.names(),
                    help="how the model writes tool calls (default: hermes)")
     EngineArgs.add_cli_args(p, skip=("model",))
+    add_config_argument(p)
     p.set_defaults(func=_serve)
 
 
@@ -102,17 +106,20 @@ def _add_run_batch(subparsers) -> None:
                                                 "and write the output file")
     add_run_batch_args(p)
     EngineArgs.add_cli_args(p, skip=("model",))
+    add_config_argument(p)
     p.set_defaults(func=_run_batch)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvserve", description="kvserve: LLM inference engine")
+    parser = ConfigFileParser(prog="kvserve", description="kvserve: LLM inference engine")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_serve(subparsers)
     _add_run_batch(subparsers)
     _add_generate(subparsers)
     from kvserve.bench.cli import add_bench_parser
     add_bench_parser(subparsers)
+    from kvserve.tune.cli import add_tune_parser
+    add_tune_parser(subparsers)
     return parser
 
 

@@ -41,7 +41,7 @@ DEFAULT_KV_CAP = 4 * 2**30  # as vLLM's CPU backend: more is rarely used, and ze
 
 
 class CPUWorker(Worker):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model=None) -> None:
         self.config = config
         model_cfg, worker_cfg = config.model, config.worker
         torch.set_num_threads(worker_cfg.num_threads or physical_cores())
@@ -50,8 +50,8 @@ class CPUWorker(Worker):
         self.bound_cpus = self._bind_compute_threads()
         keep_freed_memory()
         start = time.perf_counter()
-        self.model = load_model(model_cfg.model_dir, model_cfg.arch, model_cfg.dtype,
-                                model_cfg.quantization)
+        self.model = model if model is not None else load_model(
+            model_cfg.model_dir, model_cfg.arch, model_cfg.dtype, model_cfg.quantization)
         self.mode = ExecutionMode(kernels=self.kernels, packed_linear=worker_cfg.native_kernels,
                                   linear_min_rows=worker_cfg.linear_min_rows or 1)
         configure_layers(self.model, self.mode)

@@ -1,0 +1,156 @@
+"""``kvserve tune``: search engine settings for a workload under SLOs, in one process.
+
+Writes the best settings as a YAML file of flag names (``kvserve serve --config``), the
+Pareto front (throughput against P99 TTFT and P99 TPOT) as JSON and a PNG, and prints
+every measured candidate with the tuning guide's diagnostics. At the end the defaults
+and the best settings are measured again, alternately, so the gain is a same-run ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from kvserve.tune.search import Slos, Trial, Tuner, pareto_front
+
+DEFAULTS: dict = {}  # the engine's own defaults: no setting changed
+
+
+def add_tune_parser(subparsers) -> None:
+    from kvserve.bench.workloads import WORKLOAD_NAMES
+
+    p = subparsers.add_parser("tune", help="search engine settings for a workload under SLOs")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory (default: the embedded model)")
+    p.add_argument("--workload", default="mixed",
+                   help=f"{' | '.join(WORKLOAD_NAMES)} or a JSONL file of "
+                        "{\"prompt_token_ids\": [...], \"max_tokens\": N} (default: mixed)")
+    p.add_argument("--num-prompts", type=int, default=64, help="requests (default 64)")
+    p.add_argument("--request-rate", type=float, required=True,
+                   help="Poisson arrivals per second")
+    p.add_argument("--slo-ttft-ms", type=float, required=True)
+    p.add_argument("--slo-tpot-ms", type=float, required=True)
+    p.add_argument("--objective", choices=("goodput", "throughput"), default="goodput")
+    p.add_argument("--budget-s", type=float, default=600.0,
+                   help="seconds of search (default 600); the best so far is kept")
+    p.add_argument("--kv-cache-memory", default="1GiB",
+                   help="KV pool of every candidate (default 1GiB)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="tuned.yaml", help="best settings (default tuned.yaml)")
+    p.add_argument("--plot", default=None, help="Pareto front PNG")
+    p.add_argument("--json", default=None, help="every candidate and the front, as JSON")
+    p.set_defaults(func=run_tune)
+
+
+def _requests(args, model_dir):
+    from kvserve.bench.models import model_vocab
+    from kvserve.bench.workloads import BenchRequest, WORKLOAD_NAMES, make_workload
+
+    if args.workload in WORKLOAD_NAMES:
+        vocab, special = model_vocab(model_dir)
+        return make_workload(args.workload, vocab, special, args.seed, args.num_prompts).requests
+    path = Path(args.workload)
+    if not path.is_file():
+        raise ValueError(f"--workload must be one of {list(WORKLOAD_NAMES)} or a JSONL file; "
+                         f"{args.workload!r} is neither")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [BenchRequest(list(r["prompt_token_ids"]), int(r["max_tokens"]))
+            for r in rows][:args.num_prompts]
+
+
+def _flags(settings: dict) -> dict:
+    """Flag names as ``kvserve serve --config`` reads them."""
+    from kvserve.tune.search import engine_args_of
+    return {k.replace("_", "-"): v for k, v in engine_args_of(settings).items()}
+
+
+def _row(t: Trial) -> str:
+    if t.error:
+        return f"  {json.dumps(t.settings)}: failed: {t.error}"
+    return (f"  goodput {t.goodput:6.2f} req/s  {t.throughput:8.1f} tok/s  P99 TTFT "
+            f"{t.p99_ttft_ms:7.1f} ms  P99 TPOT {t.p99_tpot_ms:6.2f} ms  {json.dumps(t.settings)}")
+
+
+def _plot(path: str, trials: list[Trial], front: list[Trial]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [t for t in trials if not t.error]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((axes[0], "p99_ttft_ms", "P99 TTFT (ms)"),
+                           (axes[1], "p99_tpot_ms", "P99 TPOT (ms)")):
+        ax.scatter([getattr(t, key) for t in ok], [t.throughput for t in ok], s=14,
+                   color="#9aa5b1", label="candidates")
+        ax.scatter([getattr(t, key) for t in front], [t.throughput for t in front], s=28,
+                   color="#d9480f", label="Pareto front")
+        ax.scatter([getattr(ok[0], key)], [ok[0].throughput], marker="x", s=60,
+                   color="#1c7ed6", label="defaults")
+        ax.set_xlabel(label)
+        ax.set_ylabel("output tokens/s")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    import yaml
+    from tqdm import tqdm
+
+    from kvserve.bench.bench_args import resolve_model_dir
+    from kvserve.bench.report import machine_info, machine_line
+    from kvserve.bench.workloads import poisson_arrival_times
+
+    import logging
+    logging.getLogger("kvserve").setLevel(logging.WARNING)  # a start-up log per candidate
+    model_dir = resolve_model_dir(args.model)
+    requests = _requests(args, model_dir)
+    arrivals = poisson_arrival_times(len(requests), args.request_rate, args.seed)
+    slos = Slos(args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3)
+    info = machine_info()
+    print(machine_line(info))
+    tuner = Tuner(str(model_dir), requests, arrivals, slos, args.objective,
+                  fixed={"kv_cache_memory": args.kv_cache_memory}, seed=args.seed)
+    bar = tqdm(total=int(args.budget_s), unit="s", desc="tuning", dynamic_ncols=True)
+
+    def progress(trial: Trial, best: Trial) -> None:
+        bar.update(min(int(trial.seconds), bar.total - bar.n))
+        bar.set_postfix_str(f"best {tuner.score(best):.2f} {args.objective}")
+        tqdm.write(_row(trial))
+
+    best = tuner.search(args.budget_s, DEFAULTS, progress)
+    bar.close()
+    front = pareto_front(tuner.trials)
+    print(f"{len(tuner.trials)} candidates measured; the defaults first:")
+    for t in tuner.trials:
+        print(_row(t))
+        for note in t.diagnostics:
+            print(f"      why: {note}")
+    again = {"defaults": [], "best": []}
+    for i in range(2):  # the gain, re-measured in alternating order
+        for name in ("defaults", "best") if i % 2 == 0 else ("best", "defaults"):
+            again[name].append(tuner.score(tuner.measure(DEFAULTS if name == "defaults"
+                                                         else best.settings)))
+    gain = statistics.median(again["best"]) / max(1e-9, statistics.median(again["defaults"]))
+    print(f"best vs defaults, re-measured: {gain:.2f}x {args.objective}")
+    Path(args.out).write_text(yaml.safe_dump(_flags(best.settings), sort_keys=True))
+    print(f"wrote {args.out}")
+    if args.plot:
+        _plot(args.plot, tuner.trials, front)
+        print(f"wrote {args.plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "machine": info, "model": Path(model_dir).name, "workload": args.workload,
+            "num_prompts": len(requests), "request_rate": args.request_rate,
+            "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
+            "objective": args.objective, "budget_s": args.budget_s,
+            "step_cost_s_by_rows": tuner.step_cost, "pruned": tuner.pruned,
+            "trials": [asdict(t) for t in tuner.trials],
+            "pareto_front": [asdict(t) for t in front], "best": asdict(best),
+            "re_measured": again, "gain_vs_defaults": gain}, indent=1, default=str))
+        print(f"wrote {args.json}")
+    return 0

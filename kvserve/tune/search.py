@@ -1,0 +1,237 @@
+"""The search: which settings, how they are pruned, how candidates are measured.
+
+The model is loaded once; each candidate is a fresh engine (scheduler, KV manager, KV
+pool) over the same weights, replaying the workload on a simulated clock
+(:mod:`kvserve.tune.replay`). Before searching, the step cost is measured by row count;
+settings it shows cannot meet the SLOs are pruned from the space (a decode batch of
+``max_num_seqs`` rows slower than the TPOT SLO, a prompt chunk of
+``max_num_batched_tokens`` slower than the TTFT SLO). The rest is searched with
+optuna's TPE sampler (seeded) until the budget is spent.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from kvserve.bench.workloads import BenchRequest
+from kvserve.tune.replay import ReplayResult, replay
+
+SPACE: dict[str, list] = {
+    "max_num_seqs": [8, 16, 32, 64, 128, 256],
+    "max_num_batched_tokens": [256, 512, 1024, 2048, 4096],
+    "block_size": [8, 16, 32],
+    "kv_manager": ["paged", "buddy", "contiguous"],
+    "batching": ["continuous", "length-bucket", "static"],
+    "bucket_window_s": [0.02, 0.1, 0.5],          # length-bucket only
+    "max_batch_size": [8, 16, 32],                # length-bucket and static
+    "prefill_join_tokens": [0, 128, 256, 512],
+    "kv_cache_dtype": ["auto", "bfloat16"],
+    "enable_prefix_caching": [True, False],       # paged only
+    "num_speculative_tokens": [0, 2, 4],          # n-gram speculation; 0: off
+}
+ROW_COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+@dataclass
+class Slos:
+    ttft_s: float
+    tpot_s: float
+
+
+@dataclass
+class Trial:
+    settings: dict
+    throughput: float = 0.0       # output tokens / s
+    goodput: float = 0.0          # requests / s meeting both SLOs
+    p99_ttft_ms: float = 0.0
+    p99_tpot_ms: float = 0.0
+    seconds: float = 0.0          # real time the candidate took
+    diagnostics: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def _p99(values: Sequence[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else (
+        values[0] if values else 0.0)
+
+
+def engine_args_of(settings: dict) -> dict:
+    """EngineArgs keywords of a candidate (the speculation count becomes its config)."""
+    args = {k: v for k, v in settings.items() if k != "num_speculative_tokens"}
+    k = settings.get("num_speculative_tokens", 0)
+    if k:
+        args["speculative_config"] = {"method": "ngram", "num_speculative_tokens": k}
+    if args.get("kv_manager", "paged") != "paged":
+        args["enable_prefix_caching"] = False
+    return args
+
+
+def diagnose(result: ReplayResult, settings: dict, kv_bytes: int, free_bytes: int) -> list[str]:
+    """Why a configuration is slow, in the terms of the tuning guide."""
+    notes = []
+    if result.preemptions:
+        notes.append(f"KV pool too small: {result.preemptions} preemptions; give it more "
+                     "memory (kv_cache_memory) or lower max_num_seqs")
+    if result.steps and result.starved_steps / result.steps > 0.2:
+        notes.append(f"the step token budget (max_num_batched_tokens="
+                     f"{settings.get('max_num_batched_tokens')}) left running requests out "
+                     f"of {100 * result.starved_steps / result.steps:.0f}% of steps")
+    if settings.get("batching") == "length-bucket" and result.ttft_s and \
+            _p99(result.ttft_s) > 2 * settings.get("bucket_window_s", 0.1):
+        notes.append("too many length buckets for the request-length spread: requests wait "
+                     "for their bucket to fill; widen bucket_window_s or use continuous")
+    if settings.get("kv_cache_dtype") == "bfloat16":
+        notes.append("kv_cache_dtype bfloat16 rounds every cached key and value: outputs are "
+                     "no longer bit-exact with float32")
+    if free_bytes and kv_bytes > 0.75 * (kv_bytes + free_bytes):
+        notes.append("memory headroom under 25 %: the KV pool leaves too little for weights "
+                     "and activations")
+    return notes
+
+
+class Tuner:
+    def __init__(self, model_dir: str, requests: Sequence[BenchRequest],
+                 arrivals: Sequence[float], slos: Slos, objective: str = "goodput",
+                 fixed: dict | None = None, space: dict | None = None, seed: int = 0,
+                 log: Callable[[str], None] = print) -> None:
+        from kvserve.config import EngineArgs
+        from kvserve.engine.llm_engine import LLMEngine
+
+        self.model_dir, self.requests, self.arrivals = model_dir, requests, arrivals
+        self.slos, self.objective, self.seed, self.log = slos, objective, seed, log
+        self.fixed = dict(fixed or {})
+        self.space = {k: list(v) for k, v in (space or SPACE).items()}
+        self.trials: list[Trial] = []
+        first = LLMEngine(EngineArgs(model=model_dir, **self.fixed))
+        self.model = first.worker.model
+        self.step_cost = first.worker.time_step_rows(ROW_COUNTS)
+        self.pruned = self._prune()
+        replay(first, requests, arrivals)  # warm: oneDNN makes each new GEMM shape once
+        first.close()
+
+    # -- pruning -------------------------------------------------------------------------
+
+    def _cost(self, rows: int) -> float:
+        known = sorted(self.step_cost.items())
+        below = [(r, t) for r, t in known if r <= rows]
+        r0, t0 = below[-1] if below else known[0]
+        if r0 == rows or len(known) < 2:
+            return t0
+        (ra, ta), (rb, tb) = known[-2], known[-1]
+        return t0 + (rows - r0) * max(0.0, (tb - ta) / (rb - ra))
+
+    def _prune(self) -> dict[str, list]:
+        pruned = {}
+        for key, slo, name in (("max_num_seqs", self.slos.tpot_s, "TPOT"),
+                               ("max_num_batched_tokens", self.slos.ttft_s, "TTFT")):
+            keep = [v for v in self.space[key] if self._cost(v) <= slo]
+            gone = [v for v in self.space[key] if v not in keep]
+            if gone:
+                pruned[key] = gone
+                self.log(f"pruned {key} {gone}: one step of that many rows is slower than "
+                         f"the {name} SLO")
+            self.space[key] = keep or self.space[key][:1]
+        return pruned
+
+    # -- measuring -----------------------------------------------------------------------
+
+    def measure(self, settings: dict, deadline_s: float = float("inf")) -> Trial:
+        from kvserve.config import EngineArgs
+        from kvserve.engine.llm_engine import LLMEngine
+        from kvserve.worker.platform import available_memory_bytes
+
+        trial = Trial(settings)
+        start = time.perf_counter()
+        try:
+            args = EngineArgs(model=self.model_dir, **{**self.fixed, **engine_args_of(settings)})
+            engine = LLMEngine(args, model=self.model)
+        except (ValueError, RuntimeError) as e:
+            trial.error = str(e)
+            return trial
+        try:
+            result = replay(engine, self.requests, self.arrivals, deadline_s)
+            kv_bytes = engine.kv_layout.num_blocks * engine.kv_layout.bytes_per_block
+            trial.diagnostics = diagnose(result, settings, kv_bytes, available_memory_bytes())
+        finally:
+            engine.close()
+        if not result.complete:
+            trial.error = "the budget ran out during this candidate's replay"
+            return trial
+        if not result.ttft_s or result.duration_s <= 0:
+            trial.error = "no request finished"
+            return trial
+        met = sum(1 for ttft, tpot in zip(result.ttft_s, result.tpot_s)
+                  if ttft <= self.slos.ttft_s and tpot <= self.slos.tpot_s)
+        trial.throughput = result.output_tokens / result.duration_s
+        trial.goodput = met / result.duration_s
+        trial.p99_ttft_ms = 1e3 * _p99(result.ttft_s)
+        trial.p99_tpot_ms = 1e3 * _p99(result.tpot_s)
+        trial.seconds = time.perf_counter() - start
+        return trial
+
+    def score(self, trial: Trial) -> float:
+        if trial.error:
+            return float("-inf")
+        return trial.goodput if self.objective == "goodput" else trial.throughput
+
+    # -- searching -----------------------------------------------------------------------
+
+    def search(self, budget_s: float, defaults: dict, progress=None) -> Trial:
+        """Measure the defaults, then candidates until ``budget_s`` is spent; the best."""
+        try:
+            import optuna
+        except ImportError as e:
+            raise ValueError("kvserve tune searches with optuna: pip install "
+                             "'kvserve[tune]'") from e
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        deadline = time.monotonic() + budget_s
+        self.trials.append(self.measure(defaults))
+        best = self.trials[0]
+        study = optuna.create_study(direction="maximize",
+                                    sampler=optuna.samplers.TPESampler(seed=self.seed))
+
+        def objective(t: optuna.Trial) -> float:
+            nonlocal best
+            settings = self._suggest(t)
+            trial = self.measure(settings, max(1.0, deadline - time.monotonic()))
+            self.trials.append(trial)
+            if self.score(trial) > self.score(best):
+                best = trial
+            if progress is not None:
+                progress(trial, best)
+            return self.score(trial) if not trial.error else -1.0
+
+        while time.monotonic() < deadline:
+            study.optimize(objective, n_trials=1)
+        return best
+
+    def _suggest(self, t) -> dict:
+        s = {k: t.suggest_categorical(k, self.space[k]) for k in (
+            "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_manager", "batching",
+            "prefill_join_tokens", "kv_cache_dtype", "num_speculative_tokens")}
+        if s["batching"] == "length-bucket":
+            s["bucket_window_s"] = t.suggest_categorical("bucket_window_s",
+                                                         self.space["bucket_window_s"])
+        if s["batching"] != "continuous":
+            s["max_batch_size"] = t.suggest_categorical("max_batch_size",
+                                                        self.space["max_batch_size"])
+            s.pop("prefill_join_tokens")
+        if s["kv_manager"] == "paged":
+            s["enable_prefix_caching"] = t.suggest_categorical(
+                "enable_prefix_caching", self.space["enable_prefix_caching"])
+        return s
+
+
+def pareto_front(trials: Sequence[Trial]) -> list[Trial]:
+    """Trials no other beats on throughput and both P99 latencies at once."""
+    ok = [t for t in trials if not t.error]
+
+    def dominates(a: Trial, b: Trial) -> bool:
+        no_worse = (a.throughput >= b.throughput and a.p99_ttft_ms <= b.p99_ttft_ms
+                    and a.p99_tpot_ms <= b.p99_tpot_ms)
+        better = (a.throughput > b.throughput or a.p99_ttft_ms < b.p99_ttft_ms
+                  or a.p99_tpot_ms < b.p99_tpot_ms)
+        return no_worse and better
+    return [t for t in ok if not any(dominates(o, t) for o in ok if o is not t)]

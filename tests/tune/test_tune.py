@@ -1,0 +1,83 @@
+"""kvserve tune: the simulated-clock replay, pruning, the Pareto front, the CLI's files."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from kvserve.bench.workloads import BenchRequest
+from kvserve.config import EngineArgs
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.tune.replay import replay
+from kvserve.tune.search import Slos, Trial, Tuner, engine_args_of, pareto_front
+
+
+def _requests(n=4):
+    return [BenchRequest(list(range(5 + i, 25 + i)), 6) for i in range(n)]
+
+
+def test_replay_counts_idle_gaps_on_the_simulated_clock(llama_dir):
+    engine = LLMEngine(EngineArgs(model=llama_dir, num_threads=1))
+    result = replay(engine, _requests(3), [0.0, 100.0, 200.0])
+    assert result.complete and result.output_tokens == 18
+    assert len(result.ttft_s) == 3 and len(result.tpot_s) == 3
+    assert 200.0 < result.duration_s < 200.0 + 10 * result.compute_s + 1
+    assert result.compute_s < 30  # the gaps were not waited for
+    assert all(0 < t < 100 for t in result.ttft_s)
+
+
+def test_replay_stops_at_its_deadline(llama_dir):
+    engine = LLMEngine(EngineArgs(model=llama_dir, num_threads=1))
+    result = replay(engine, _requests(4), [0.0] * 4, deadline_s=0.0)
+    assert not result.complete and result.steps == 1
+
+
+def test_candidate_settings_become_engine_args():
+    args = engine_args_of({"kv_manager": "buddy", "num_speculative_tokens": 2,
+                           "max_num_seqs": 8})
+    assert args == {"kv_manager": "buddy", "enable_prefix_caching": False, "max_num_seqs": 8,
+                    "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}
+    EngineArgs(**args)  # valid as they are
+
+
+def test_the_cost_model_prunes_what_cannot_meet_the_slos():
+    tuner = object.__new__(Tuner)
+    tuner.space = {"max_num_seqs": [8, 64, 256], "max_num_batched_tokens": [256, 4096]}
+    tuner.slos = Slos(ttft_s=0.1, tpot_s=0.02)
+    tuner.step_cost = {1: 0.005, 8: 0.006, 64: 0.015, 128: 0.03, 256: 0.06}
+    tuner.log = lambda _: None
+    assert tuner._prune() == {"max_num_seqs": [256], "max_num_batched_tokens": [4096]}
+    assert tuner.space == {"max_num_seqs": [8, 64], "max_num_batched_tokens": [256]}
+    assert abs(tuner._cost(4096) - (0.06 + 3840 * 0.03 / 128)) < 1e-9  # extrapolated
+
+
+def test_pareto_front():
+    a = Trial({"a": 1}, throughput=100, p99_ttft_ms=50, p99_tpot_ms=10)
+    b = Trial({"b": 1}, throughput=90, p99_ttft_ms=60, p99_tpot_ms=12)   # worse than a
+    c = Trial({"c": 1}, throughput=80, p99_ttft_ms=20, p99_tpot_ms=12)   # lower TTFT
+    d = Trial({"d": 1}, error="failed")
+    assert pareto_front([a, b, c, d]) == [a, c]
+
+
+def test_tune_writes_settings_front_and_plot(llama_dir, tmp_path):
+    out, js, png = tmp_path / "tuned.yaml", tmp_path / "tune.json", tmp_path / "front.png"
+    workload = tmp_path / "workload.jsonl"
+    workload.write_text("\n".join(json.dumps({"prompt_token_ids": r.prompt_token_ids,
+                                               "max_tokens": r.max_tokens})
+                                   for r in _requests(6)))
+    done = subprocess.run(
+        [sys.executable, "-m", "kvserve.entrypoints.cli", "tune", llama_dir, "--workload",
+         str(workload), "--num-prompts", "6", "--request-rate", "20", "--slo-ttft-ms", "2000", "--slo-tpot-ms", "500",
+         "--budget-s", "8", "--kv-cache-memory", "64MiB", "--out", str(out), "--plot",
+         str(png), "--json", str(js)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    settings = yaml.safe_load(out.read_text())
+    assert isinstance(settings, dict)
+    EngineArgs(**{k.replace("-", "_"): v for k, v in settings.items()})  # valid flags
+    report = json.loads(js.read_text())
+    assert len(report["trials"]) >= 2 and report["trials"][0]["settings"] == {}
+    assert report["pareto_front"] and report["gain_vs_defaults"] > 0
+    assert png.stat().st_size > 10_000
+    assert "candidates measured" in done.stdout
