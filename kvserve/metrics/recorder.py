@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from kvserve.logger import init_logger
+from kvserve.metrics.diagnostics import IntervalDiagnostics
 from kvserve.metrics.live import LiveStats, Totals
 from kvserve.metrics.prometheus import STEP_PARTS, TRANSFER_KINDS, ServerMetrics
 from kvserve.metrics.snapshot import EngineSnapshot
@@ -63,6 +64,7 @@ class StatsRecorder:
         self._prompt_since_log = self._gen_since_log = 0
         self._was_busy = False
         self._spec_logged = EngineSnapshot()
+        self.diagnostics = IntervalDiagnostics()
 
     # -- requests ------------------------------------------------------------------------
 
@@ -161,6 +163,8 @@ class StatsRecorder:
             rec = self._requests.get(rid)
             if rec is not None:
                 rec.preempted_at.append(now)
+        if stats is not None:
+            self.diagnostics.on_step(stats)
         m = self.metrics
         if m is None or stats is None:
             return
@@ -253,6 +257,8 @@ class StatsRecorder:
                 self._prompt_since_log / elapsed, self._gen_since_log / elapsed,
                 snap.num_running, snap.num_waiting, snap.kv_usage * 100, hit)
             self._log_spec_decode(snap)
+        for warning in self.diagnostics.end_interval(snap.num_preemptions):
+            self.log.warning("%s", warning)
         self._was_busy = busy
         self._last_log = now
         self._prompt_since_log = self._gen_since_log = 0

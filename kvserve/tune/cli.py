@@ -28,8 +28,11 @@ def add_tune_parser(subparsers) -> None:
                    help=f"{' | '.join(WORKLOAD_NAMES)} or a JSONL file of "
                         "{\"prompt_token_ids\": [...], \"max_tokens\": N} (default: mixed)")
     p.add_argument("--num-prompts", type=int, default=64, help="requests (default 64)")
-    p.add_argument("--request-rate", type=float, required=True,
-                   help="Poisson arrivals per second")
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
+    load.add_argument("--max-concurrency", type=int,
+                      help="a closed loop instead: this many requests in flight, the next "
+                           "sent when one finishes")
     p.add_argument("--slo-ttft-ms", type=float, required=True)
     p.add_argument("--slo-tpot-ms", type=float, required=True)
     p.add_argument("--objective", choices=("goodput", "throughput"), default="goodput")
@@ -61,9 +64,10 @@ def _requests(args, model_dir):
 
 
 def _flags(settings: dict) -> dict:
-    """Flag names as ``kvserve serve --config`` reads them."""
+    """Settings by their EngineArgs names: ``kvserve serve --config`` reads them (as it
+    reads the dashed flag names) and so does ``LLM(**yaml.safe_load(...))``."""
     from kvserve.tune.search import engine_args_of
-    return {k.replace("_", "-"): v for k, v in engine_args_of(settings).items()}
+    return engine_args_of(settings)
 
 
 def _row(t: Trial) -> str:
@@ -109,12 +113,20 @@ def run_tune(args: argparse.Namespace) -> int:
     logging.getLogger("kvserve").setLevel(logging.WARNING)  # a start-up log per candidate
     model_dir = resolve_model_dir(args.model)
     requests = _requests(args, model_dir)
-    arrivals = poisson_arrival_times(len(requests), args.request_rate, args.seed)
+    if args.max_concurrency is not None:
+        if args.max_concurrency < 1:
+            raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+        arrivals = None
+    else:
+        if not args.request_rate > 0:
+            raise ValueError(f"--request-rate must be > 0, got {args.request_rate}")
+        arrivals = poisson_arrival_times(len(requests), args.request_rate, args.seed)
     slos = Slos(args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3)
     info = machine_info()
     print(machine_line(info))
     tuner = Tuner(str(model_dir), requests, arrivals, slos, args.objective,
-                  fixed={"kv_cache_memory": args.kv_cache_memory}, seed=args.seed)
+                  fixed={"kv_cache_memory": args.kv_cache_memory}, seed=args.seed,
+                  concurrency=args.max_concurrency)
     bar = tqdm(total=int(args.budget_s), unit="s", desc="tuning", dynamic_ncols=True)
 
     def progress(trial: Trial, best: Trial) -> None:
@@ -146,6 +158,7 @@ def run_tune(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps({
             "machine": info, "model": Path(model_dir).name, "workload": args.workload,
             "num_prompts": len(requests), "request_rate": args.request_rate,
+            "max_concurrency": args.max_concurrency,
             "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
             "objective": args.objective, "budget_s": args.budget_s,
             "step_cost_s_by_rows": tuner.step_cost, "pruned": tuner.pruned,

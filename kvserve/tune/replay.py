@@ -33,12 +33,17 @@ class ReplayResult:
     complete: bool = True       # False: stopped at the deadline
 
 
-def replay(engine, requests: Sequence[BenchRequest], arrivals: Sequence[float],
-           deadline_s: float = float("inf")) -> ReplayResult:
-    """Run ``requests`` arriving at ``arrivals`` (seconds, ascending) through ``engine``.
-    Stops early (the result then covers the finished requests) once the real time spent
-    passes ``deadline_s``."""
+def replay(engine, requests: Sequence[BenchRequest], arrivals: Sequence[float] | None,
+           deadline_s: float = float("inf"), concurrency: int | None = None) -> ReplayResult:
+    """Run ``requests`` arriving at ``arrivals`` (seconds, ascending) through ``engine``;
+    with ``arrivals`` None, as a closed loop: ``concurrency`` in flight, the next arriving
+    when one finishes. Stops early (the result then covers the finished requests) once
+    the real time spent passes ``deadline_s``."""
     out = ReplayResult()
+    closed = arrivals is None
+    released = min(concurrency or 1, len(requests))  # closed loop: requests sent so far
+    if closed:  # arrival times become known as requests finish
+        arrivals = [0.0] * released + [float("inf")] * (len(requests) - released)
     start_real = time.perf_counter()
     clock, nxt = arrivals[0] if arrivals else 0.0, 0
     first: dict[str, float] = {}
@@ -71,6 +76,9 @@ def replay(engine, requests: Sequence[BenchRequest], arrivals: Sequence[float],
                 first[o.request_id] = clock
                 out.ttft_s.append(clock - arrival)
             if o.finished:
+                if closed and released < len(arrivals):
+                    arrivals[released] = clock  # the loop sends the next one now
+                    released += 1
                 out.output_tokens += tokens
                 if tokens > 1:
                     out.tpot_s.append((clock - first[o.request_id]) / (tokens - 1))

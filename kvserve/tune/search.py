@@ -95,20 +95,26 @@ class Tuner:
     def __init__(self, model_dir: str, requests: Sequence[BenchRequest],
                  arrivals: Sequence[float], slos: Slos, objective: str = "goodput",
                  fixed: dict | None = None, space: dict | None = None, seed: int = 0,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, concurrency: int | None = None) -> None:
+        """``arrivals`` None: a closed loop of ``concurrency`` requests in flight."""
         from kvserve.config import EngineArgs
         from kvserve.engine.llm_engine import LLMEngine
 
         self.model_dir, self.requests, self.arrivals = model_dir, requests, arrivals
+        self.concurrency = concurrency
         self.slos, self.objective, self.seed, self.log = slos, objective, seed, log
         self.fixed = dict(fixed or {})
         self.space = {k: list(v) for k, v in (space or SPACE).items()}
+        if "num_threads" not in self.space:
+            from kvserve.worker.platform import physical_cores
+            cores = physical_cores()
+            self.space["num_threads"] = sorted({1, max(1, cores // 2), cores})
         self.trials: list[Trial] = []
         first = LLMEngine(EngineArgs(model=model_dir, **self.fixed))
         self.model = first.worker.model
         self.step_cost = first.worker.time_step_rows(ROW_COUNTS)
         self.pruned = self._prune()
-        replay(first, requests, arrivals)  # warm: oneDNN makes each new GEMM shape once
+        replay(first, requests, arrivals, concurrency=concurrency)  # warm: oneDNN makes each new GEMM shape once
         first.close()
 
     # -- pruning -------------------------------------------------------------------------
@@ -151,7 +157,7 @@ class Tuner:
             trial.error = str(e)
             return trial
         try:
-            result = replay(engine, self.requests, self.arrivals, deadline_s)
+            result = replay(engine, self.requests, self.arrivals, deadline_s, self.concurrency)
             kv_bytes = engine.kv_layout.num_blocks * engine.kv_layout.bytes_per_block
             trial.diagnostics = diagnose(result, settings, kv_bytes, available_memory_bytes())
         finally:
@@ -210,7 +216,7 @@ class Tuner:
     def _suggest(self, t) -> dict:
         s = {k: t.suggest_categorical(k, self.space[k]) for k in (
             "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_manager", "batching",
-            "prefill_join_tokens", "kv_cache_dtype", "num_speculative_tokens")}
+            "prefill_join_tokens", "kv_cache_dtype", "num_speculative_tokens", "num_threads")}
         if s["batching"] == "length-bucket":
             s["bucket_window_s"] = t.suggest_categorical("bucket_window_s",
                                                          self.space["bucket_window_s"])

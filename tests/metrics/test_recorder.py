@@ -106,3 +106,23 @@ def test_structured_requests_are_counted():
     rec.on_add("s", SamplingParams(structured_outputs=StructuredOutputsParams(regex="a+")), 0.0)
     rec.on_add("p", SamplingParams(), 0.0)
     assert samples(m)["kvserve:structured_output_requests_total"] == 1
+
+
+def test_the_stats_line_says_why_after_a_condition_held(caplog):
+    import logging
+
+    log = logging.getLogger("test.diagnostics")
+    rec = StatsRecorder(None, log_interval=1.0, log=log)
+    kv = KVStats(num_blocks=10, block_size=16, num_used_blocks=10, used_tokens=160,
+                 allocated_slots=160)
+    starved = SchedulerStats(8, 4, 0, kv, num_scheduled_tokens=8, num_scheduled_requests=4)
+    with caplog.at_level(logging.INFO, logger="test.diagnostics"):
+        for interval in range(1, 5):
+            rec.on_step(starved, [], now=float(interval))
+            rec.on_outputs([], now=float(interval))
+            rec.maybe_log(EngineSnapshot(num_running=8, num_waiting=4,
+                                         num_preemptions=interval), now=rec._last_log + 1.5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # each once, after three intervals in a row
+    assert any("KV pool too small" in w for w in warnings)
+    assert any("token budget starves decodes: 100%" in w for w in warnings)

@@ -28,6 +28,13 @@ def test_replay_counts_idle_gaps_on_the_simulated_clock(llama_dir):
     assert all(0 < t < 100 for t in result.ttft_s)
 
 
+def test_a_closed_loop_keeps_the_concurrency(llama_dir):
+    engine = LLMEngine(EngineArgs(model=llama_dir, num_threads=1))
+    result = replay(engine, _requests(5), None, concurrency=2)
+    assert result.complete and result.output_tokens == 30 and result.peak_running <= 2
+    assert len(result.ttft_s) == 5
+
+
 def test_replay_stops_at_its_deadline(llama_dir):
     engine = LLMEngine(EngineArgs(model=llama_dir, num_threads=1))
     result = replay(engine, _requests(4), [0.0] * 4, deadline_s=0.0)
@@ -75,7 +82,11 @@ def test_tune_writes_settings_front_and_plot(llama_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     settings = yaml.safe_load(out.read_text())
     assert isinstance(settings, dict)
-    EngineArgs(**{k.replace("-", "_"): v for k, v in settings.items()})  # valid flags
+    EngineArgs(model=llama_dir, **settings)  # LLM(**yaml) reads the file as it is
+    from kvserve.entrypoints.cli import build_parser
+    args = build_parser().parse_args(["serve", llama_dir, "--config", str(out)])
+    for key, value in settings.items():  # and so does kvserve serve --config
+        assert getattr(args, key) == value or key == "speculative_config", key
     report = json.loads(js.read_text())
     assert len(report["trials"]) >= 2 and report["trials"][0]["settings"] == {}
     assert report["pareto_front"] and report["gain_vs_defaults"] > 0
