@@ -155,8 +155,8 @@ class ServerMetrics:
                                            BATCH_ROW_BUCKETS)
         self.iteration_prefill_tokens = h("iteration_prefill_tokens", "Prompt tokens "
                                           "computed per engine step.", ITERATION_TOKEN_BUCKETS)
-        self.batch_lines = self._gauges("batch_lines", "Batch API lines of active batches, "
-                                        "by state.", state=("queued", "running"))
+        self.batch_lines = g("batch_lines", "Batch API lines of active batches, by state.",
+                             state=("queued", "running"))
         self.batch_lines_finished = c("batch_lines_finished", "Batch API lines finished, by "
                                       "outcome.", outcome=("completed", "failed"))
         self.structured_output_requests = c("structured_output_requests", "Requests that "
@@ -168,25 +168,21 @@ class ServerMetrics:
     def _name(self, name: str) -> str:
         return f"{self.prefix}:{name}"
 
-    def _labelled(self, metric, values: dict[str, tuple[str, ...]]):
+    def _child(self, metric_cls, name: str, doc: str, /, **values: tuple[str, ...]):
+        """A Gauge or Counter bound to the server's labels; with ``key=(values...)`` a dict
+        of its children by that one extra label."""
+        metric = metric_cls(self._name(name), doc, [*self._labels, *values],
+                            registry=self.registry)
         if not values:
             return metric.labels(**self._labels)
         (key, options), = values.items()
         return {v: metric.labels(**self._labels, **{key: v}) for v in options}
 
-    def _gauge(self, name: str, doc: str):
-        return Gauge(self._name(name), doc, list(self._labels),
-                     registry=self.registry).labels(**self._labels)
+    def _gauge(self, name: str, doc: str, /, **values: tuple[str, ...]):
+        return self._child(Gauge, name, doc, **values)
 
-    def _gauges(self, name: str, doc: str, **values: tuple[str, ...]):
-        """A gauge's children by the values of one label."""
-        metric = Gauge(self._name(name), doc, [*self._labels, *values], registry=self.registry)
-        return self._labelled(metric, values)
-
-    def _counter(self, name: str, doc: str, **values: tuple[str, ...]):
-        """A counter; with ``key=(values...)`` a dict of its children by that label."""
-        metric = Counter(self._name(name), doc, [*self._labels, *values], registry=self.registry)
-        return self._labelled(metric, values)
+    def _counter(self, name: str, doc: str, /, **values: tuple[str, ...]):
+        return self._child(Counter, name, doc, **values)
 
     def _histogram(self, name: str, doc: str, buckets: list[float]):
         return Histogram(self._name(name), doc, list(self._labels), buckets=buckets,
