@@ -6,10 +6,10 @@
 """
 from kvserve.config import EngineArgs
 from kvserve.engine.llm import LLM
-from kvserve.default_model import default_model_dir
+from kvserve.default_model import default_draft_model_dir, default_model_dir
 from kvserve.outputs import CompletionOutput, Logprob, RequestOutput
 from kvserve.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput",
-           "Logprob", "default_model_dir", "__version__"]
+           "Logprob", "default_model_dir", "default_draft_model_dir", "__version__"]

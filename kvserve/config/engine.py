@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kvserve.config.cache import CacheConfig
 from kvserve.config.model import ModelConfig
+from kvserve.config.parallel import ParallelConfig
 from kvserve.config.scheduler import SchedulerConfig
 from kvserve.config.speculative import SpeculativeConfig
 from kvserve.config.worker import WorkerConfig
@@ -23,14 +24,26 @@ class EngineConfig:
     scheduler: SchedulerConfig
     worker: WorkerConfig
     speculative: SpeculativeConfig | None = None
+    parallel: ParallelConfig = ParallelConfig()
 
     def __post_init__(self) -> None:
+        size = self.parallel.tensor_parallel_size
+        if size > 1:
+            from kvserve.model.tensor_parallel import check_shardable
+            check_shardable(self.model.arch, size)
+        bind = self.worker.omp_threads_bind
+        if "|" in bind and bind.count("|") + 1 != size:
+            raise ValueError(f"omp_threads_bind {bind!r} gives {bind.count('|') + 1} CPU lists "
+                             f"(split by '|'), one per rank: tensor_parallel_size is {size}")
         if self.speculative is not None:
             from kvserve.core.kv import KV_MANAGERS
             if not KV_MANAGERS[self.cache.kv_manager].supports_truncate():
                 raise ValueError(f"kv_manager {self.cache.kv_manager!r} cannot give back a "
                                  "rejected draft's KV slots: speculative_config needs a "
                                  "manager that implements truncate")
+            if self.speculative.method == "draft_model":
+                from kvserve.spec_decode.draft_model import check_draft_model
+                check_draft_model(self.speculative.model, self.model)
 
     @property
     def warmup_tokens(self) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from kvserve.config.cache import KV_CACHE_DTYPES, CacheConfig
 from kvserve.config.engine import EngineConfig
 from kvserve.config.model import DTYPES, QUANTIZATION_METHODS, ModelConfig
+from kvserve.config.parallel import ParallelConfig
 from kvserve.config.scheduler import PREEMPTION_MODES, SCHEDULING_POLICIES, SchedulerConfig
 from kvserve.config.speculative import SpeculativeConfig
 from kvserve.config.worker import ATTENTION_BACKENDS, WorkerConfig
@@ -112,10 +113,15 @@ class EngineArgs:
     omp_threads_bind: str = field(default="auto", metadata=_help(
         "CPUs the compute threads are bound to, one each, as vLLM's "
         "VLLM_CPU_OMP_THREADS_BIND: auto (one CPU per physical core), nobind, or a list "
-        "such as 0-3 or 0,2"))
+        "such as 0-3 or 0,2; with tensor parallelism one list per rank split by '|', "
+        "e.g. 0|1 (auto: each rank its own cores)"))
     step_profile_interval: int = field(default=16, metadata=_help(
         "time one step in this many by part (linear layers, attention, other) for the "
         "metrics and the dashboard; the other steps run unhooked; 0: off"))
+
+    tensor_parallel_size: int = field(default=1, metadata=_help(
+        "ranks that split the model's heads, MLP and vocabulary between them, one "
+        "process each, on torch.distributed's gloo over loopback"))
 
     speculative_config: dict | str | None = field(default=None, metadata=_help(
         "speculative decoding, as vLLM's (JSON on the command line), e.g. "
@@ -133,6 +139,7 @@ class EngineArgs:
         self.create_cache_config()
         self.create_worker_config()
         SpeculativeConfig.from_value(self.speculative_config)
+        ParallelConfig(self.tensor_parallel_size)
 
     # -- the parts ---------------------------------------------------------------------
 
@@ -168,7 +175,8 @@ class EngineArgs:
         return EngineConfig(model=model, cache=self.create_cache_config(),
                             scheduler=self.create_scheduler_config(),
                             worker=self.create_worker_config(),
-                            speculative=SpeculativeConfig.from_value(self.speculative_config))
+                            speculative=SpeculativeConfig.from_value(self.speculative_config),
+                            parallel=ParallelConfig(self.tensor_parallel_size))
 
     # -- the command line ----------------------------------------------------------------
 

@@ -1,9 +1,13 @@
 """SpeculativeConfig: vLLM's ``speculative_config`` object, validated.
 
 ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a,
-"prompt_lookup_max": b}``: prompt lookup. ``num_speculative_tokens`` is the most drafts a
-request may carry in one step; the engine chooses fewer (0 included) each step where
-they would not pay (:mod:`kvserve.spec_decode.controller`).
+"prompt_lookup_max": b}``: prompt lookup. ``{"method": "draft_model", "model": DIR,
+"num_speculative_tokens": k}``: a smaller model with the same tokenizer guesses greedily
+(the draft model is checked against the target when the engine config is built:
+:func:`kvserve.spec_decode.draft_model.check_draft_model`).
+``num_speculative_tokens`` is the most drafts a request may carry in one step; the
+engine chooses fewer (0 included) each step where they would not pay
+(:mod:`kvserve.spec_decode.controller`).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
+    model: str | None = None  # the draft model's directory (method draft_model)
 
     def __post_init__(self) -> None:
         from kvserve.spec_decode import PROPOSERS
@@ -32,6 +37,12 @@ class SpeculativeConfig:
                              f"{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
         positive_int("speculative_config.prompt_lookup_min", self.prompt_lookup_min)
         positive_int("speculative_config.prompt_lookup_max", self.prompt_lookup_max)
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative_config.model is required for method 'draft_model': "
+                             "the draft model's directory (e.g. kvserve.default_draft_model_dir())")
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(f"speculative_config.model is only for method 'draft_model', not "
+                             f"{self.method!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) "
                              f"must not exceed prompt_lookup_max ({self.prompt_lookup_max})")

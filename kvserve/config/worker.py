@@ -32,7 +32,8 @@ class WorkerConfig:
         optional_positive_int("num_threads", self.num_threads)
         non_negative_int("step_profile_interval", self.step_profile_interval, "off")
         if self.omp_threads_bind not in ("auto", "nobind"):
-            parse_cpu_list(self.omp_threads_bind)
+            for part in self.omp_threads_bind.split("|"):  # '|': one list per rank
+                parse_cpu_list(part)
 
     @property
     def native_kernels(self) -> bool:

@@ -24,6 +24,12 @@ What it does:
    bytes, ``training_info.json``, ``loss_curve.png``, and the model in HF layout
    (``save_pretrained(safe_serialization=True)``) with tokenizer files in ``--out``.
 
+6. A draft model for speculative decoding (``kvserve.default_draft_model_dir()``) is
+   a smaller sibling trained by the same script: ``--size tiny --tokenizer DIR``
+   reuses the default model's tokenizer, and ``--teacher DIR`` trains on the default
+   model's next-token distribution (KL divergence from it, DistillSpec's recipe) instead
+   of the corpus's next token, so that its greedy guesses agree with the target's.
+
 ``--probe`` measures training throughput of the size presets for a short while each.
 The corpus and tokenizer are in :mod:`kvserve.default_model.training_data`, the evaluation and
 loss curve in :mod:`kvserve.default_model.training_eval`, the files written at the end in
@@ -117,6 +123,21 @@ def loss_fn(model, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
+def distill_loss_fn(teacher):
+    """KL(teacher || student) over every position's next-token distribution."""
+    import torch
+    import torch.nn.functional as F
+
+    def loss(model, x, y):
+        with torch.no_grad():
+            target = F.log_softmax(teacher(input_ids=x).logits.float(), dim=-1)
+        student = F.log_softmax(model(input_ids=x).logits, dim=-1)
+        return F.kl_div(student.reshape(-1, student.size(-1)),
+                        target.reshape(-1, target.size(-1)), log_target=True,
+                        reduction="batchmean")
+    return loss
+
+
 # ----------------------------------------------------------------------------- main
 
 def parse_args(argv=None):
@@ -141,6 +162,10 @@ def parse_args(argv=None):
     ap.add_argument("--eval-minutes", type=float, default=3.0, help="held-out loss interval (loss curve)")
     ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the periodic loss")
     ap.add_argument("--heldout-max-bytes", type=int, default=2_000_000, help="cap on the final bpb eval text")
+    ap.add_argument("--tokenizer", default=None,
+                    help="model directory whose tokenizer.json to use instead of training one")
+    ap.add_argument("--teacher", default=None,
+                    help="model directory to distil from (a draft model for it)")
     ap.add_argument("--probe", default=None, help="comma-separated presets: measure throughput and exit")
     ap.add_argument("--probe-seconds", type=float, default=45.0)
     return ap.parse_args(argv)
@@ -287,6 +312,16 @@ def main(argv=None) -> int:
     log(f"model: {preset}, {n_params:,} params ({n_nonemb:,} non-embedding), seq {T} x batch {B}, "
         f"{n_seq} sequences/epoch")
     step_model = torch.compile(model) if args.compile else model
+    train_loss = loss_fn
+    if args.teacher:
+        from transformers import AutoModelForCausalLM
+
+        teacher = AutoModelForCausalLM.from_pretrained(args.teacher, dtype=torch.float32).eval()
+        if teacher.config.vocab_size != tok.get_vocab_size():
+            raise SystemExit(f"--teacher {args.teacher} has vocab {teacher.config.vocab_size}, "
+                             f"the tokenizer {tok.get_vocab_size()}: pass --tokenizer {args.teacher}")
+        train_loss = distill_loss_fn(torch.compile(teacher) if args.compile else teacher)
+        log(f"distilling from {args.teacher}")
     budget = args.minutes * 60.0
 
     def perm_for(epoch: int):
@@ -328,7 +363,7 @@ def main(argv=None) -> int:
         lr = lr_at(st["train_time"] / budget, st["step"], args.lr, args.warmup_steps)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = loss_fn(step_model, x, y)
+        loss = train_loss(step_model, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -377,6 +412,11 @@ def main(argv=None) -> int:
     # ---- final evaluation on the held-out files, then the model directory
     res, tres, gz, eval_files = final_evaluation(args, data, model, T, log)
     write_model_files(out, model, tok, ids)
+    if args.tokenizer:  # a sibling: the very tokenizer files (and chat template) of its model
+        import shutil
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (Path(args.tokenizer) / name).is_file():
+                shutil.copy(Path(args.tokenizer) / name, out / name)
 
     info = training_info(args, data, model, tok, preset, st, T, B, len(stream), ema,
                          (res, tres, gz, eval_files))

@@ -103,8 +103,10 @@ def prepare_data(args, work: Path, log):
     meta_path = work / "data_meta.json"
     tok_path = work / "tokenizer.json"
     stream_path = work / "train_tokens.npy"
+    tokenizer_from = getattr(args, "tokenizer", None)
     meta = {"file_list_sha256": flh, "seed": args.seed, "vocab_size": args.vocab_size,
-            "n_files": len(paths), "held_out_fraction": HELD_OUT_FRACTION}
+            "n_files": len(paths), "held_out_fraction": HELD_OUT_FRACTION,
+            "tokenizer_from": tokenizer_from}
     cached = (meta_path.exists() and tok_path.exists() and stream_path.exists()
               and json.loads(meta_path.read_text()) == meta)
     if cached:
@@ -115,8 +117,12 @@ def prepare_data(args, work: Path, log):
         if args.resume:
             log("warning: cached data missing or from another corpus; re-tokenizing")
         t0 = time.time()
-        tok = train_tokenizer((docs[p] for p in train_files), args.vocab_size)
-        log(f"tokenizer trained in {time.time() - t0:.0f}s, vocab {tok.get_vocab_size()}")
+        if tokenizer_from:  # a sibling model (a draft) must share its target's tokens
+            tok = Tokenizer.from_file(str(Path(tokenizer_from) / "tokenizer.json"))
+            log(f"tokenizer of {tokenizer_from}, vocab {tok.get_vocab_size()}")
+        else:
+            tok = train_tokenizer((docs[p] for p in train_files), args.vocab_size)
+            log(f"tokenizer trained in {time.time() - t0:.0f}s, vocab {tok.get_vocab_size()}")
         t0 = time.time()
         bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
         texts = [docs[p] for p in train_files]

@@ -36,8 +36,13 @@ def training_info(args, data: dict, model, tok, preset: dict, st: dict, T: int, 
     n_nonemb = n_params - model.get_input_embeddings().weight.numel()
     held_sha = hashlib.sha256("\n".join(data["held_files"]).encode()).hexdigest()
     info = {
-        "description": "kvserve embedded default model: a small Llama-architecture code-completion LM "
-                       "trained from scratch on the Python standard library's .py sources",
+        "description": ("kvserve embedded default model: a small Llama-architecture code-completion "
+                        "LM trained from scratch on the Python standard library's .py sources"
+                        if not args.teacher else
+                        f"kvserve draft model: a smaller sibling distilled from {Path(args.teacher).name} "
+                        "on the same corpus, with its tokenizer, for speculative decoding"),
+        "objective": ("KL(teacher || model) per next token" if args.teacher
+                      else "cross-entropy of the next token"),
         "corpus": {
             "source": "Python standard library .py files (sysconfig stdlib path), test dirs included; "
                       "site-packages, non-UTF-8, empty and >512KB files skipped",

@@ -42,6 +42,7 @@ from kvserve.logger import init_logger
 from kvserve.metrics import EngineSnapshot, StatsRecorder, create_recorder
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
+from kvserve.worker import WorkerDiedError
 
 logger = init_logger(__name__)
 
@@ -98,6 +99,7 @@ class AsyncLLMEngine:
         self._final_only: set[str] = set()  # engine-thread side: posted only once finished
         self._published = 0.0
         self.dead_error: str | None = None
+        self.on_dead = None  # called on the event loop once the engine died for good
         self._go = threading.Event()  # start() was called: a waiting engine thread may run
 
     @classmethod
@@ -285,13 +287,14 @@ class AsyncLLMEngine:
                 failures = 0
                 if stop:
                     return
+            except WorkerDiedError as e:  # nothing can run again: stop now
+                self._die(f"the engine stopped: {e}")
+                return
             except Exception as e:  # a bug outside the model step: fail what is in flight
                 failures += 1
                 logger.exception("engine loop iteration failed; failing in-flight requests")
                 if failures >= 3:
-                    self.dead_error = f"the engine loop died: {type(e).__name__}: {e}"
-                    self._post(self._fail_streams, list(self._live), self.dead_error)
-                    self._stats.on_state(self.snapshot, alive=False)
+                    self._die(f"the engine loop died: {type(e).__name__}: {e}")
                     return
                 try:
                     self._abort_all("internal error in the engine loop")
@@ -366,9 +369,18 @@ class AsyncLLMEngine:
             self._final_only.add(cmd.request_id)
         return cmd.future, None
 
+    def _die(self, error: str) -> None:
+        self.dead_error = error
+        self._post(self._fail_streams, list(self._live), error, 503)
+        self._stats.on_state(self.snapshot, alive=False)
+        if self.on_dead is not None:
+            self._post(self.on_dead)
+
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except WorkerDiedError:
+            raise
         except Exception:
             logger.exception("engine step failed; failing the %d in-flight requests",
                              len(self._live))

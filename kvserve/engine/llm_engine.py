@@ -26,7 +26,7 @@ from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 from kvserve.spec_decode.controller import SpecDecodeStats, create_controller
 from kvserve.structured_output.manager import StructuredOutputManager
-from kvserve.worker import KVCacheLayout, TransferStats, create_worker
+from kvserve.worker import KVCacheLayout, TransferStats, WorkerDiedError, create_worker
 from kvserve.worker.step_profiler import StepTimeStats
 
 logger = init_logger(__name__)
@@ -221,6 +221,7 @@ class LLMEngine:
             for child in children:
                 self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
             self.structured.remove(children)
+            self._forget_drafts(children)
             self.outputs.remove(parent)
 
     def has_unfinished_requests(self) -> bool:
@@ -254,6 +255,10 @@ class LLMEngine:
             self.outputs.parent_of.get(c, c) for c in sched.preempted))
         try:
             step = self.worker.execute_model(sched)
+        except WorkerDiedError:  # no step can run again: the engine stops
+            logger.exception("the worker died; failing every request")
+            self._fail(list(self.scheduler.requests))
+            raise
         except Exception:  # a failing step fails its requests, not the engine
             logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
             self.kv.reset_prefix_cache()  # blocks registered for this step were never written
@@ -268,10 +273,17 @@ class LLMEngine:
         if constrained:
             self.structured.advance(progressed)
         self.scheduler.finish_on_stop_strings(self.outputs.process_tokens(progressed, results))
+        finished = [r.request_id for r, _ in progressed if r.is_finished]
         if constrained:
-            self.structured.remove([r.request_id for r, _ in progressed if r.is_finished])
+            self.structured.remove(finished)
+        self._forget_drafts(finished)
         parents = dict.fromkeys(self.outputs.parent_of[r.request_id] for r, _ in progressed)
         return [self.outputs.make_output(p) for p in parents]
+
+    def _forget_drafts(self, request_ids: list[str]) -> None:
+        """A finished request's proposer state (a draft model's KV) goes with it."""
+        if self.speculator is not None and request_ids:
+            self.speculator.forget(request_ids)
 
     def _fail(self, child_ids: list[str]) -> list[RequestOutput]:
         parents = dict.fromkeys(self.outputs.parent_of[c] for c in child_ids
@@ -282,6 +294,7 @@ class LLMEngine:
             for child in children:
                 self.scheduler.finish_request(child, RequestStatus.FINISHED_ERROR)
             self.structured.remove(children)
+            self._forget_drafts(children)
             out = self.outputs.make_output(parent)
             out.error = "internal error while running the model"
             outs.append(out)

@@ -105,13 +105,22 @@ static inline void prefetch_run(const void *p, int64_t bytes) {
 #define KV_MAX_ROW_QUERIES 32
 #define KV_SCORE_CHUNKS 4 /* AVX-512 prompt scores: chunks of 16 keys a tile */
 
-/* fn(args..., D) with the head dim a constant, so that fn is inlined for it (64 or 128) */
+/* fn(args..., D) with the head dim a constant, so that fn is inlined for it (64 or 128;
+ * KV_WITH_ROW_DIM also 32, which the one-row path handles and the prompt tiles do not) */
 #define KV_WITH_DIM(fn, ...)                  \
     do {                                      \
         if (head_dim == 64)                   \
             fn(__VA_ARGS__, 64);              \
         else                                  \
             fn(__VA_ARGS__, 128);             \
+    } while (0)
+
+#define KV_WITH_ROW_DIM(fn, ...)              \
+    do {                                      \
+        if (head_dim == 32)                   \
+            fn(__VA_ARGS__, 32);              \
+        else                                  \
+            KV_WITH_DIM(fn, __VA_ARGS__);     \
     } while (0)
 
 static int64_t gcd64(int64_t a, int64_t b) { return b == 0 ? a : gcd64(b, a % b); }

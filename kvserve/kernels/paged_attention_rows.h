@@ -349,9 +349,10 @@ void KV_NAME(paged_attention_rows)(const float *q, int64_t q_stride, const KV_T 
                                    const int64_t *seq_lens, float *out, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                    int64_t block_size, float scale, int64_t window) {
-    int vector = 0;
+    int vector = 0, row_vector = 0; /* the prompt tiles' head dims; the one-row path's */
 #if defined(__AVX2__) && KV_VECTOR
     vector = (head_dim == 64 || head_dim == 128) && block_size % 8 == 0;
+    row_vector = vector || (head_dim == 32 && block_size % 8 == 0);
 #endif
     int64_t num_groups = 0;
     int64_t *starts = row_groups(tables, table_stride, seq_lens, num_seqs, block_size, window,
@@ -384,8 +385,8 @@ void KV_NAME(paged_attention_rows)(const float *q, int64_t q_stride, const KV_T 
             s > 0 && next_token_row(tables, table_stride, seq_lens, s, s - 1, block_size);
         const int64_t pf_len = continues ? 0 : len;
 #if defined(__AVX2__) && KV_VECTOR
-        if (vector) {
-            KV_WITH_DIM(KV_NAME(attend_row_avx2), qs, k_pool, v_pool, table, os, scores,
+        if (row_vector) {
+            KV_WITH_ROW_DIM(KV_NAME(attend_row_avx2), qs, k_pool, v_pool, table, os, scores,
                         first, len, pf_len, num_heads, num_kv_heads, block_size, scale);
             free(scores);
             continue;

@@ -11,6 +11,7 @@ from kvserve.model.layers import Linear, activation, in_row_chunks
 
 class GPT2Attention(nn.Module):
     step_part = "attention"  # for the step profiler
+    tp = None  # TensorParallelGroup when sharded: c_proj gives this rank's partial sum
 
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
@@ -21,13 +22,16 @@ class GPT2Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
                 out_rows: torch.Tensor | None = None) -> torch.Tensor:
-        t, hidden = x.shape
+        t = x.shape[0]
         q, k, v = self.c_attn(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)
         out = paged_attention(q, k, v, cache, meta, self.scale, out_rows)
-        return self.c_proj(out.reshape(-1, hidden))
+        out = self.c_proj(out.reshape(-1, self.num_heads * self.head_dim))
+        return out if self.tp is None else self.tp.all_reduce_(out)
 
 
 class GPT2MLP(nn.Module):
+    tp = None  # TensorParallelGroup when sharded: c_proj gives a partial sum
+
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.c_fc = Linear(cfg.hidden_size, cfg.intermediate_size)
@@ -35,7 +39,8 @@ class GPT2MLP(nn.Module):
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return in_row_chunks(self._forward, x, self.c_fc.out_features)
+        out = in_row_chunks(self._forward, x, self.c_fc.out_features)
+        return out if self.tp is None else self.tp.all_reduce_(out)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self.act(self.c_fc(x)))

@@ -25,6 +25,9 @@ class Linear(nn.Linear):
     step_part = "linear"  # for the step profiler (kvserve/worker/step_profiler.py)
     packed_weight: torch.Tensor | None = None
     min_rows: int = 1  # a packed GEMM of fewer rows runs on min_rows rows, the real ones first
+    # GEMMs of up to this many rows run on the dense weight instead (set by measurement:
+    # oneDNN's fixed cost per call outweighs its streaming on small weights)
+    dense_max_rows: int = 0
     _padded: torch.Tensor | None = None
 
     def configure(self, mode: ExecutionMode) -> None:
@@ -37,10 +40,11 @@ class Linear(nn.Linear):
         else:
             self.packed_weight = None
         self.min_rows = mode.linear_min_rows if self.packed_weight is not None else 1
+        self.dense_max_rows = 0
         self._padded = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is None or x.dim() != 2:
+        if self.packed_weight is None or x.dim() != 2 or x.shape[0] <= self.dense_max_rows:
             return F.linear(x, self.weight, self.bias)
         rows = x.shape[0]
         if rows < self.min_rows:

@@ -17,6 +17,7 @@ from kvserve.model.layers import GatedActivation, Linear, RMSNorm, RotaryEmbeddi
 
 class LlamaAttention(nn.Module):
     step_part = "attention"  # for the step profiler
+    tp = None  # TensorParallelGroup when sharded: o_proj gives this rank's partial sum
 
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
@@ -40,11 +41,14 @@ class LlamaAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if not rotated:
             q, k = rotary(positions, q, k)
-        out = paged_attention(q, k, v, cache, meta, self.scale, out_rows)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        out = self.o_proj(paged_attention(q, k, v, cache, meta, self.scale, out_rows)
+                          .reshape(-1, self.q_size))
+        return out if self.tp is None else self.tp.all_reduce_(out)
 
 
 class LlamaMLP(nn.Module):
+    tp = None  # TensorParallelGroup when sharded: down_proj gives a partial sum
+
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
@@ -53,7 +57,8 @@ class LlamaMLP(nn.Module):
         self.act = GatedActivation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return in_row_chunks(self._forward, x, 2 * self.inter)
+        out = in_row_chunks(self._forward, x, 2 * self.inter)
+        return out if self.tp is None else self.tp.all_reduce_(out)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))

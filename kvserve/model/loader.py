@@ -84,8 +84,9 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor, Path]]:
 
 
 def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dtype,
-               quantization: str | None = None) -> nn.Module:
-    """The checkpoint's model in ``dtype``, its linear layers quantized if asked."""
+               quantization: str | None = None, tp=None) -> nn.Module:
+    """The checkpoint's model in ``dtype``, its linear layers quantized if asked; with
+    ``tp`` (a TensorParallelGroup), this rank's share of it."""
     model_dir = Path(model_dir)
     cls = MODEL_CLASSES[model_config.architecture]
     with torch.device("meta"):
@@ -99,6 +100,9 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
     if model_config.tie_word_embeddings:
         _tie(model)
     model = model.to(dtype)
+    if tp is not None:
+        from kvserve.model.tensor_parallel import shard_model
+        shard_model(model, tp)
     if quantization is not None:
         quantize_model(model, quantization)
     model.eval()

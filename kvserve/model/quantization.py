@@ -117,7 +117,7 @@ def quantize_model(model: nn.Module, method: str) -> int:
                          "torch._int_mm on this CPU does not (no VNNI int8 instructions?): "
                          "run without --quantization")
     targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and not name.endswith("lm_head")]
+               if isinstance(module, nn.Linear) and not name.startswith("lm_head")]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -8,8 +8,12 @@ likely accepted, for as long as expected tokens per second of the step rise. Und
 load a row costs as much as it can yield and no request gets drafts; a request whose
 drafts keep failing stops getting them. Acceptance is estimated per request from its own
 recent drafts (older ones count less each step, so a request that stopped getting
-drafts is tried again later: its text may have started to repeat), starting from an
-even prior.
+drafts is tried again later: its text may have started to repeat), starting from the
+proposer's acceptance over all requests (from an even prior). When no request has
+drafted for a while, the likeliest one gets one draft anyway: without it a proposer
+whose first drafts look too dear under the prior would never show what it can do. Proposing costs time too: per request asked (prompt lookup), or per draft
+position, one pass of the draft model over the requests that reach it (a draft model);
+the controller charges it where it falls.
 """
 from __future__ import annotations
 
@@ -53,9 +57,10 @@ class SpecDecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)
 
 
-PRIOR_ACCEPTANCE = 0.5  # a request's estimate before it has drafted ...
-PRIOR_WEIGHT = 2.0      # ... worth this many draft tokens
+PRIOR_ACCEPTANCE = 0.5  # the proposer's estimate before any draft ...
+PRIOR_WEIGHT = 2.0      # ... worth this many draft tokens (a request's prior: the proposer's)
 DECAY = 0.95            # per step, the weight of a request's older drafts
+EXPLORE_STEPS = 32      # steps without any draft before one is tried anyway
 
 
 class SpecDecodeController:
@@ -66,18 +71,27 @@ class SpecDecodeController:
         self.budget = max_num_batched_tokens
         self.stats = SpecDecodeStats(accepted_per_position=[0] * self.k_max)
         self._history: dict[str, tuple[float, float, int]] = {}  # accepted, proposed, step
+        self._overall = (0.0, 0.0, 0)  # the same over every request's drafts
         self._step = 0
-        self.propose_seconds = 0.0  # per request asked for drafts, a moving average
+        self._last_drafted = 0  # the step that last handed out drafts
+        self.per_pass = proposer.cost_unit == "pass"
+        self.propose_seconds = 0.0  # per request (or pass) of proposing, a moving average
 
-    def _decayed(self, request_id: str) -> tuple[float, float]:
-        accepted, proposed, step = self._history.get(request_id, (0.0, 0.0, self._step))
+    def _decayed(self, request_id: str | None) -> tuple[float, float]:
+        """(accepted, proposed) of a request (None: of all), older drafts weighing less."""
+        record = self._overall if request_id is None else self._history.get(request_id)
+        accepted, proposed, step = record or (0.0, 0.0, self._step)
         weight = DECAY ** (self._step - step)
         return accepted * weight, proposed * weight
 
-    def acceptance(self, request_id: str) -> float:
-        """Estimated chance that a draft of this request is accepted."""
+    def acceptance(self, request_id: str | None) -> float:
+        """Estimated chance that a draft of this request (None: any) is accepted."""
+        if request_id is None:
+            prior = PRIOR_ACCEPTANCE
+        else:
+            prior = self.acceptance(None)
         accepted, proposed = self._decayed(request_id)
-        return (accepted + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (proposed + PRIOR_WEIGHT)
+        return (accepted + PRIOR_WEIGHT * prior) / (proposed + PRIOR_WEIGHT)
 
     def draft_limits(self, running: list[Request]) -> dict[str, int]:
         """Drafts each decoding request may carry this step (absent: none)."""
@@ -93,17 +107,24 @@ class SpecDecodeController:
                 heap.append((-alpha, r.request_id, 1, alpha, room))
         heapq.heapify(heap)
         limits: dict[str, int] = {}
-        overhead = 0.0  # proposing costs time too, per request that gets drafts
+        overhead, depth = 0.0, 0  # proposing's cost so far; the deepest draft handed out
+        unit = self.proposer.cost_estimate()
+        unit = self.propose_seconds if unit is None else unit
         while heap and rows < self.budget:
             neg_value, rid, j, alpha, room = heapq.heappop(heap)
-            extra = overhead + (self.propose_seconds if j == 1 else 0.0)
+            charged = j > depth if self.per_pass else j == 1
+            extra = overhead + (unit if charged else 0.0)
             more = self.cost(rows + 1) + extra
             if (gain - neg_value) * (seconds + overhead) <= gain * more:  # tokens/s would drop
                 break
             limits[rid], rows, gain, seconds = j, rows + 1, gain - neg_value, more - extra
-            overhead = extra
+            overhead, depth = extra, max(depth, j)
             if j < room:
                 heapq.heappush(heap, (neg_value * alpha, rid, j + 1, alpha, room))
+        if not limits and heap and self._step - self._last_drafted >= EXPLORE_STEPS:
+            limits[min(heap)[1]] = 1
+        if limits:
+            self._last_drafted = self._step
         return limits
 
     def propose(self, running: list[Request]) -> None:
@@ -113,8 +134,9 @@ class SpecDecodeController:
         if limits:
             start = time.perf_counter()
             drafts = self.proposer.propose(running, limits)
-            per_request = (time.perf_counter() - start) / len(limits)
-            self.propose_seconds += 0.1 * (per_request - self.propose_seconds)
+            units = max(limits.values()) if self.per_pass else len(limits)
+            per_unit = (time.perf_counter() - start) / units
+            self.propose_seconds += 0.1 * (per_unit - self.propose_seconds)
         for r in running:
             r.draft_token_ids = drafts.get(r.request_id, [])
 
@@ -124,9 +146,14 @@ class SpecDecodeController:
             if not sr.num_draft_tokens or sr.request_id not in results:
                 continue
             accepted = len(results[sr.request_id]) - 1
-            old_accepted, old_proposed = self._decayed(sr.request_id)
-            self._history[sr.request_id] = (old_accepted + accepted,
-                                            old_proposed + sr.num_draft_tokens, self._step)
+            for rid in (sr.request_id, None):
+                old_accepted, old_proposed = self._decayed(rid)
+                record = (old_accepted + accepted, old_proposed + sr.num_draft_tokens,
+                          self._step)
+                if rid is None:
+                    self._overall = record
+                else:
+                    self._history[rid] = record
             s = self.stats
             s.num_drafts += 1
             s.num_draft_tokens += sr.num_draft_tokens
@@ -165,5 +192,5 @@ def create_controller(config, worker) -> SpecDecodeController | None:
         "speculative decoding (%s, up to %d tokens): step ms by rows %s", spec.method,
         spec.num_speculative_tokens,
         " ".join(f"{r}:{1000 * t:.1f}" for r, t in times.items()))
-    return SpecDecodeController(spec, PROPOSERS[spec.method].from_config(spec),
+    return SpecDecodeController(spec, PROPOSERS[spec.method].from_config(config, worker),
                                 StepCostModel(times), sched.max_num_batched_tokens)

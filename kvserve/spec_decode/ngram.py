@@ -54,8 +54,9 @@ class NgramProposer(Proposer):
         self._histories: dict[str, _History] = {}
 
     @classmethod
-    def from_config(cls, config) -> NgramProposer:
-        return cls(config.prompt_lookup_min, config.prompt_lookup_max)
+    def from_config(cls, config, worker) -> NgramProposer:
+        spec = config.speculative
+        return cls(spec.prompt_lookup_min, spec.prompt_lookup_max)
 
     def propose(self, requests: list[Request], limits: dict[str, int]) -> dict[str, list[int]]:
         drafts = {}

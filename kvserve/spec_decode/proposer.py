@@ -7,10 +7,21 @@ from kvserve.request import Request
 
 
 class Proposer(ABC):
+    # what proposing costs: "request" (each request asked for drafts costs about the
+    # same, whatever their number) or "pass" (each draft position is one pass of a
+    # model over every request asked for that many: the k-th draft costs a pass)
+    cost_unit = "request"
+
     @classmethod
-    def from_config(cls, config) -> Proposer:
-        """Build from the SpeculativeConfig."""
+    def from_config(cls, config, worker) -> Proposer:
+        """Build from the EngineConfig (its ``speculative`` part is set) and the worker
+        that runs the target (a proposer with a model asks it to load one)."""
         return cls()
+
+    def cost_estimate(self) -> float | None:
+        """Seconds one unit of proposing costs (see ``cost_unit``) as the proposer
+        measures it itself; None: the controller times the calls."""
+        return None
 
     @abstractmethod
     def propose(self, requests: list[Request], limits: dict[str, int]) -> dict[str, list[int]]:

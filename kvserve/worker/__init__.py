@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 from kvserve.config.engine import EngineConfig
-from kvserve.worker.worker_base import KVCacheLayout, TransferStats, Worker
+from kvserve.worker.worker_base import KVCacheLayout, TransferStats, Worker, WorkerDiedError
 
 
 def create_worker(config: EngineConfig, model=None) -> Worker:
-    """The worker for this machine (the CPU worker is the only one today). ``model``:
-    weights already loaded for ``config.model`` (the tuner builds many engines over one)."""
+    """The worker for this machine: the CPU worker, or one per rank behind a
+    TensorParallelWorker. ``model``: weights already loaded for ``config.model`` (the
+    tuner builds many engines over one; one process only)."""
+    if config.parallel.tensor_parallel_size > 1:
+        if model is not None:
+            raise ValueError("preloaded weights cannot be split across tensor-parallel ranks")
+        from kvserve.worker.tensor_parallel_worker import TensorParallelWorker
+        return TensorParallelWorker(config)
     from kvserve.worker.cpu_worker import CPUWorker
 
     return CPUWorker(config, model)
 
 
-__all__ = ["Worker", "KVCacheLayout", "TransferStats", "create_worker"]
+__all__ = ["Worker", "KVCacheLayout", "TransferStats", "WorkerDiedError", "create_worker"]

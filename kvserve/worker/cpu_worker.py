@@ -25,11 +25,13 @@ from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.logger import init_logger
 from kvserve.model.execution import ExecutionMode, configure_layers
 from kvserve.model.loader import load_model
+from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
     freeze_startup_objects, keep_freed_memory, physical_cores
 from kvserve.worker.row_padding import measure_min_rows
+from kvserve.worker.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
 from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
     Worker
@@ -41,9 +43,12 @@ DEFAULT_KV_CAP = 4 * 2**30  # as vLLM's CPU backend: more is rarely used, and ze
 
 
 class CPUWorker(Worker):
-    def __init__(self, config: EngineConfig, model=None) -> None:
+    def __init__(self, config: EngineConfig, model=None, tp=None) -> None:
+        """``tp``: this rank's TensorParallelGroup (it then holds its share of the model
+        and of each KV head's pool)."""
         self.config = config
         model_cfg, worker_cfg = config.model, config.worker
+        self.arch = model_cfg.arch if tp is None else rank_arch(model_cfg.arch, tp)
         torch.set_num_threads(worker_cfg.num_threads or physical_cores())
         kernels = load_kernels() if worker_cfg.native_kernels else None
         self.kernels = kernels if kernels is not None and kernels.available else None
@@ -51,7 +56,7 @@ class CPUWorker(Worker):
         keep_freed_memory()
         start = time.perf_counter()
         self.model = model if model is not None else load_model(
-            model_cfg.model_dir, model_cfg.arch, model_cfg.dtype, model_cfg.quantization)
+            model_cfg.model_dir, model_cfg.arch, model_cfg.dtype, model_cfg.quantization, tp)
         self.mode = ExecutionMode(kernels=self.kernels, packed_linear=worker_cfg.native_kernels,
                                   linear_min_rows=worker_cfg.linear_min_rows or 1)
         configure_layers(self.model, self.mode)
@@ -93,7 +98,7 @@ class CPUWorker(Worker):
     # -- the KV pool -----------------------------------------------------------------------
 
     def determine_kv_cache_layout(self) -> KVCacheLayout:
-        cache, arch = self.config.cache, self.config.model.arch
+        cache, arch = self.config.cache, self.arch
         per_block = kv_bytes_per_block(arch, cache.block_size, self.kv_dtype)
         dtype_name = str(self.kv_dtype).removeprefix("torch.")
         num = self._num_blocks(per_block, dtype_name)
@@ -137,7 +142,7 @@ class CPUWorker(Worker):
                      if layout.disk_slots else None)
         # attention math is float32 whatever the compute dtype (see paged_attention)
         attention = self.kernels if self.kv_dtype in NATIVE_KV_DTYPES else None
-        self.runner = ModelRunner(self.model, self.config.model.arch, layout, self.kv_dtype,
+        self.runner = ModelRunner(self.model, self.arch, layout, self.kv_dtype,
                                   self.config.model.seed, attention, disk_path)
 
     # -- warm-up -----------------------------------------------------------------------------
@@ -146,6 +151,7 @@ class CPUWorker(Worker):
         self.runner.warm_up(self.config.warmup_tokens)
         if self.config.worker.linear_min_rows is None:
             self._pad_small_gemms()
+        self._dense_small_gemms(self.model)
         self._warm_gemm_kernels()
 
     def _pad_small_gemms(self) -> None:
@@ -157,6 +163,16 @@ class CPUWorker(Worker):
                         " ".join(f"{1000 * t:.2f}" for t in pass_times.values()),
                         f"GEMMs of fewer rows run padded to {rows}" if rows > 1
                         else "no padding (no row count clearly faster)")
+
+    @staticmethod
+    def _dense_small_gemms(model) -> None:
+        counts = choose_dense_rows(model)
+        dense = {rows: n for rows, n in counts.items() if rows}
+        if dense:
+            logger.info("few-row GEMMs on the dense weight (faster than packed, measured): "
+                        "%s of %d layers", ", ".join(f"{n} up to {rows} rows" for rows, n
+                                                     in sorted(dense.items())),
+                        sum(counts.values()))
 
     def _warm_gemm_kernels(self) -> None:
         rows = self.config.worker.gemm_warmup_rows
@@ -171,6 +187,38 @@ class CPUWorker(Worker):
 
     def finish_startup(self) -> None:
         freeze_startup_objects()
+
+    # -- a draft model (speculative decoding) ----------------------------------------------
+
+    def create_draft_runner(self, model_dir: str) -> tuple[ModelRunner, int]:
+        """A runner over the draft model, its layers run as the target's, with a pool of
+        as many blocks as the target's (the same tokens fit), warmed up."""
+        from kvserve.model.config import ArchConfig
+
+        start = time.perf_counter()
+        arch = ArchConfig.from_dir(Path(model_dir))
+        model = load_model(model_dir, arch, self.config.model.dtype)
+        configure_layers(model, self.mode)
+        self._dense_small_gemms(model)
+        dtype = self.config.model.dtype
+        layout = self.kv_layout_for(arch, dtype)
+        attention = self.kernels if dtype in NATIVE_KV_DTYPES else None
+        runner = ModelRunner(model, arch, layout, dtype, self.config.model.seed, attention)
+        runner.warm_up(min(self.config.warmup_tokens, arch.max_position_embeddings - 1))
+        if self.config.worker.gemm_warmup_rows:
+            warm_gemm_kernels(model, self.config.worker.gemm_warmup_rows)
+        logger.info("draft model %s (%s, %d layers) loaded and warmed up in %.1fs; its KV: "
+                    "%d blocks, %.1f MiB", model_dir, arch.architecture, arch.num_layers,
+                    time.perf_counter() - start, layout.num_blocks,
+                    layout.num_blocks * layout.bytes_per_block / 2**20)
+        return runner, layout.num_blocks
+
+    def kv_layout_for(self, arch, dtype: torch.dtype) -> KVCacheLayout:
+        """A pool for another model (a draft) with the target's block count and size."""
+        bs = self.config.cache.block_size
+        return KVCacheLayout(self.runner.caches[0].k.shape[0], bs,
+                             kv_bytes_per_block(arch, bs, dtype),
+                             str(dtype).removeprefix("torch."))
 
     # -- steps -------------------------------------------------------------------------------
 

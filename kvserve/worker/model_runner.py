@@ -72,7 +72,7 @@ class ModelRunner:
                  [ScheduledRequest(f"warm-up-{i}", [0], prompt_len, t, None)
                   for i, t in enumerate(tables)]]
         for scheduled in steps:
-            self._forward(build_inputs(scheduled, bs, self.config.sliding_window,
+            self.forward(build_inputs(scheduled, bs, self.config.sliding_window,
                                        self.native_attention))
         return num_prompts * prompt_len
 
@@ -95,7 +95,7 @@ class ModelRunner:
             samples = []
             for _ in range(rounds + 1):  # the first only warms up
                 start = time.perf_counter()
-                self._forward(inputs)
+                self.forward(inputs)
                 samples.append(time.perf_counter() - start)
             times[rows] = statistics.median(samples[1:])
         return times
@@ -120,7 +120,7 @@ class ModelRunner:
             return result
         inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
                               self.native_attention)
-        logits = self._forward(inputs)
+        logits = self.forward(inputs)
         token_masks = out.token_masks
         if hasattr(token_masks, "result"):  # computed while the model ran
             start = time.perf_counter()
@@ -157,7 +157,7 @@ class ModelRunner:
             first += len(tokens)
         return out
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
         """The logits of the step's sampling rows, then of its prompt-scoring rows. Only
         those rows go through the last layer's attention output, o_proj and MLP (the
         other rows' K/V are all a later step needs): a prompt chunk skips most of one

@@ -17,7 +17,8 @@ _CPUS_AT_START = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_ge
     else ()
 
 
-def _allowed_cpus() -> list[int]:
+def allowed_cpus() -> list[int]:
+    """The CPUs this process could run on when it started."""
     return list(_CPUS_AT_START)
 
 
@@ -32,7 +33,7 @@ def _core_of(cpu: int) -> tuple[str, str]:
 
 def physical_cores() -> int:
     """Distinct (package, core) pairs among the CPUs this process may run on."""
-    cores = {_core_of(cpu) for cpu in _allowed_cpus()}
+    cores = {_core_of(cpu) for cpu in allowed_cpus()}
     return max(1, len(cores) or os.cpu_count() or 1)
 
 
@@ -40,7 +41,7 @@ def one_cpu_per_core() -> list[int]:
     """The lowest-numbered CPU of each physical core this process may run on, in order
     (a hyperthread sibling would share its core's FMA units with a compute thread)."""
     first: dict[tuple[str, str], int] = {}
-    for cpu in _allowed_cpus():
+    for cpu in allowed_cpus():
         first.setdefault(_core_of(cpu), cpu)
     return sorted(first.values())
 
@@ -59,10 +60,10 @@ def cpus_to_bind(setting: str, num_threads: int) -> list[int] | None:
     if len(cpus) != num_threads:
         raise ValueError(f"omp_threads_bind {setting!r} names {len(cpus)} CPUs for "
                          f"{num_threads} compute threads; name one per thread")
-    outside = sorted(set(cpus) - set(_allowed_cpus()))
+    outside = sorted(set(cpus) - set(allowed_cpus()))
     if outside:
         raise ValueError(f"omp_threads_bind {setting!r}: CPUs {outside} are not available "
-                         f"to this process (allowed: {_allowed_cpus()})")
+                         f"to this process (allowed: {allowed_cpus()})")
     return cpus
 
 

@@ -25,6 +25,11 @@ from kvserve.worker.sampler import SampleResult
 from kvserve.worker.step_profiler import StepTimeStats
 
 
+class WorkerDiedError(RuntimeError):
+    """A part of the worker is gone (a tensor-parallel rank exited): no step can run
+    again, and the engine must stop rather than wait for it."""
+
+
 @dataclass(frozen=True)
 class KVCacheLayout:
     """The KV pool the worker allocates and the KV manager accounts for."""
@@ -78,6 +83,11 @@ class Worker(ABC):
     @abstractmethod
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
         """Seconds of a step by its row count (speculative decoding's cost model)."""
+
+    def create_draft_runner(self, model_dir: str):
+        """(a runner over a draft model for speculative decoding, its pool's block
+        count); after initialize_kv_cache."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run a draft model")
 
     def transfer_stats(self) -> TransferStats:
         return TransferStats()

@@ -31,7 +31,9 @@ def build(request):
     # the AVX2 path: head_dim 64 or 128 and blocks of 16 (tiles of 16 keys) or 8 (of 8);
     # 1-4 query heads per kv head share key loads, a group of 5 takes tiles of 4 and 1
     (12, 4, 64, None, 16), (8, 2, 128, None, 16), (6, 3, 64, 11, 16), (8, 8, 64, None, 16),
-    (10, 2, 64, 21, 8), (16, 2, 128, None, 8)])
+    (10, 2, 64, 21, 8), (16, 2, 128, None, 8),
+    # head_dim 32 (a draft model's): the vectorised one-row path, prompt rows one by one
+    (4, 2, 32, None, 16), (8, 2, 32, 11, 8)])
 def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype, build):
     """Decodes, a fresh prompt and chunks after cached keys, in one flat batch, with a
     float32 pool or a half-precision one (float32 math on the stored values); the table
@@ -77,7 +79,8 @@ def _attend(build, q, cache, tables, lens, window):
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("heads, kv_heads, dim, window, bs", [
     (12, 4, 64, 0, 16), (8, 8, 64, 0, 16), (8, 4, 128, 0, 8), (12, 3, 64, 0, 16),
-    (10, 2, 64, 0, 16), (16, 2, 64, 0, 16), (12, 4, 64, 40, 16), (4, 4, 32, 0, 4)])
+    (10, 2, 64, 0, 16), (16, 2, 64, 0, 16), (12, 4, 64, 40, 16), (4, 4, 32, 0, 4),
+    (4, 2, 32, 0, 16)])
 def test_prompt_rows_together_give_each_row_alone_bits(heads, kv_heads, dim, window, bs,
                                                        kv_dtype, build):
     """The rows of a prompt chunk are attended several at a time (sharing each key and

@@ -16,7 +16,7 @@ from kvserve.worker.platform import available_memory_bytes, freeze_startup_objec
 
 def test_hyperthread_siblings_count_as_one_core(monkeypatch):
     # CPUs 0-5 of which 0/3, 1/4, 2/5 are siblings, on one package; only 1-5 allowed
-    monkeypatch.setattr(host, "_allowed_cpus", lambda: [1, 2, 3, 4, 5])
+    monkeypatch.setattr(host, "allowed_cpus", lambda: [1, 2, 3, 4, 5])
     monkeypatch.setattr(host, "_core_of", lambda cpu: ("0", str(cpu % 3)))
     assert physical_cores() == 3
     assert one_cpu_per_core() == [1, 2, 3]  # the lowest allowed CPU of each core

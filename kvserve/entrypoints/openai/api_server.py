@@ -258,6 +258,9 @@ def _check_server_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
 
 
+DEAD_ENGINE_EXIT_S = 2.0  # a dead engine's server answers 503 this long, then exits 1
+
+
 def _usage_hint(host: str, port: int, name: str, api_key: bool) -> str:
     shown = f"[{host}]" if ":" in host else host
     base = f"http://{shown}:{port}"
@@ -326,9 +329,17 @@ def run_server(args: argparse.Namespace) -> int:
                             access_log=not args.disable_access_log,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     server = _Server(config)
+
+    def exit_dead_engine() -> None:  # /health answers 503 meanwhile, then the server exits
+        logger.error("%s: the server exits", engine.dead_error)
+        asyncio.get_running_loop().call_later(DEAD_ENGINE_EXIT_S, setattr, server,
+                                              "should_exit", True)
+    engine.on_dead = exit_dead_engine
     # uvicorn handles SIGTERM/SIGINT gracefully, then restores the previous handlers and
     # re-raises the signal; a no-op handler there makes the graceful exit status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
+    if engine.dead_error is not None:
+        return 1
     return 0 if server.started else 1

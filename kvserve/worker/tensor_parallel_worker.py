@@ -1,0 +1,222 @@
+"""TensorParallelWorker: one CPU worker per tensor-parallel rank, behind :class:`Worker`.
+
+Rank 0 runs in the engine's process; ranks 1..N-1 are fresh interpreters
+(``python -m kvserve.worker.tensor_parallel_worker``, their settings pickled on stdin:
+unlike multiprocessing's spawn, nothing re-imports the caller's main script). They meet
+through a TCP store and a gloo process group on loopback (their own group: no
+torch.distributed global state, so engines come and go within one process). Every call
+that runs the model — warm-up, the step cost measurement, each step — is sent to all
+ranks by broadcast (pickled: the method's name and its arguments) and run by each on
+its share of the model; the layers' all-reduces and the logits' all-gather meet inside.
+Every rank samples from the same gathered logits; rank 0's tokens are the step's. The
+scheduler, the KV manager and a draft model run on rank 0 alone.
+
+A rank that exits, or a collective that fails, raises :class:`WorkerDiedError` from
+the step: the engine stops (its server answers 503 and exits non-zero) instead of
+waiting on a rank that will never answer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import pickle
+import subprocess
+import sys
+import time
+
+import torch
+
+from kvserve.config.engine import EngineConfig
+from kvserve.core.scheduler_output import SchedulerOutput
+from kvserve.logger import init_logger
+from kvserve.model.tensor_parallel import TensorParallelGroup
+from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
+    Worker, WorkerDiedError
+
+logger = init_logger(__name__)
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)  # start-up warm-up included
+LOOPBACK = "127.0.0.1"
+
+
+def _process_group(store, rank: int, size: int):
+    from torch.distributed import ProcessGroupGloo
+
+    options = ProcessGroupGloo._Options()
+    options._devices = [ProcessGroupGloo.create_device(hostname=LOOPBACK)]
+    options._timeout = COLLECTIVE_TIMEOUT
+    return ProcessGroupGloo(store, rank, size, options)
+
+
+def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
+    """The config a rank's worker runs under: its share of the threads and CPUs."""
+    from kvserve.worker.platform import one_cpu_per_core, physical_cores
+
+    size = config.parallel.tensor_parallel_size
+    worker = config.worker
+    bind = worker.omp_threads_bind
+    if "|" in bind:  # one CPU list per rank, as VLLM_CPU_OMP_THREADS_BIND
+        bind = bind.split("|")[rank]
+        threads = worker.num_threads or len(_cpu_list(bind))
+    else:
+        threads = worker.num_threads or max(1, physical_cores() // size)
+        if bind == "auto":
+            cpus = one_cpu_per_core()[rank * threads:(rank + 1) * threads]
+            bind = ",".join(map(str, cpus)) if len(cpus) == threads else "nobind"
+    return dataclasses.replace(config, worker=dataclasses.replace(
+        worker, num_threads=threads, omp_threads_bind=bind))
+
+
+def _cpu_list(text: str) -> list[int]:
+    from kvserve.config.validate import parse_cpu_list
+    return parse_cpu_list(text)
+
+
+class _Channel:
+    """Rank 0's commands to the other ranks: a length, then the pickled bytes."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def send(self, message) -> None:
+        data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
+        self.group.broadcast(torch.tensor([data.numel()]), 0).wait()
+        self.group.broadcast(data, 0).wait()
+
+    def receive(self):
+        size = torch.zeros(1, dtype=torch.int64)
+        self.group.broadcast(size, 0).wait()
+        data = torch.empty(int(size), dtype=torch.uint8)
+        self.group.broadcast(data, 0).wait()
+        return pickle.loads(data.numpy().tobytes())
+
+
+def run_rank(config: EngineConfig, rank: int, port: int, cpus: list[int]) -> None:
+    """A rank > 0 (``config``: its own, from :func:`rank_config`): join the group, load
+    this rank's share, run what rank 0 sends. ``cpus``: the CPUs the engine's process
+    may use (a process starts with the mask of the thread that spawned it, which an
+    earlier engine's thread binding may have narrowed)."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+    from torch.distributed import TCPStore
+
+    from kvserve.worker.cpu_worker import CPUWorker
+
+    size = config.parallel.tensor_parallel_size
+    store = TCPStore(LOOPBACK, port, size, False, timeout=COLLECTIVE_TIMEOUT)
+    group = _process_group(store, rank, size)
+    worker = CPUWorker(config, tp=TensorParallelGroup(rank, size, group))
+    channel = _Channel(group)
+    while True:
+        method, args = channel.receive()
+        if method == "close":
+            worker.close()
+            return
+        getattr(worker, method)(*args)
+
+
+class TensorParallelWorker(Worker):
+    def __init__(self, config: EngineConfig) -> None:
+        from torch.distributed import TCPStore
+
+        from kvserve.worker.cpu_worker import CPUWorker
+        from kvserve.worker.platform import allowed_cpus
+
+        size = config.parallel.tensor_parallel_size
+        start = time.perf_counter()
+        store = TCPStore(LOOPBACK, 0, size, True, timeout=COLLECTIVE_TIMEOUT,
+                         wait_for_workers=False)
+        self.ranks = []
+        for r in range(1, size):
+            proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE)
+            proc.stdin.write(pickle.dumps((rank_config(config, r), r, store.port,
+                                           allowed_cpus())))
+            proc.stdin.close()
+            self.ranks.append(proc)
+        self.store = store
+        group = self._guard(lambda: _process_group(store, 0, size))
+        self.tp = TensorParallelGroup(0, size, group)
+        self.channel = _Channel(group)
+        self.local = CPUWorker(rank_config(config, 0), tp=self.tp)
+        self.closed = False
+        logger.info("tensor parallel: %d ranks on gloo over loopback, ready in %.1fs "
+                    "(rank 0 pid %d, others %s)", size, time.perf_counter() - start,
+                    os.getpid(), [p.pid for p in self.ranks])
+
+    # -- rank health -----------------------------------------------------------------------
+
+    def _dead_rank(self) -> str | None:
+        for r, p in enumerate(self.ranks, start=1):
+            if p.poll() is not None:
+                return f"tensor-parallel rank {r} exited with code {p.returncode}"
+        return None
+
+    def _guard(self, fn):
+        dead = self._dead_rank()
+        if dead:
+            raise WorkerDiedError(dead)
+        try:
+            return fn()
+        except RuntimeError as e:  # a collective with a rank that is gone
+            raise WorkerDiedError(self._dead_rank() or f"tensor-parallel collective "
+                                  f"failed: {e}") from e
+
+    def _everywhere(self, method: str, *args, remote_args: tuple | None = None):
+        """``method`` on every rank (the others get ``remote_args`` where given)."""
+        def run():
+            self.channel.send((method, args if remote_args is None else remote_args))
+            return getattr(self.local, method)(*args)
+        return self._guard(run)
+
+    # -- the Worker interface --------------------------------------------------------------
+
+    def determine_kv_cache_layout(self) -> KVCacheLayout:
+        return self.local.determine_kv_cache_layout()  # every rank's share is the same
+
+    def initialize_kv_cache(self, layout: KVCacheLayout) -> None:
+        self._everywhere("initialize_kv_cache", layout)
+
+    def warm_up(self) -> None:
+        self._everywhere("warm_up")
+
+    def finish_startup(self) -> None:
+        self._everywhere("finish_startup")
+
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        # grammar masks only shape rank 0's sampling (the others' tokens are dropped)
+        remote = dataclasses.replace(out, token_masks={}) if out.token_masks else out
+        return self._everywhere("execute_model", out, remote_args=(remote,))
+
+    def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
+        return self._everywhere("time_step_rows", row_counts)
+
+    def create_draft_runner(self, model_dir: str):
+        return self.local.create_draft_runner(model_dir)  # unsharded, on rank 0
+
+    def transfer_stats(self) -> TransferStats:
+        return self.local.transfer_stats()
+
+    def step_time_stats(self):
+        return self.local.step_time_stats()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._dead_rank() is None:
+            try:
+                self.channel.send(("close", ()))
+            except RuntimeError:
+                pass
+        self.local.close()
+        for p in self.ranks:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+if __name__ == "__main__":  # a rank > 0, started by TensorParallelWorker
+    run_rank(*pickle.loads(sys.stdin.buffer.read()))
