@@ -168,18 +168,35 @@ def _add_structured(sub: Any) -> None:
     p.set_defaults(func=decoding_commands.cmd_structured)
 
 
-def _add_metrics(sub: Any) -> None:
-    from kvserve.bench.metrics_overhead import cmd_metrics
-    p = sub.add_parser("metrics", help="the metrics recorder on vs off, in alternating rounds",
-                       description="Step one engine over a workload with and without what a "
-                                   "server records per step; report the overhead and how long "
-                                   "/metrics and /v1/stats take under the fullest batch.")
+def _add_rounds_bench(sub: Any, name: str, func: Any, help: str, description: str) -> None:
+    """A bench of one engine setting against another in alternating rounds over a
+    workload: --model, --rounds, the workload, engine and output flags."""
+    p = sub.add_parser(name, help=help, description=description)
     p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     add_workload_args(p)
     add_engine_args(p)
     add_output_args(p, plot=False)
-    p.set_defaults(func=cmd_metrics)
+    p.set_defaults(func=func)
+
+
+def _add_metrics(sub: Any) -> None:
+    from kvserve.bench.metrics_overhead import cmd_metrics
+    _add_rounds_bench(sub, "metrics", cmd_metrics,
+                      "the metrics recorder on vs off, in alternating rounds",
+                      "Step one engine over a workload with and without what a server records "
+                      "per step; report the overhead and how long /metrics and /v1/stats take "
+                      "under the fullest batch.")
+
+
+def _add_tp(sub: Any) -> None:
+    from kvserve.bench.tensor_parallel import cmd_tp
+    _add_rounds_bench(sub, "tp", cmd_tp,
+                      "tensor parallelism vs one process, in alternating rounds",
+                      "Run a workload offline and single-stream decode with "
+                      "--tensor-parallel-size N (default 2) and without, each in a fresh "
+                      "process; report tok/s, the decode step and what the collectives cost "
+                      "per step.")
 
 
 def _add_batch(sub: Any) -> None:
@@ -210,7 +227,7 @@ def add_bench_parser(subparsers: Any) -> None:
                                   description="kvserve benchmark instruments")
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
-                _add_memory, _add_spec, _add_structured, _add_metrics,
+                _add_memory, _add_spec, _add_structured, _add_metrics, _add_tp,
                 _add_batch):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)

@@ -14,6 +14,7 @@ configured (packed weights are made from the shards).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -29,17 +30,58 @@ class TensorParallelGroup:
     rank: int
     size: int
     group: object  # torch.distributed.ProcessGroupGloo
+    shm: object = None  # a SharedMemoryGroup among ranks on this machine, if any
+    use_shm: bool = False  # all-reduce through it (chosen by measurement: choose_all_reduce)
+    seconds: float = 0.0  # spent in collectives, cumulative (what tensor parallelism costs)
+    calls: int = 0
 
     def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
-        self.group.allreduce([x]).wait()
+        start = time.perf_counter()
+        if self.use_shm:
+            self.shm.all_reduce_(x)
+        else:
+            self.group.allreduce([x]).wait()
+        self._count(start)
         return x
+
+    def choose_all_reduce(self, width: int, dtype: torch.dtype, rounds: int = 50
+                          ) -> dict[str, float]:
+        """Time a decode step's all-reduce ([1, width]) through gloo and through shared
+        memory; keep the faster (rank 0 decides for all). Every rank must call it."""
+        if self.shm is None:
+            return {}
+        x = torch.ones(1, width, dtype=dtype)
+        times = {}
+        for name, shm in (("gloo", False), ("shared memory", True)):
+            self.use_shm = shm
+            for _ in range(5):
+                self.all_reduce_(x)
+            start = time.perf_counter()
+            for _ in range(rounds):
+                self.all_reduce_(x)
+            times[name] = (time.perf_counter() - start) / rounds
+        choice = torch.tensor([int(times["shared memory"] < times["gloo"])])
+        self.group.broadcast(choice, 0).wait()
+        self.use_shm = bool(choice.item())
+        self.seconds, self.calls = 0.0, 0
+        return times
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """The ranks' ``x`` (equal shapes) side by side along the last dimension."""
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        self.group.allgather([parts], [x]).wait()
-        return torch.cat(parts, dim=-1)
+        start = time.perf_counter()
+        if self.use_shm and self.shm.fits(x):
+            out = self.shm.all_gather_last(x)
+        else:
+            x = x.contiguous()
+            parts = [torch.empty_like(x) for _ in range(self.size)]
+            self.group.allgather([parts], [x]).wait()
+            out = torch.cat(parts, dim=-1)
+        self._count(start)
+        return out
+
+    def _count(self, start: float) -> None:
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
 
 
 def check_shardable(arch, size: int) -> None:
@@ -176,6 +218,10 @@ class VocabParallelHead(nn.Module):
             weight = VocabParallelEmbedding(head.weight.data, tp).weight
         self.linear = type(head)(weight.shape[1], weight.shape[0], bias=False)
         self.linear.weight = weight
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.tp.all_gather_last(self.linear(hidden))[..., :self.vocab]

@@ -52,6 +52,7 @@ class CPUWorker(Worker):
         torch.set_num_threads(worker_cfg.num_threads or physical_cores())
         kernels = load_kernels() if worker_cfg.native_kernels else None
         self.kernels = kernels if kernels is not None and kernels.available else None
+        self.tp = tp
         self.bound_cpus = self._bind_compute_threads()
         keep_freed_memory()
         start = time.perf_counter()
@@ -148,6 +149,13 @@ class CPUWorker(Worker):
     # -- warm-up -----------------------------------------------------------------------------
 
     def warm_up(self) -> None:
+        if self.tp is not None:
+            times = self.tp.choose_all_reduce(self.config.model.arch.hidden_size,
+                                              self.config.model.dtype)
+            if times and self.tp.rank == 0:
+                logger.info("tensor parallel: one decode all-reduce takes %s; using %s",
+                            ", ".join(f"{1e6 * t:.0f} us by {n}" for n, t in times.items()),
+                            "shared memory" if self.tp.use_shm else "gloo")
         self.runner.warm_up(self.config.warmup_tokens)
         if self.config.worker.linear_min_rows is None:
             self._pad_small_gemms()

@@ -31,6 +31,7 @@ from kvserve.config.engine import EngineConfig
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.logger import init_logger
 from kvserve.model.tensor_parallel import TensorParallelGroup
+from kvserve.worker.shm_collectives import SLOT_BYTES, SharedMemoryGroup, shm_path
 from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
     Worker, WorkerDiedError
 
@@ -74,29 +75,41 @@ def _cpu_list(text: str) -> list[int]:
 
 
 class _Channel:
-    """Rank 0's commands to the other ranks: a length, then the pickled bytes."""
+    """Rank 0's commands to the other ranks, pickled: through shared memory, or (too
+    large for its slot) a length and the bytes by gloo broadcast."""
 
-    def __init__(self, group) -> None:
-        self.group = group
+    def __init__(self, tp: TensorParallelGroup) -> None:
+        self.group, self.shm = tp.group, tp.shm
+        self.seconds = 0.0  # rank 0's time sending, cumulative
 
     def send(self, message) -> None:
-        data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
-        self.group.broadcast(torch.tensor([data.numel()]), 0).wait()
-        self.group.broadcast(data, 0).wait()
+        start = time.perf_counter()
+        data = pickle.dumps(message)
+        large = len(data) + 9 > SLOT_BYTES
+        self.shm.send(b"\x01" if large else b"\x00" + data)
+        if large:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            self.group.broadcast(torch.tensor([payload.numel()]), 0).wait()
+            self.group.broadcast(payload, 0).wait()
+        self.seconds += time.perf_counter() - start
 
     def receive(self):
+        data = self.shm.receive()
+        if data[:1] == b"\x00":
+            return pickle.loads(data[1:])
         size = torch.zeros(1, dtype=torch.int64)
         self.group.broadcast(size, 0).wait()
-        data = torch.empty(int(size), dtype=torch.uint8)
-        self.group.broadcast(data, 0).wait()
-        return pickle.loads(data.numpy().tobytes())
+        payload = torch.empty(int(size), dtype=torch.uint8)
+        self.group.broadcast(payload, 0).wait()
+        return pickle.loads(payload.numpy().tobytes())
 
 
-def run_rank(config: EngineConfig, rank: int, port: int, cpus: list[int]) -> None:
+def run_rank(config: EngineConfig, rank: int, port: int, cpus: list[int], shm: str) -> None:
     """A rank > 0 (``config``: its own, from :func:`rank_config`): join the group, load
     this rank's share, run what rank 0 sends. ``cpus``: the CPUs the engine's process
     may use (a process starts with the mask of the thread that spawned it, which an
-    earlier engine's thread binding may have narrowed)."""
+    earlier engine's thread binding may have narrowed); ``shm``: the shared-memory
+    all-reduce's file."""
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
     from torch.distributed import TCPStore
@@ -104,12 +117,25 @@ def run_rank(config: EngineConfig, rank: int, port: int, cpus: list[int]) -> Non
     from kvserve.worker.cpu_worker import CPUWorker
 
     size = config.parallel.tensor_parallel_size
+    shared = SharedMemoryGroup(shm, rank, size, create=False)
+    parent = os.getppid()
+
+    def rank0_alive() -> None:
+        if os.getppid() != parent:  # rank 0's process is gone: this one was re-parented
+            raise RuntimeError("the engine process exited")
+    shared.alive = rank0_alive
     store = TCPStore(LOOPBACK, port, size, False, timeout=COLLECTIVE_TIMEOUT)
     group = _process_group(store, rank, size)
-    worker = CPUWorker(config, tp=TensorParallelGroup(rank, size, group))
-    channel = _Channel(group)
+    tp = TensorParallelGroup(rank, size, group, shared)
+    worker = CPUWorker(config, tp=tp)
+    channel = _Channel(tp)
     while True:
-        method, args = channel.receive()
+        try:
+            method, args = channel.receive()
+        except RuntimeError as e:  # rank 0 is gone: nothing will ever be asked again
+            logger.error("tensor-parallel rank %d: lost rank 0 (%s); exiting", rank,
+                         str(e).splitlines()[0][:200])
+            sys.exit(1)
         if method == "close":
             worker.close()
             return
@@ -127,17 +153,22 @@ class TensorParallelWorker(Worker):
         start = time.perf_counter()
         store = TCPStore(LOOPBACK, 0, size, True, timeout=COLLECTIVE_TIMEOUT,
                          wait_for_workers=False)
+        shared = SharedMemoryGroup(shm_path(), 0, size, create=True)
         self.ranks = []
         for r in range(1, size):
             proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE)
             proc.stdin.write(pickle.dumps((rank_config(config, r), r, store.port,
-                                           allowed_cpus())))
+                                           allowed_cpus(), shared.path)))
             proc.stdin.close()
             self.ranks.append(proc)
         self.store = store
-        group = self._guard(lambda: _process_group(store, 0, size))
-        self.tp = TensorParallelGroup(0, size, group)
-        self.channel = _Channel(group)
+        try:
+            group = self._guard(lambda: _process_group(store, 0, size))
+        finally:  # every rank has it open once the group is up (or none ever will)
+            shared.unlink()
+        shared.alive = self._check_ranks
+        self.tp = TensorParallelGroup(0, size, group, shared)
+        self.channel = _Channel(self.tp)
         self.local = CPUWorker(rank_config(config, 0), tp=self.tp)
         self.closed = False
         logger.info("tensor parallel: %d ranks on gloo over loopback, ready in %.1fs "
@@ -152,10 +183,13 @@ class TensorParallelWorker(Worker):
                 return f"tensor-parallel rank {r} exited with code {p.returncode}"
         return None
 
-    def _guard(self, fn):
+    def _check_ranks(self) -> None:
         dead = self._dead_rank()
         if dead:
             raise WorkerDiedError(dead)
+
+    def _guard(self, fn):
+        self._check_ranks()
         try:
             return fn()
         except RuntimeError as e:  # a collective with a rank that is gone
@@ -170,6 +204,11 @@ class TensorParallelWorker(Worker):
         return self._guard(run)
 
     # -- the Worker interface --------------------------------------------------------------
+
+    @property
+    def runner(self):
+        """Rank 0's model runner (its share of the model and of the KV pool)."""
+        return self.local.runner
 
     def determine_kv_cache_layout(self) -> KVCacheLayout:
         return self.local.determine_kv_cache_layout()  # every rank's share is the same
