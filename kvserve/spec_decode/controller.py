@@ -107,18 +107,17 @@ class SpecDecodeController:
                 heap.append((-alpha, r.request_id, 1, alpha, room))
         heapq.heapify(heap)
         limits: dict[str, int] = {}
-        overhead, depth = 0.0, 0  # proposing's cost so far; the deepest draft handed out
-        unit = self.proposer.cost_estimate()
-        unit = self.propose_seconds if unit is None else unit
+        overhead = 0.0  # proposing's cost so far
+        at_depth = [0] * (self.k_max + 1)  # requests handed a j-th draft so far
         while heap and rows < self.budget:
             neg_value, rid, j, alpha, room = heapq.heappop(heap)
-            charged = j > depth if self.per_pass else j == 1
-            extra = overhead + (unit if charged else 0.0)
+            extra = overhead + self._proposing_cost(j, at_depth[j])
             more = self.cost(rows + 1) + extra
             if (gain - neg_value) * (seconds + overhead) <= gain * more:  # tokens/s would drop
                 break
             limits[rid], rows, gain, seconds = j, rows + 1, gain - neg_value, more - extra
-            overhead, depth = extra, max(depth, j)
+            overhead = extra
+            at_depth[j] += 1
             if j < room:
                 heapq.heappush(heap, (neg_value * alpha, rid, j + 1, alpha, room))
         if not limits and heap and self._step - self._last_drafted >= EXPLORE_STEPS:
@@ -126,6 +125,17 @@ class SpecDecodeController:
         if limits:
             self._last_drafted = self._step
         return limits
+
+    def _proposing_cost(self, j: int, others: int) -> float:
+        """What a request's j-th draft adds to proposing when ``others`` requests already
+        have a j-th: a share of pass j's (a draft model), or the request's own cost at its
+        first draft (prompt lookup)."""
+        if not self.per_pass:
+            return self.propose_seconds if j == 1 else 0.0
+        cost = self.proposer.pass_cost
+        if cost(1) is None:
+            return self.propose_seconds if others == 0 else 0.0
+        return cost(others + 1) - (cost(others) if others else 0.0)
 
     def propose(self, running: list[Request]) -> None:
         """Set each running request's draft tokens for the next step."""

@@ -80,7 +80,7 @@ class DraftModelProposer(Proposer):
     cost_unit = "pass"
 
     def __init__(self, runner, num_blocks: int, block_size: int, max_positions: int,
-                 k_max: int) -> None:
+                 k_max: int, max_requests: int = 1) -> None:
         """``runner``: a ModelRunner over the draft model and its own pool of
         ``num_blocks`` blocks (see ``Worker.create_draft_runner``)."""
         self.runner = runner
@@ -89,20 +89,24 @@ class DraftModelProposer(Proposer):
         self.max_positions = max_positions
         self.k_max = k_max
         self._states: dict[str, _DraftState] = {}
-        # a pass's seconds: measured at start on one row, then a moving average of the
-        # passes that compute a few tokens a request (a prompt's first catch-up is a
-        # prefill, paid once: counting it would make every later pass look dear)
-        self.pass_seconds = runner.time_rows([1])[1]
+        # a pass's seconds by its rows, measured at start, scaled by a moving average of
+        # measured / predicted over the passes that compute a few tokens a request (a
+        # prompt's first catch-up is a prefill, paid once: counting it would make every
+        # later pass look dear)
+        from kvserve.spec_decode.controller import ROW_GRID, StepCostModel
+        grid = [r for r in ROW_GRID if r <= max(1, max_requests)] or [1]
+        self.pass_model = StepCostModel(runner.time_rows(grid))
+        self.scale = 1.0
 
     @classmethod
     def from_config(cls, config, worker) -> DraftModelProposer:
         runner, num_blocks = worker.create_draft_runner(config.speculative.model)
         positions = min(runner.config.max_position_embeddings, config.model.max_model_len)
         return cls(runner, num_blocks, config.cache.block_size, positions,
-                   config.speculative.num_speculative_tokens)
+                   config.speculative.num_speculative_tokens, config.scheduler.max_num_seqs)
 
-    def cost_estimate(self) -> float:
-        return self.pass_seconds
+    def pass_cost(self, num_requests: int) -> float:
+        return self.scale * self.pass_model(num_requests)
 
     @property
     def num_free_blocks(self) -> int:
@@ -150,7 +154,8 @@ class DraftModelProposer(Proposer):
                               self.runner.native_attention)
         best = self.runner.forward(inputs).argmax(dim=-1).tolist()
         if len(inputs.tokens) <= (self.k_max + 1) * len(scheduled):
-            self.pass_seconds += 0.1 * (time.perf_counter() - start - self.pass_seconds)
+            ratio = (time.perf_counter() - start) / self.pass_model(len(inputs.tokens))
+            self.scale += 0.1 * (ratio - self.scale)
         by_id = {s.request_id: token for s, token in zip(inputs.sample_order, best)}
         return [by_id[s.request_id] for s in scheduled]
 

@@ -18,9 +18,9 @@ class Proposer(ABC):
         that runs the target (a proposer with a model asks it to load one)."""
         return cls()
 
-    def cost_estimate(self) -> float | None:
-        """Seconds one unit of proposing costs (see ``cost_unit``) as the proposer
-        measures it itself; None: the controller times the calls."""
+    def pass_cost(self, num_requests: int) -> float | None:
+        """Seconds of one pass over ``num_requests`` requests (``cost_unit`` "pass"), as
+        the proposer measures it itself; None: the controller times the calls."""
         return None
 
     @abstractmethod

@@ -1,5 +1,6 @@
-"""`kvserve serve --speculative-config`: the OpenAI routes give plain decoding's text,
-streamed or not, and /metrics and the stats log carry vLLM's spec_decode series."""
+"""`kvserve serve --speculative-config` (prompt lookup, the shipped draft model): the
+OpenAI routes give plain decoding's text, streamed or not, and /metrics and the stats log
+carry vLLM's spec_decode series."""
 from __future__ import annotations
 
 import json
@@ -9,20 +10,23 @@ import openai
 import pytest
 
 from kvserve import LLM, SamplingParams
-from kvserve.default_model import default_model_dir
+from kvserve.default_model import default_draft_model_dir, default_model_dir
 from tests.entrypoints.conftest import ServerProcess
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+DRAFT = {"method": "draft_model", "num_speculative_tokens": 4,
+         "model": default_draft_model_dir()}
 CODE = ("def add_numbers(first, second):\n    total = first + second\n    return total\n\n\n"
         "def subtract_numbers(first, second):\n    difference = first - second\n"
         "    return difference\n\n\n")
 PROMPT = CODE + CODE + "def add_numbers("
 
 
-@pytest.fixture(scope="module")
-def spec_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=[SPEC, DRAFT], ids=["ngram", "draft_model"])
+def spec_server(request, tmp_path_factory):
     log = tmp_path_factory.mktemp("spec_server") / "server.log"
-    server = ServerProcess(default_model_dir(), log, "--speculative-config", json.dumps(SPEC),
+    server = ServerProcess(default_model_dir(), log, "--speculative-config",
+                           json.dumps(request.param),
                            "--log-stats-interval", "1")
     try:
         server.wait_healthy()

@@ -57,7 +57,9 @@ def _assert_all_returned(llm):
     {"attention_backend": "torch"},                                   # draft pool
     {"max_num_seqs": 1},
     {"kv_manager": "buddy"},
-], ids=["paged", "chunked", "preempt", "torch", "single", "buddy"])
+    {"num_kv_blocks": 24, "block_size": 8, "preemption_mode": "swap"},
+    {"kv_manager": "contiguous"},
+], ids=["paged", "chunked", "preempt", "torch", "single", "buddy", "swap", "contiguous"])
 def test_a_model_drafting_for_itself_has_every_draft_accepted(settings, llama_dir, prompts,
                                                                oracle):
     """The draft's guesses are the target's own greedy tokens only where the draft's KV
@@ -89,11 +91,23 @@ def perturbed_copy(model_dir: str, out: Path, scale: float) -> str:
 def test_another_draft_model_keeps_transformers_tokens(llama_dir, prompts, oracle, tmp_path):
     """A draft that agrees with the target only sometimes: drafts accepted and rejected,
     the target's tokens unchanged."""
-    draft = perturbed_copy(llama_dir, tmp_path / "draft", 0.3)
+    draft = perturbed_copy(llama_dir, tmp_path / "draft", 0.1)
     llm = LLM(llama_dir, speculative_config=draft_config(draft, 3))
     assert _greedy(llm, prompts) == oracle
     stats = llm.engine.speculator.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, stats
+    _assert_all_returned(llm)
+
+
+@pytest.mark.parametrize("settings", [{"quantization": "int8"}, {"kv_cache_dtype": "float16"}],
+                         ids=["int8", "fp16-kv"])
+def test_a_draft_changes_nothing_in_approximate_modes(settings, llama_dir, prompts):
+    """The target runs int8 or a half KV cache, its draft plain float32: the drafts are
+    only guesses, and the tokens are those of the same mode without speculation."""
+    plain = _greedy(LLM(llama_dir, **settings), prompts)
+    llm = LLM(llama_dir, speculative_config=draft_config(llama_dir), **settings)
+    assert _greedy(llm, prompts) == plain
+    assert llm.engine.speculator.stats.num_accepted_tokens > 0
     _assert_all_returned(llm)
 
 
