@@ -94,7 +94,8 @@ class DraftModelProposer(Proposer):
         # prompt's first catch-up is a prefill, paid once: counting it would make every
         # later pass look dear)
         from kvserve.spec_decode.controller import ROW_GRID, StepCostModel
-        grid = [r for r in ROW_GRID if r <= max(1, max_requests)] or [1]
+        most = max(1, max_requests) * (k_max + 1)  # every request catching up k + 1 tokens
+        grid = [r for r in ROW_GRID if r <= most] or [1]
         self.pass_model = StepCostModel(runner.time_rows(grid))
         self.scale = 1.0
 

@@ -117,11 +117,14 @@ class CPUWorker(Worker):
         return KVCacheLayout(num, cache.block_size, per_block, dtype_name, swap, disk)
 
     def _num_blocks(self, per_block: int, dtype_name: str) -> int:
+        """``per_block``: this rank's bytes of a block; the memory settings are the
+        whole engine's, every rank holding its share of each block."""
         cache = self.config.cache
+        ranks = self.tp.size if self.tp is not None else 1
         if cache.num_kv_blocks is not None:
             num, source = cache.num_kv_blocks, "num_kv_blocks"
         elif cache.kv_cache_memory is not None:
-            num = parse_size(cache.kv_cache_memory) // per_block
+            num = parse_size(cache.kv_cache_memory) // (per_block * ranks)
             source = f"kv_cache_memory={cache.kv_cache_memory}"
             if num < 1:
                 raise ValueError(f"kv_cache_memory {cache.kv_cache_memory} is smaller than one "
@@ -130,11 +133,12 @@ class CPUWorker(Worker):
             share = int(min(available_memory_bytes() * DEFAULT_KV_SHARE, DEFAULT_KV_CAP))
             max_len = self.config.model.max_model_len
             useful = self.config.scheduler.max_num_seqs * -(-max_len // cache.block_size)
-            num = max(1, min(share // per_block, useful))
+            num = max(1, min(share // (per_block * ranks), useful))
             source = (f"default: min({DEFAULT_KV_SHARE:.0%} of available RAM, "
                       f"{DEFAULT_KV_CAP / 2**30:g} GiB, max_num_seqs x max_model_len)")
-        logger.info("KV cache: %d blocks x %d tokens = %.1f MiB of %s (%s)", num,
-                    cache.block_size, num * per_block / 2**20, dtype_name, source)
+        logger.info("KV cache: %d blocks x %d tokens = %.1f MiB of %s%s (%s)", num,
+                    cache.block_size, num * per_block / 2**20, dtype_name,
+                    f" on each of {ranks} ranks" if ranks > 1 else "", source)
         return num
 
     def initialize_kv_cache(self, layout: KVCacheLayout) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
 import time
 import uuid
 from pathlib import Path
@@ -59,6 +60,19 @@ class SharedMemoryGroup:
         self.slots = raw.view(2, size, SLOT_BYTES)
         self.seq = 0
         self.others = [r for r in range(size) if r != rank]
+
+    @staticmethod
+    def usable(size: int) -> bool:
+        """Shared memory can carry ``size`` ranks' collectives here: x86 (the counters
+        rely on its store order) and room in /dev/shm (a sparse file that cannot be
+        backed kills its writer with SIGBUS, not an error)."""
+        if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+            return False
+        try:
+            stat = os.statvfs(SHM_DIR)
+        except OSError:
+            return False
+        return stat.f_bavail * stat.f_frsize >= 2 * (4096 + 2 * size * SLOT_BYTES)
 
     def unlink(self) -> None:
         try:

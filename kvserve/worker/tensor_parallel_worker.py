@@ -85,8 +85,9 @@ class _Channel:
     def send(self, message) -> None:
         start = time.perf_counter()
         data = pickle.dumps(message)
-        large = len(data) + 9 > SLOT_BYTES
-        self.shm.send(b"\x01" if large else b"\x00" + data)
+        large = self.shm is None or len(data) + 9 > SLOT_BYTES
+        if self.shm is not None:
+            self.shm.send(b"\x01" if large else b"\x00" + data)
         if large:
             payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             self.group.broadcast(torch.tensor([payload.numel()]), 0).wait()
@@ -94,7 +95,7 @@ class _Channel:
         self.seconds += time.perf_counter() - start
 
     def receive(self):
-        data = self.shm.receive()
+        data = self.shm.receive() if self.shm is not None else b"\x01"
         if data[:1] == b"\x00":
             return pickle.loads(data[1:])
         size = torch.zeros(1, dtype=torch.int64)
@@ -104,12 +105,13 @@ class _Channel:
         return pickle.loads(payload.numpy().tobytes())
 
 
-def run_rank(config: EngineConfig, rank: int, port: int, cpus: list[int], shm: str) -> None:
+def run_rank(config: EngineConfig, rank: int, port: int, cpus: list[int], shm: str | None
+             ) -> None:
     """A rank > 0 (``config``: its own, from :func:`rank_config`): join the group, load
     this rank's share, run what rank 0 sends. ``cpus``: the CPUs the engine's process
     may use (a process starts with the mask of the thread that spawned it, which an
     earlier engine's thread binding may have narrowed); ``shm``: the shared-memory
-    all-reduce's file."""
+    collectives' file (None: gloo alone)."""
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
     from torch.distributed import TCPStore
@@ -117,13 +119,14 @@ def run_rank(config: EngineConfig, rank: int, port: int, cpus: list[int], shm: s
     from kvserve.worker.cpu_worker import CPUWorker
 
     size = config.parallel.tensor_parallel_size
-    shared = SharedMemoryGroup(shm, rank, size, create=False)
+    shared = SharedMemoryGroup(shm, rank, size, create=False) if shm else None
     parent = os.getppid()
 
     def rank0_alive() -> None:
         if os.getppid() != parent:  # rank 0's process is gone: this one was re-parented
             raise RuntimeError("the engine process exited")
-    shared.alive = rank0_alive
+    if shared is not None:
+        shared.alive = rank0_alive
     store = TCPStore(LOOPBACK, port, size, False, timeout=COLLECTIVE_TIMEOUT)
     group = _process_group(store, rank, size)
     tp = TensorParallelGroup(rank, size, group, shared)
@@ -139,7 +142,7 @@ def run_rank(config: EngineConfig, rank: int, port: int, cpus: list[int], shm: s
         if method == "close":
             worker.close()
             return
-        getattr(worker, method)(*args)
+        getattr(worker, method)(*args)  # a failure ends this rank: rank 0 sees it exit
 
 
 class TensorParallelWorker(Worker):
@@ -153,24 +156,30 @@ class TensorParallelWorker(Worker):
         start = time.perf_counter()
         store = TCPStore(LOOPBACK, 0, size, True, timeout=COLLECTIVE_TIMEOUT,
                          wait_for_workers=False)
-        shared = SharedMemoryGroup(shm_path(), 0, size, create=True)
-        self.ranks = []
-        for r in range(1, size):
-            proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE)
-            proc.stdin.write(pickle.dumps((rank_config(config, r), r, store.port,
-                                           allowed_cpus(), shared.path)))
-            proc.stdin.close()
-            self.ranks.append(proc)
-        self.store = store
+        shared = (SharedMemoryGroup(shm_path(), 0, size, create=True)
+                  if SharedMemoryGroup.usable(size) else None)
+        self.ranks, self.closed, self.broken = [], False, False
         try:
-            group = self._guard(lambda: _process_group(store, 0, size))
-        finally:  # every rank has it open once the group is up (or none ever will)
-            shared.unlink()
-        shared.alive = self._check_ranks
-        self.tp = TensorParallelGroup(0, size, group, shared)
-        self.channel = _Channel(self.tp)
-        self.local = CPUWorker(rank_config(config, 0), tp=self.tp)
-        self.closed = False
+            for r in range(1, size):
+                proc = subprocess.Popen([sys.executable, "-m", __name__],
+                                        stdin=subprocess.PIPE)
+                proc.stdin.write(pickle.dumps((rank_config(config, r), r, store.port,
+                                               allowed_cpus(), shared and shared.path)))
+                proc.stdin.close()
+                self.ranks.append(proc)
+            self.store = store
+            try:
+                group = self._guard(lambda: _process_group(store, 0, size))
+            finally:  # every rank has it open once the group is up (or none ever will)
+                if shared is not None:
+                    shared.unlink()
+                    shared.alive = self._check_ranks
+            self.tp = TensorParallelGroup(0, size, group, shared)
+            self.channel = _Channel(self.tp)
+            self.local = CPUWorker(rank_config(config, 0), tp=self.tp)
+        except BaseException:  # no rank outlives a start-up that failed
+            self._kill_ranks()
+            raise
         logger.info("tensor parallel: %d ranks on gloo over loopback, ready in %.1fs "
                     "(rank 0 pid %d, others %s)", size, time.perf_counter() - start,
                     os.getpid(), [p.pid for p in self.ranks])
@@ -197,10 +206,19 @@ class TensorParallelWorker(Worker):
                                   f"failed: {e}") from e
 
     def _everywhere(self, method: str, *args, remote_args: tuple | None = None):
-        """``method`` on every rank (the others get ``remote_args`` where given)."""
+        """``method`` on every rank (the others get ``remote_args`` where given). Once
+        sent, any failure on rank 0 is fatal: the other ranks would wait in a collective
+        that rank 0 never reaches, and its next call would meet them out of step."""
         def run():
             self.channel.send((method, args if remote_args is None else remote_args))
-            return getattr(self.local, method)(*args)
+            try:
+                return getattr(self.local, method)(*args)
+            except WorkerDiedError:
+                raise
+            except Exception as e:
+                self.broken = True  # the ranks are out of step: only killing ends them
+                raise WorkerDiedError(f"tensor-parallel rank 0 failed in {method}: "
+                                      f"{type(e).__name__}: {e}") from e
         return self._guard(run)
 
     # -- the Worker interface --------------------------------------------------------------
@@ -243,16 +261,23 @@ class TensorParallelWorker(Worker):
         if self.closed:
             return
         self.closed = True
-        if self._dead_rank() is None:
+        grace = 0.0
+        if self._dead_rank() is None and not self.broken:
             try:
                 self.channel.send(("close", ()))
+                grace = 10.0
             except RuntimeError:
                 pass
         self.local.close()
+        self._kill_ranks(grace)
+
+    def _kill_ranks(self, grace_s: float = 0.0) -> None:
         for p in self.ranks:
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
+                pass
+            if p.poll() is None:
                 p.kill()
                 p.wait()
 

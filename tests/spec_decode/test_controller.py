@@ -57,3 +57,37 @@ def test_requests_whose_drafts_fail_lose_them_and_max_tokens_caps():
     assert ctl.stats.num_drafts == 10 and ctl.stats.num_draft_tokens == 40
     assert ctl.stats.num_accepted_tokens == 20
     assert ctl.stats.accepted_per_position == [5, 5, 5, 5]
+
+
+class _DearPasses(NgramProposer):
+    """A proposer whose every pass costs ten times a step."""
+    cost_unit = "pass"
+
+    def pass_cost(self, num_requests: int) -> float:
+        return 10.0
+
+
+def test_a_proposer_too_dear_to_use_is_tried_now_and_then():
+    from kvserve.spec_decode.controller import EXPLORE_STEPS
+
+    ctl = SpecDecodeController(CONFIG, _DearPasses(), StepCostModel({1: 1.0, 64: 1.05}), 2048)
+    alone = [_decoding("alone")]
+    given = [ctl.draft_limits(alone) for _ in range(2 * EXPLORE_STEPS)]
+    tried = [i + 1 for i, limits in enumerate(given) if limits]
+    assert tried == [EXPLORE_STEPS, 2 * EXPLORE_STEPS]
+    assert given[EXPLORE_STEPS - 1] == {"alone": 1}
+
+
+def test_a_pass_is_paid_once_by_all_the_requests_it_carries():
+    """A pass costs the same for one request or eight: when drafting pays for one
+    request alone it pays for eight together, though no single one of the eight's first
+    drafts would pay for the whole pass."""
+    class _SharedPasses(_DearPasses):
+        def pass_cost(self, num_requests: int) -> float:
+            return 0.3  # of a 1.0 s step; the prior acceptance is 0.5
+
+    ctl = SpecDecodeController(CONFIG, _SharedPasses(), StepCostModel({1: 1.0, 64: 1.05}),
+                               2048)
+    assert ctl.draft_limits([_decoding("alone")])["alone"] >= 1
+    eight = ctl.draft_limits([_decoding(str(i)) for i in range(8)])
+    assert sorted(eight) == [str(i) for i in range(8)] and min(eight.values()) >= 1

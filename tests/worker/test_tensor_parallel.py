@@ -134,3 +134,31 @@ def test_a_dead_rank_makes_the_server_answer_503_and_exit_non_zero(llama_dir, tm
         assert "tensor-parallel rank 1 exited" in server.log()
     finally:
         server.terminate()
+
+
+def test_the_kv_memory_setting_is_the_whole_engines(llama_dir, tp_llm):
+    """Each rank holds its share of every block: the same memory holds the same blocks."""
+    one = LLM(llama_dir, kv_cache_memory="2MiB").engine.kv_layout
+    two = tp_llm(llama_dir, kv_cache_memory="2MiB").engine.kv_layout
+    assert two.num_blocks == one.num_blocks and two.bytes_per_block * 2 == one.bytes_per_block
+
+
+def test_a_failure_on_rank_0_stops_the_engine_and_frees_the_ranks(llama_dir, tp_llm,
+                                                                 monkeypatch):
+    """After rank 0 fails mid-step the ranks are out of step: the engine must stop, not
+    go on (the others would read its next call as the step's sums)."""
+    from kvserve.worker import WorkerDiedError
+
+    llm = tp_llm(llama_dir)
+    worker = llm.engine.worker
+
+    def broken(out):
+        raise ValueError("a bug in rank 0's step")
+    monkeypatch.setattr(worker.local, "execute_model", broken)
+    llm.engine.add_request("r", {"prompt_token_ids": PROMPTS[0]}, SamplingParams(max_tokens=4))
+    with pytest.raises(WorkerDiedError, match="rank 0 failed in execute_model"):
+        llm.engine.step()
+    start = time.monotonic()
+    worker.close()
+    assert time.monotonic() - start < 5
+    assert all(p.poll() is not None for p in worker.ranks)
