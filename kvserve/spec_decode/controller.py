@@ -11,17 +11,22 @@ recent drafts (older ones count less each step, so a request that stopped gettin
 drafts is tried again later: its text may have started to repeat), starting from the
 proposer's acceptance over all requests (from an even prior). When no request has
 drafted for a while, the likeliest one gets one draft anyway: without it a proposer
-whose first drafts look too dear under the prior would never show what it can do. Proposing costs time too: per request asked (prompt lookup), or per draft
-position, one pass of the draft model over the requests that reach it (a draft model);
-the controller charges it where it falls.
+whose first drafts look too dear under the prior would never show what it can do.
+
+Proposing costs time too: per request asked (prompt lookup), or per draft position, one
+pass of the draft model over the requests that reach it (a draft model). A pass costs
+about as much for one request as for several, so the first drafts at a new position are
+handed out as a group: the likeliest requests waiting there, as many as give the most
+tokens per second. A proposer's one-time cost for a request (a draft model passing its
+prompt) is spread over CATCH_UP_HORIZON steps.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import time
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from kvserve.config.speculative import SpeculativeConfig
 from kvserve.core.scheduler_output import SchedulerOutput
@@ -30,21 +35,30 @@ from kvserve.spec_decode.proposer import Proposer
 
 
 class StepCostModel:
-    """Seconds of a step by the rows it computes, linear between measured points."""
+    """Seconds of a step by the rows it computes, linear between measured points (called
+    many times a step: plain floats and a bisection, no numpy)."""
 
     def __init__(self, seconds_by_rows: dict[int, float]) -> None:
         if not seconds_by_rows:
             raise ValueError("a step cost model needs at least one measured row count")
         rows = sorted(seconds_by_rows)
-        self.rows = np.array(rows, dtype=float)
+        self.rows = [float(r) for r in rows]
         # a step never gets cheaper with more rows: smooth out measurement noise
-        self.seconds = np.maximum.accumulate(np.array([seconds_by_rows[r] for r in rows]))
+        self.seconds = [float(t) for t in itertools.accumulate(
+            (seconds_by_rows[r] for r in rows), max)]
 
     def __call__(self, rows: int) -> float:
-        if rows > self.rows[-1] and len(self.rows) > 1:  # extrapolate the last slope
-            slope = (self.seconds[-1] - self.seconds[-2]) / (self.rows[-1] - self.rows[-2])
-            return float(self.seconds[-1] + slope * (rows - self.rows[-1]))
-        return float(np.interp(rows, self.rows, self.seconds))
+        xs, ys = self.rows, self.seconds
+        if rows >= xs[-1]:
+            if len(xs) == 1:
+                return ys[-1]
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])  # extrapolate the last slope
+            return ys[-1] + slope * (rows - xs[-1])
+        i = bisect.bisect_right(xs, rows)
+        if i == 0:
+            return ys[0]
+        x0, x1, y0 = xs[i - 1], xs[i], ys[i - 1]
+        return y0 + (ys[i] - y0) * (rows - x0) / (x1 - x0)
 
 
 @dataclass
@@ -61,6 +75,9 @@ PRIOR_ACCEPTANCE = 0.5  # the proposer's estimate before any draft ...
 PRIOR_WEIGHT = 2.0      # ... worth this many draft tokens (a request's prior: the proposer's)
 DECAY = 0.95            # per step, the weight of a request's older drafts
 EXPLORE_STEPS = 32      # steps without any draft before one is tried anyway
+# steps a one-time cost of drafting (a draft model's catch-up) is spread over: how long a
+# decision to draft is trusted to last (under a growing load it does not last long)
+CATCH_UP_HORIZON = 16
 
 
 class SpecDecodeController:
@@ -74,8 +91,12 @@ class SpecDecodeController:
         self._overall = (0.0, 0.0, 0)  # the same over every request's drafts
         self._step = 0
         self._last_drafted = 0  # the step that last handed out drafts
+        # this step's requests: the proposer's one-time cost of their next drafts (a draft
+        # model catching up on a prompt), spread over CATCH_UP_HORIZON steps
+        self._catch_up: dict[str, float] = {}
         self.per_pass = proposer.cost_unit == "pass"
         self.propose_seconds = 0.0  # per request (or pass) of proposing, a moving average
+
 
     def _decayed(self, request_id: str | None) -> tuple[float, float]:
         """(accepted, proposed) of a request (None: of all), older drafts weighing less."""
@@ -84,11 +105,12 @@ class SpecDecodeController:
         weight = DECAY ** (self._step - step)
         return accepted * weight, proposed * weight
 
-    def acceptance(self, request_id: str | None) -> float:
-        """Estimated chance that a draft of this request (None: any) is accepted."""
+    def acceptance(self, request_id: str | None, prior: float | None = None) -> float:
+        """Estimated chance that a draft of this request (None: any) is accepted;
+        ``prior``: the estimate for any request, when already computed."""
         if request_id is None:
             prior = PRIOR_ACCEPTANCE
-        else:
+        elif prior is None:
             prior = self.acceptance(None)
         accepted, proposed = self._decayed(request_id)
         return (accepted + PRIOR_WEIGHT * prior) / (proposed + PRIOR_WEIGHT)
@@ -100,11 +122,15 @@ class SpecDecodeController:
         rows = min(self.budget, sum(r.num_tokens - r.num_computed_tokens for r in running))
         gain, seconds = float(len(decodes)), self.cost(rows)
         heap = []
+        self._catch_up = {}
+        prior = self.acceptance(None)
         for r in decodes:
             room = min(self.k_max, r.max_tokens - r.num_output_tokens - 1)
             if room > 0:
-                alpha = self.acceptance(r.request_id)
+                alpha = self.acceptance(r.request_id, prior)
                 heap.append((-alpha, r.request_id, 1, alpha, room))
+                self._catch_up[r.request_id] = (self.proposer.catch_up_cost(r) / min(
+                    r.max_tokens - r.num_output_tokens, CATCH_UP_HORIZON))
         heapq.heapify(heap)
         likeliest = heap[0][1] if heap else None
         limits: dict[str, int] = {}
@@ -118,7 +144,8 @@ class SpecDecodeController:
                 group, rows, gain, seconds, overhead = opened
             else:
                 neg_value, rid, j, alpha, room = heapq.heappop(heap)
-                extra = overhead + self._proposing_cost(j, at_depth[j])
+                extra = (overhead + self._proposing_cost(j, at_depth[j])
+                         + (self._catch_up[rid] if j == 1 else 0.0))
                 more = self.cost(rows + 1) + extra
                 if (gain - neg_value) * (seconds + overhead) <= gain * more:  # tokens/s drop
                     break
@@ -147,13 +174,14 @@ class SpecDecodeController:
         depth = heap[0][2]
         waiting = sorted(e for e in heap if e[2] == depth)  # likeliest first
         best, best_rate = 0, gain / (seconds + overhead)
-        value = 0.0
+        value = once = 0.0
         for m in range(1, min(len(waiting), self.budget - rows) + 1):
             value -= waiting[m - 1][0]
+            once += self._catch_up[waiting[m - 1][1]] if depth == 1 else 0.0
             rate = (gain + value) / (self.cost(rows + m) + overhead
-                                     + self.proposer.pass_cost(m))
+                                     + self.proposer.pass_cost(m) + once)
             if rate > best_rate:
-                best, best_rate = m, rate
+                best, best_rate, best_once = m, rate, once
         if not best:
             return None
         group = waiting[:best]
@@ -161,7 +189,7 @@ class SpecDecodeController:
         heapq.heapify(heap)
         added = -sum(e[0] for e in group)
         return (group, rows + best, gain + added, self.cost(rows + best),
-                overhead + self.proposer.pass_cost(best))
+                overhead + self.proposer.pass_cost(best) + best_once)
 
     def _proposing_cost(self, j: int, others: int) -> float:
         """What a request's j-th draft adds to proposing when ``others`` requests already

@@ -19,7 +19,6 @@ leaves the tokens before the cut, so their KV stays valid.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,34 +79,39 @@ class DraftModelProposer(Proposer):
     cost_unit = "pass"
 
     def __init__(self, runner, num_blocks: int, block_size: int, max_positions: int,
-                 k_max: int, max_requests: int = 1) -> None:
+                 max_requests: int = 1) -> None:
         """``runner``: a ModelRunner over the draft model and its own pool of
         ``num_blocks`` blocks (see ``Worker.create_draft_runner``)."""
         self.runner = runner
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.max_positions = max_positions
-        self.k_max = k_max
         self._states: dict[str, _DraftState] = {}
-        # a pass's seconds by its rows, measured at start, scaled by a moving average of
-        # measured / predicted over the passes that compute a few tokens a request (a
-        # prompt's first catch-up is a prefill, paid once: counting it would make every
-        # later pass look dear)
+        # a pass's seconds by the requests in it, measured at start on one-token passes
+        # (measured once: a moving correction locked drafting off after one slow pass,
+        # since no pass then came to correct it)
         from kvserve.spec_decode.controller import ROW_GRID, StepCostModel
-        most = max(1, max_requests) * (k_max + 1)  # every request catching up k + 1 tokens
-        grid = [r for r in ROW_GRID if r <= most] or [1]
-        self.pass_model = StepCostModel(runner.time_rows(grid))
-        self.scale = 1.0
+        grid = [n for n in ROW_GRID if n <= max(1, max_requests)] or [1]
+        self.pass_model = StepCostModel(runner.time_decodes(grid) or {1: 0.0})
+        # a catch-up of n tokens against one of a token: a prompt through the draft
+        self.prefill_model = StepCostModel(runner.time_rows(list(ROW_GRID)) or {1: 0.0})
 
     @classmethod
     def from_config(cls, config, worker) -> DraftModelProposer:
         runner, num_blocks = worker.create_draft_runner(config.speculative.model)
         positions = min(runner.config.max_position_embeddings, config.model.max_model_len)
         return cls(runner, num_blocks, config.cache.block_size, positions,
-                   config.speculative.num_speculative_tokens, config.scheduler.max_num_seqs)
+                   config.scheduler.max_num_seqs)
 
     def pass_cost(self, num_requests: int) -> float:
-        return self.scale * self.pass_model(num_requests)
+        return self.pass_model(num_requests)
+
+    def catch_up_cost(self, request: Request) -> float:
+        state = self._states.get(request.request_id)
+        pending = request.num_tokens - (state.cached if state is not None else 0)
+        if pending <= 1:
+            return 0.0
+        return max(0.0, self.prefill_model(pending) - self.prefill_model(1))
 
     @property
     def num_free_blocks(self) -> int:
@@ -150,13 +154,9 @@ class DraftModelProposer(Proposer):
     def _greedy(self, scheduled: list[ScheduledRequest]) -> list[int]:
         """Each scheduled request's argmax next token, in the order given (the flat
         batch puts decodes before prompt chunks)."""
-        start = time.perf_counter()
         inputs = build_inputs(scheduled, self.block_size, self.runner.config.sliding_window,
                               self.runner.native_attention)
         best = self.runner.forward(inputs).argmax(dim=-1).tolist()
-        if len(inputs.tokens) <= (self.k_max + 1) * len(scheduled):
-            ratio = (time.perf_counter() - start) / self.pass_model(len(inputs.tokens))
-            self.scale += 0.1 * (ratio - self.scale)
         by_id = {s.request_id: token for s, token in zip(inputs.sample_order, best)}
         return [by_id[s.request_id] for s in scheduled]
 

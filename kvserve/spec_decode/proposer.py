@@ -23,6 +23,11 @@ class Proposer(ABC):
         the proposer measures it itself; None: the controller times the calls."""
         return None
 
+    def catch_up_cost(self, request: Request) -> float:
+        """Seconds this request's next drafts cost once, beyond the passes (a draft model
+        computing the tokens it has not seen yet: its prompt, the first time)."""
+        return 0.0
+
     @abstractmethod
     def propose(self, requests: list[Request], limits: dict[str, int]) -> dict[str, list[int]]:
         """Up to ``limits[request_id]`` guessed next tokens for each request named in

@@ -100,6 +100,29 @@ class ModelRunner:
             times[rows] = statistics.median(samples[1:])
         return times
 
+    @torch.inference_mode()
+    def time_decodes(self, counts: list[int], context: int = 128, rounds: int = 3
+                     ) -> dict[int, float]:
+        """Median seconds of a step of ``n`` requests decoding one token each after
+        ``context`` tokens (a draft model's pass), for each ``n``; every request reads
+        and writes the same blocks, which no request holds yet."""
+        bs = self.block_size
+        if context + 1 > min(self.caches[0].k.shape[0] * bs, self.config.max_position_embeddings):
+            return {}
+        table = list(range(context // bs + 1))
+        info = SamplingInfo(SamplingParams(), (), (), None)
+        times = {}
+        for n in sorted(set(counts)):
+            step = [ScheduledRequest(f"cost-{i}", [0], context, table, info) for i in range(n)]
+            inputs = build_inputs(step, bs, self.config.sliding_window, self.native_attention)
+            samples = []
+            for _ in range(rounds + 1):  # the first only warms up
+                start = time.perf_counter()
+                self.forward(inputs)
+                samples.append(time.perf_counter() - start)
+            times[n] = statistics.median(samples[1:])
+        return times
+
     def close(self) -> None:
         if self.disk is not None:
             self.disk.close()
