@@ -282,7 +282,11 @@ def test_backpressure_429(strict_server):
                 async with client.stream("POST", "/v1/completions", json=body) as second:
                     assert second.status_code == 200  # accepted, waiting
                     third = await client.post("/v1/completions", json={**body, "stream": False})
-                    waiting = strict_server.metrics()["kvserve:num_requests_waiting"]
+                    for _ in range(40):  # the gauge follows the engine's next published step
+                        waiting = strict_server.metrics()["kvserve:num_requests_waiting"]
+                        if waiting == 1:
+                            break
+                        await asyncio.sleep(0.05)
                 # the second left while still waiting: it leaves the queue at once
                 for _ in range(100):
                     if strict_server.metrics()["kvserve:num_requests_waiting"] == 0:
