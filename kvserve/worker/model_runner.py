@@ -91,14 +91,20 @@ class ModelRunner:
                 break
             table = list(range(-(-(context + rows) // bs)))
             step = [ScheduledRequest("cost", [0] * rows, context, table, info, rows - 1)]
-            inputs = build_inputs(step, bs, self.config.sliding_window, self.native_attention)
-            samples = []
-            for _ in range(rounds + 1):  # the first only warms up
-                start = time.perf_counter()
-                self.forward(inputs)
-                samples.append(time.perf_counter() - start)
-            times[rows] = statistics.median(samples[1:])
+            times[rows] = self._median_step(step, rounds)
         return times
+
+    def _median_step(self, scheduled: list[ScheduledRequest], rounds: int) -> float:
+        """Median seconds of the model on ``scheduled`` over ``rounds`` runs, after one
+        that only warms up."""
+        inputs = build_inputs(scheduled, self.block_size, self.config.sliding_window,
+                              self.native_attention)
+        samples = []
+        for _ in range(rounds + 1):
+            start = time.perf_counter()
+            self.forward(inputs)
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples[1:])
 
     @torch.inference_mode()
     def time_decodes(self, counts: list[int], context: int = 128, rounds: int = 3
@@ -114,13 +120,7 @@ class ModelRunner:
         times = {}
         for n in sorted(set(counts)):
             step = [ScheduledRequest(f"cost-{i}", [0], context, table, info) for i in range(n)]
-            inputs = build_inputs(step, bs, self.config.sliding_window, self.native_attention)
-            samples = []
-            for _ in range(rounds + 1):  # the first only warms up
-                start = time.perf_counter()
-                self.forward(inputs)
-                samples.append(time.perf_counter() - start)
-            times[n] = statistics.median(samples[1:])
+            times[n] = self._median_step(step, rounds)
         return times
 
     def close(self) -> None:
