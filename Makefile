@@ -8,8 +8,9 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install system-deps serve test test-slow clean
 
-# Debian tools the tests drive: promtool and a real Prometheus, a headless browser
-SYSTEM_TOOLS := promtool:prometheus prometheus:prometheus chromium:chromium
+# Debian tools the tests drive: promtool and a real Prometheus, a headless browser,
+# ip and unshare (Ray runs in a private network namespace)
+SYSTEM_TOOLS := promtool:prometheus prometheus:prometheus chromium:chromium ip:iproute2 unshare:util-linux
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)

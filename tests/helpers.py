@@ -140,3 +140,14 @@ def round_kv_cache(monkeypatch, dtype: torch.dtype) -> None:
         return original(self, *rounded, layer_idx, *args, **kwargs)
 
     monkeypatch.setattr(DynamicCache, "update", update)
+
+
+async def engine_settled(engine, timeout: float = 10.0) -> bool:
+    """Wait until an AsyncLLMEngine has nothing running or waiting and no KV in use."""
+    import asyncio
+    for _ in range(int(timeout / 0.02)):
+        s = engine.snapshot
+        if s.num_running == 0 and s.num_waiting == 0 and s.kv_usage == 0:
+            return True
+        await asyncio.sleep(0.02)
+    return False

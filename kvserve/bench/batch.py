@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,44 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kvserve.bench.server_process import ServerProcess, server_flags
 from kvserve.bench.workloads import BenchRequest
 
 POLL_S = 0.25
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``kvserve serve MODEL`` on a free loopback port."""
-
-    def __init__(self, model_dir: Path, state_dir: Path, engine_flags: list[str],
-                 log_path: Path) -> None:
-        import httpx
-
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvserve.entrypoints.cli", "serve", str(model_dir),
-             "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
-             "--served-model-name", "bench", "--state-dir", str(state_dir),
-             "--disable-access-log", "--log-stats-interval", "0", *engine_flags],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        self.http = httpx.Client(base_url=self.url, timeout=120, trust_env=False)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited; see {log_path}")
-            try:
-                if self.http.get("/health").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"the server did not start; see {log_path}")
+class Server(ServerProcess):
+    """A server with the Batch API's calls."""
 
     def create_batch(self, requests: Sequence[BenchRequest]) -> str:
         lines = [json.dumps({"custom_id": f"line-{i}", "method": "POST",
@@ -90,14 +58,6 @@ class Server:
             time.sleep(POLL_S)
         return b
 
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.http.close()
-        self._log.close()
 
 
 def _body(req: BenchRequest) -> dict:
@@ -218,7 +178,7 @@ def run_batch_bench(model_dir: Path, realtime: Sequence[BenchRequest],
                     batch: Sequence[BenchRequest], alone: Sequence[BenchRequest],
                     engine_args: dict[str, Any], rate: float, rounds: int,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine_args.items()]
+    flags = server_flags(engine_args)
     with tempfile.TemporaryDirectory(prefix="kvserve-bench-batch-") as tmp:
         work = Path(tmp)
         server = Server(model_dir, work / "state", flags, work / "server.log")

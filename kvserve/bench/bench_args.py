@@ -103,6 +103,9 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-prompts", type=int, default=None, help="override the request count")
     g.add_argument("--input-len", type=int, default=None, help="prompt length (random workload)")
     g.add_argument("--output-len", type=int, default=None, help="output length (random workload)")
+    g.add_argument("--num-prefixes", type=int, default=1,
+                   help="shared-prefix: how many distinct prefixes requests draw from "
+                        "(default 1)")
     g.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     g.add_argument(
         "--vocab-size",
@@ -151,8 +154,8 @@ def workload_from_args(args: argparse.Namespace, model_dir: str | Path | None) -
         name = "random" if (args.input_len or args.output_len) else "mixed"
     try:
         return make_workload(
-            name, vocab, special, args.seed, args.num_prompts, args.input_len, args.output_len
-        )
+            name, vocab, special, args.seed, args.num_prompts, args.input_len, args.output_len,
+            getattr(args, "num_prefixes", 1))
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 

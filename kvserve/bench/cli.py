@@ -221,6 +221,11 @@ def _add_batch(sub: Any) -> None:
     p.set_defaults(func=cmd_batch)
 
 
+def _add_replicas(sub: Any) -> None:
+    from kvserve.bench.replicas import add_replicas_parser
+    add_replicas_parser(sub)
+
+
 def add_bench_parser(subparsers: Any) -> None:
     """Add ``bench`` with its sub-commands to a ``parser.add_subparsers()`` object."""
     bench = subparsers.add_parser("bench", help="benchmarks: throughput, serving, comparisons",
@@ -228,7 +233,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_tp,
-                _add_batch):
+                _add_batch, _add_replicas):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 

@@ -118,16 +118,23 @@ def shared_prefix_workload(
     prefix_len: int = 384,
     unique_len: int = 32,
     output_len: int = 32,
+    num_prefixes: int = 1,
 ) -> Workload:
-    """``shared-prefix``: one shared 384-token prefix + 32 unique tokens, 32 output tokens."""
+    """``shared-prefix``: a shared 384-token prefix + 32 unique tokens, 32 output tokens.
+    With ``num_prefixes`` > 1 each request draws one of that many prefixes at random (the
+    users of a few system prompts, interleaved)."""
+    if num_prefixes < 1:
+        raise ValueError(f"num_prefixes must be >= 1, got {num_prefixes}")
     rng = random.Random(seed)
     allowed = _allowed_ids(vocab_size, special_ids)
-    prefix = _tokens(rng, allowed, prefix_len)
-    reqs = [
-        BenchRequest(prefix + _tokens(rng, allowed, unique_len), output_len)
-        for _ in range(num_requests)
-    ]
+    prefixes = [_tokens(rng, allowed, prefix_len) for _ in range(num_prefixes)]
+    reqs = []
+    for _ in range(num_requests):
+        prefix = prefixes[rng.randrange(num_prefixes)] if num_prefixes > 1 else prefixes[0]
+        reqs.append(BenchRequest(prefix + _tokens(rng, allowed, unique_len), output_len))
     params = {"prefix_len": prefix_len, "unique_len": unique_len}
+    if num_prefixes > 1:
+        params["num_prefixes"] = num_prefixes
     return Workload("shared-prefix", reqs, seed, params)
 
 
@@ -154,11 +161,15 @@ def make_workload(
     num_prompts: int | None = None,
     input_len: int | None = None,
     output_len: int | None = None,
+    num_prefixes: int = 1,
 ) -> Workload:
     """A workload by name; ``num_prompts`` overrides the request count of any workload,
-    ``input_len``/``output_len`` apply to ``random`` (and the output of ``shared-prefix``)."""
+    ``input_len``/``output_len`` apply to ``random`` (and the output of ``shared-prefix``),
+    ``num_prefixes`` to ``shared-prefix``."""
     kw: dict[str, int] = {} if num_prompts is None else {"num_requests": num_prompts}
     special = list(special_ids)
+    if num_prefixes != 1 and name != "shared-prefix":
+        raise ValueError("num_prefixes applies to the shared-prefix workload only")
     if name == "mixed":
         if input_len is not None or output_len is not None:
             raise ValueError("mixed has fixed length ranges; use --workload random for fixed lengths")
@@ -168,7 +179,8 @@ def make_workload(
             raise ValueError("shared-prefix has fixed prompt lengths (384 shared + 32 unique)")
         if output_len is not None:
             kw["output_len"] = output_len
-        return shared_prefix_workload(vocab_size, special, seed=seed, **kw)
+        return shared_prefix_workload(vocab_size, special, seed=seed,
+                                      num_prefixes=num_prefixes, **kw)
     if name == "random":
         return random_workload(
             vocab_size,

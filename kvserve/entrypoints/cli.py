@@ -89,9 +89,39 @@ def _add_serve(subparsers) -> None:
     from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
     p.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSERS.names(),
                    help="how the model writes tool calls (default: hermes)")
+    _add_replica_args(p)
     EngineArgs.add_cli_args(p, skip=("model",))
     add_config_argument(p)
     p.set_defaults(func=_serve)
+
+
+def _add_replica_args(p: argparse.ArgumentParser) -> None:
+    from kvserve.config.replicas import ReplicaConfig
+    from kvserve.replicas.routers import ROUTERS
+    d = ReplicaConfig()
+    g = p.add_argument_group("replicas on Ray Serve (pip install 'kvserve[ray]')")
+    g.add_argument("--replicas", type=int, default=None,
+                   help="run N engine replicas as Ray Serve deployments behind one ingress "
+                        "(default: one engine in this process, no Ray)")
+    g.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster, e.g. ray://head:10001 or auto "
+                        "(default: start a local Ray)")
+    g.add_argument("--router", default=d.router, choices=ROUTERS.names(),
+                   help=f"how the ingress picks a replica (default: {d.router})")
+    g.add_argument("--router-cache-threshold", type=float, default=d.cache_threshold,
+                   help="route to the replica with the longest cached prefix when it covers "
+                        f"at least this share of the prompt (default: {d.cache_threshold})")
+    g.add_argument("--router-balance-abs-threshold", type=int,
+                   default=d.balance_abs_threshold,
+                   help="...unless that replica has more than this many requests above the "
+                        f"least-loaded one (default: {d.balance_abs_threshold})")
+    g.add_argument("--router-balance-rel-threshold", type=float,
+                   default=d.balance_rel_threshold,
+                   help="...and more than this times its load; then the least-loaded "
+                        f"replica serves (default: {d.balance_rel_threshold})")
+    g.add_argument("--threads-per-replica", type=int, default=None,
+                   help="compute threads (and Ray CPUs) per replica, each replica on its "
+                        "own cores (default: the cores divided among the replicas)")
 
 
 def _run_batch(args: argparse.Namespace) -> int:

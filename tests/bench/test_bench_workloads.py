@@ -51,6 +51,19 @@ def test_shared_prefix() -> None:
     assert wl.describe()["prompt_tokens"] == 64 * 416
 
 
+def test_shared_prefix_with_several_prefixes_interleaves_them() -> None:
+    wl = shared_prefix_workload(50, SPECIAL, num_requests=60, num_prefixes=3)
+    prefixes = [tuple(r.prompt_token_ids[:384]) for r in wl.requests]
+    assert len(set(prefixes)) == 3
+    assert all(prefixes.count(p) >= 10 for p in set(prefixes))
+    assert len({prefixes[i] for i in range(0, 60, 2)}) == 3  # not one prefix per parity
+    assert wl.describe()["num_prefixes"] == 3
+    assert make_workload("shared-prefix", 50, num_prompts=6, num_prefixes=2).requests == \
+        shared_prefix_workload(50, num_requests=6, num_prefixes=2).requests
+    with pytest.raises(ValueError, match="shared-prefix workload only"):
+        make_workload("mixed", 50, num_prefixes=2)
+
+
 def test_random_and_make_workload() -> None:
     wl = make_workload("random", 30, [0], num_prompts=5, input_len=7, output_len=3)
     assert [(r.prompt_len, r.max_tokens) for r in wl.requests] == [(7, 3)] * 5

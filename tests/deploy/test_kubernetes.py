@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import importlib
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.deploy.tools import require_module
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "deploy" / "kubernetes"
@@ -39,21 +39,9 @@ QUEUE_SERIES = "kvserve:num_requests_waiting"
 MODEL_LINE_MARK = "#M "  # deployment.yaml's commented kvserve-models PVC example
 
 
-def _require_module(name: str, pip_name: str):
-    """Import ``name``; if missing, fail as root (a CI or dev container that installs the
-    dev extra) and skip otherwise, as tests/deploy/tools.require_tool does for programs."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        reason = f"{name} not importable: pip install {pip_name}"
-        if os.geteuid() == 0:
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def kv():
-    return _require_module("kubernetes_validate", "kubernetes-validate")
+    return require_module("kubernetes_validate", "kubernetes-validate")
 
 
 def k8s_versions() -> list[str]:

@@ -1,6 +1,7 @@
 """Finding the external programs that the deploy tests drive (promtool, prometheus, ...)."""
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 
@@ -18,3 +19,14 @@ def require_tool(name: str, debian_package: str) -> str:
     if os.geteuid() == 0:
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+def require_module(name: str, pip_name: str):
+    """Import ``name``; if it is missing, fail as root and skip otherwise, as above."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        reason = f"{name} not importable: pip install {pip_name}"
+        if os.geteuid() == 0:
+            pytest.fail(reason)
+        pytest.skip(reason)

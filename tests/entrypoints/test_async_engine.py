@@ -14,6 +14,7 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.entrypoints.openai.api_server import build_app
 from kvserve.metrics import ServerMetrics, StatsRecorder
 from kvserve.sampling_params import SamplingParams
+from tests.helpers import engine_settled
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +34,6 @@ def _run(llm_engine, body):
     return asyncio.run(main())
 
 
-async def _settled(engine, timeout=10.0):
-    for _ in range(int(timeout / 0.02)):
-        s = engine.snapshot
-        if s.num_running == 0 and s.num_waiting == 0 and s.kv_usage == 0:
-            return True
-        await asyncio.sleep(0.02)
-    return False
-
-
 def test_generate_streams_cumulative_outputs(llm_engine):
     async def body(engine):
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, n=2)
@@ -50,7 +42,7 @@ def test_generate_streams_cumulative_outputs(llm_engine):
         lengths = [len(o.outputs[0].token_ids) for o in outs]
         assert lengths == sorted(lengths) and lengths[-1] == 12
         assert outs[-1].outputs[0].token_ids == outs[-1].outputs[1].token_ids  # greedy
-        assert await _settled(engine)
+        assert await engine_settled(engine)
     _run(llm_engine, body)
 
 
@@ -72,7 +64,7 @@ def test_leaving_a_stream_aborts_and_frees_kv(llm_engine):
             async for out in engine.stream_outputs(s):
                 if len(out.outputs[0].token_ids) >= 2:
                     break  # closing the generator aborts the request
-        assert await _settled(engine)
+        assert await engine_settled(engine)
         assert engine.num_in_flight == 0
     _run(llm_engine, body)
 
@@ -94,7 +86,7 @@ def test_failed_step_fails_only_its_requests(llm_engine, monkeypatch):
                 pass
         outs = [o async for o in engine.generate("f2", [5, 6], SamplingParams(max_tokens=4))]
         assert outs[-1].outputs[0].finish_reason in ("stop", "length")
-        assert await _settled(engine)
+        assert await engine_settled(engine)
     _run(llm_engine, body)
 
 
@@ -141,7 +133,7 @@ def test_abort_all_ends_streams_with_503(llm_engine):
                 async for _ in engine.stream_outputs(s):
                     pass
             assert info.value.status == 503
-        assert await _settled(engine)
+        assert await engine_settled(engine)
     _run(llm_engine, body)
 
 

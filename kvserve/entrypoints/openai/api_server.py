@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import hmac
 import os
-import signal
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import wraps
@@ -29,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from kvserve.engine.async_engine import AsyncLLMEngine
+from kvserve.entrypoints.openai.graceful import GracefulServer
 from kvserve.entrypoints.openai.errors import (APIError, bad_request, http_status_error,
                                                internal_error)
 from kvserve.entrypoints.openai.protocol import (DetokenizeRequest, ModelCard, ModelList,
@@ -70,7 +70,7 @@ DEFAULT_MODEL_NAME = "kvserve-default"
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 
 
-class _APIKeyMiddleware:
+class APIKeyMiddleware:
     """Pure ASGI (no body buffering, streaming untouched): Bearer key on /v1 and tokenize."""
 
     def __init__(self, app, api_key: str) -> None:
@@ -142,7 +142,7 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     document = build_openapi(__version__, protected=bool(api_key))
     app.openapi = lambda: document
     if api_key:
-        app.add_middleware(_APIKeyMiddleware, api_key=api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         response = http_status_error(exc.status_code, None if exc.status_code in (404, 405)
@@ -256,6 +256,11 @@ def _check_server_args(args: argparse.Namespace) -> None:
     for name in ("log_stats_interval", "shutdown_timeout"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if getattr(args, "replicas", None) is not None:
+        from kvserve.replicas.launch import replica_config_from
+        replica_config_from(args)  # refuse bad router settings before loading anything
+    elif getattr(args, "ray_address", None):
+        raise ValueError("--ray-address needs --replicas N (the replicas it would run)")
 
 
 DEAD_ENGINE_EXIT_S = 2.0  # a dead engine's server answers 503 this long, then exits 1
@@ -275,7 +280,6 @@ def _usage_hint(host: str, port: int, name: str, api_key: bool) -> str:
 
 def run_server(args: argparse.Namespace) -> int:
     """``kvserve serve``: load the model, then serve until SIGTERM / SIGINT (exit 0)."""
-    import uvicorn
 
     from kvserve.config import EngineArgs, ObservabilityConfig
 
@@ -287,58 +291,33 @@ def run_server(args: argparse.Namespace) -> int:
         served_model_name=name, metrics_prefix=args.metrics_prefix,
         log_stats_interval=args.log_stats_interval,
         otlp_traces_endpoint=args.otlp_traces_endpoint)
-    engine = AsyncLLMEngine.from_engine_args(engine_args, observability)
-    app = build_app(engine, name, api_key=api_key, max_waiting=args.max_waiting,
-                    max_body_bytes=args.max_body_bytes,
-                    tool_call_parser=getattr(args, "tool_call_parser", "hermes"),
-                    batch=BatchSettings(args.state_dir or default_state_dir(),
-                                        args.max_batch_lines_in_flight,
-                                        args.max_batch_file_bytes))
+    app_settings = dict(served_model_name=name, max_waiting=args.max_waiting,
+                        max_body_bytes=args.max_body_bytes,
+                        tool_call_parser=getattr(args, "tool_call_parser", "hermes"),
+                        batch=BatchSettings(args.state_dir or default_state_dir(),
+                                            args.max_batch_lines_in_flight,
+                                            args.max_batch_file_bytes))
     hint = _usage_hint(args.host, args.port, name, bool(api_key))
+    if getattr(args, "replicas", None) is not None:
+        from kvserve.replicas.launch import run_replicated_server
+        return run_replicated_server(args, engine_args, observability, app_settings,
+                                     api_key, hint)
+    engine = AsyncLLMEngine.from_engine_args(engine_args, observability)
+    app = build_app(engine, api_key=api_key, **app_settings)
 
-    timeout = args.shutdown_timeout
-    drain_after = timeout - min(0.5, timeout * 0.2)
-
-    async def drain() -> None:  # abort cleanly (error event + [DONE]) before uvicorn cancels
-        await asyncio.sleep(drain_after)
+    def abort_in_flight() -> None:  # the graceful stop's deadline is near
         if engine.num_in_flight:
-            logger.info("aborting %d in-flight requests after %.1fs of graceful shutdown",
-                        engine.num_in_flight, drain_after)
+            logger.info("aborting %d in-flight requests before the shutdown timeout",
+                        engine.num_in_flight)
             engine.abort_all("the server is shutting down")
 
-    class _Server(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets)
-            if self.started:
-                print(hint, flush=True)
-
-        def handle_exit(self, sig, frame) -> None:  # SIGTERM / SIGINT, on the loop's thread
-            first = not self.should_exit
-            super().handle_exit(sig, frame)
-            if first and self.started:
-                try:
-                    loop = asyncio.get_running_loop()
-                except RuntimeError:
-                    return
-                loop.call_soon_threadsafe(self._start_drain, loop)
-
-        def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
-            self._drain_task = loop.create_task(drain())
-
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                            access_log=not args.disable_access_log,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
-    server = _Server(config)
+    server = GracefulServer(app, args, hint, abort_in_flight)
 
     def exit_dead_engine() -> None:  # /health answers 503 meanwhile, then the server exits
         logger.error("%s: the server exits", engine.dead_error)
         asyncio.get_running_loop().call_later(DEAD_ENGINE_EXIT_S, setattr, server,
                                               "should_exit", True)
     engine.on_dead = exit_dead_engine
-    # uvicorn handles SIGTERM/SIGINT gracefully, then restores the previous handlers and
-    # re-raises the signal; a no-op handler there makes the graceful exit status 0.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
     server.run()
     if engine.dead_error is not None:
         return 1

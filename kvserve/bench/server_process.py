@@ -1,0 +1,72 @@
+"""``kvserve serve MODEL`` as a subprocess on a free loopback port, for the benchmarks
+that measure a server (Batch API interference, replicas)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SERVED_NAME = "bench"
+
+
+def server_flags(engine_args: dict) -> list[str]:
+    """``kvserve serve`` flags for engine arguments (snake_case keys)."""
+    return [f"--{k.replace('_', '-')}={v}" for k, v in engine_args.items()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """Started and healthy once constructed; ``close()`` stops it with SIGTERM."""
+
+    def __init__(self, model_dir: Path, state_dir: Path, flags: list[str],
+                 log_path: Path, start_timeout_s: float = 300.0) -> None:
+        import httpx
+
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvserve.entrypoints.cli", "serve", str(model_dir),
+             "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
+             "--served-model-name", SERVED_NAME, "--state-dir", str(state_dir),
+             "--disable-access-log", "--log-stats-interval", "0", *flags],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        self.http = httpx.Client(base_url=self.url, timeout=120, trust_env=False)
+        deadline = time.monotonic() + start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited; see {log_path}")
+            try:
+                if self.http.get("/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.close()
+        raise RuntimeError(f"the server did not start; see {log_path}")
+
+    def counter_sum(self, name: str) -> float:
+        """A series summed over its labels (over the replicas, behind an ingress)."""
+        text = self.http.get("/metrics").text
+        pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([-0-9.e+]+)$"
+        return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.http.close()
+        self._log.close()

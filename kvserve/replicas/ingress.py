@@ -1,0 +1,274 @@
+"""The one OpenAI-compatible ingress in front of the replicas (an ASGI app).
+
+Every route but three is the replicas' own: the request's method, path, headers and body
+go to one replica, which runs the single server's app on them, and its response comes
+back as it is sent (streams stay streams). The ingress itself answers:
+
+- ``GET /health``: 200 while at least one replica is up, else 503;
+- ``GET /metrics``: every replica's series with a ``replica`` label, plus the router's;
+- the API key check (``--api-key``), before anything reaches a replica.
+
+Which replica: the Batch API (``/v1/files``, ``/v1/batches``) always goes to replica 0,
+which owns the batch store; ``/v1/stats`` (the dashboard's feed) to ``?replica=N``
+(default 0); everything else to the router's choice. A replica that fails under a
+request is marked down, that request ends with a 503 (or, mid-stream, an error event
+and ``[DONE]``), and a probe brings the replica back once Ray Serve has restarted it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Sequence
+from urllib.parse import parse_qs
+
+from kvserve.config.replicas import ReplicaConfig
+from kvserve.entrypoints.openai.errors import APIError, internal_error
+from kvserve.logger import init_logger
+from kvserve.replicas.metrics import RouterMetrics, merge_replica_metrics
+from kvserve.replicas.prefix_index import block_keys
+from kvserve.replicas.routers import ROUTERS, NoReplicaError
+from kvserve.replicas.routing_key import routing_prompt
+
+logger = init_logger(__name__)
+
+BATCH_PATHS = ("/v1/files", "/v1/batches")
+PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 5.0
+MULTIPART_SLACK = 1 << 20  # a file upload's form fields around the file itself
+
+
+class ReplicaFailed(Exception):
+    pass
+
+
+class Ingress:
+    """``handles[i]``: replica i's Ray Serve deployment handle."""
+
+    def __init__(self, handles: Sequence[Any], config: ReplicaConfig, metrics_prefix: str,
+                 max_body_bytes: int, max_file_bytes: int) -> None:
+        self.handles = list(handles)
+        self.streams = [h.options(stream=True) for h in self.handles]
+        self.router = ROUTERS[config.router](config)
+        self.metrics = RouterMetrics(metrics_prefix, len(handles))
+        self.loads = [0] * len(handles)
+        self.up = [True] * len(handles)
+        self.max_body_bytes = max_body_bytes
+        self.max_file_bytes = max_file_bytes
+        self._aborts: set[asyncio.Event] = set()
+        self._probe: asyncio.Task | None = None
+
+    # -- ASGI --------------------------------------------------------------------------
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        try:
+            if path == "/health" and method == "GET":
+                await self._health(send)
+            elif path == "/metrics" and method == "GET":
+                await self._metrics(send)
+            else:
+                await self._forward(scope, receive, send)
+        except APIError as e:
+            await e.response()(scope, receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._probe is not None:
+                    self._probe.cancel()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    @property
+    def num_in_flight(self) -> int:
+        return sum(self.loads)
+
+    def abort_all(self, reason: str) -> None:
+        """End every forwarded request now (graceful shutdown's deadline)."""
+        for event in list(self._aborts):
+            event.reason = reason  # type: ignore[attr-defined]
+            event.set()
+
+    # -- replica health ----------------------------------------------------------------
+    def _set_up(self, replica: int, up: bool) -> None:
+        if self.up[replica] != up:
+            logger.warning("replica %d is %s", replica, "back up" if up else "down")
+            if up:
+                self.router.index.forget(replica)  # a restarted replica's cache is empty
+        self.up[replica] = up
+        self.metrics.up.labels(str(replica)).set(1 if up else 0)
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            for i, handle in enumerate(self.handles):
+                if self.up[i]:
+                    continue
+                try:
+                    await asyncio.wait_for(handle.check_health.remote(), PROBE_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - still restarting
+                    continue
+                self._set_up(i, True)
+
+    async def _health(self, send) -> None:
+        if not any(self.up):
+            raise APIError("no replica is up (they are restarting)", 503)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _metrics(self, send) -> None:
+        request = {"method": "GET", "path": "/metrics", "query_string": b"",
+                   "headers": [], "body": b""}
+
+        async def one(i: int) -> str | None:
+            try:
+                status, _, body = await asyncio.wait_for(self._collect(i, request),
+                                                         PROBE_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a replica down shows as replica_up 0
+                return None
+            return body.decode() if status == 200 else None
+        texts = await asyncio.gather(*(one(i) for i in range(len(self.handles)) if self.up[i]))
+        up = [i for i in range(len(self.handles)) if self.up[i]]
+        body = merge_replica_metrics({i: t for i, t in zip(up, texts) if t is not None},
+                                     self.metrics)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _collect(self, replica: int, request: dict) -> tuple[int, list, bytes]:
+        start, parts = None, []
+        async for head, chunk, _ in self.streams[replica].handle.remote(request):
+            start = start or head
+            parts.append(chunk)
+        return start[0], start[1], b"".join(parts)
+
+    # -- forwarding --------------------------------------------------------------------
+    async def _read_body(self, path: str, receive) -> bytes:
+        limit = (self.max_file_bytes + MULTIPART_SLACK if path.startswith("/v1/files")
+                 else self.max_body_bytes)
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise APIError("client disconnected while sending the body", 400)
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > limit:
+                raise APIError(f"request body exceeds the limit of {limit} bytes", 413,
+                               code="request_too_large")
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    def _choose(self, scope, body: bytes) -> int:
+        path = scope["path"]
+        if path.startswith(BATCH_PATHS) or path == "/v1/stats":
+            replica = 0
+            if path == "/v1/stats":
+                query = parse_qs(scope.get("query_string", b"").decode())
+                wanted = query.get("replica", ["0"])[0]
+                if not wanted.isdigit() or int(wanted) >= len(self.handles):
+                    raise APIError(f"replica must be an integer in [0, {len(self.handles)}), "
+                                   f"got {wanted!r}", 400, param="replica")
+                replica = int(wanted)
+            if not self.up[replica]:
+                raise APIError(f"replica {replica} is restarting; retry shortly", 503)
+            return replica
+        keys = block_keys(routing_prompt(path, body))
+        try:
+            decision = self.router.route(keys, self.loads, self.up)
+        except NoReplicaError as e:
+            raise APIError(str(e), 503) from None
+        self.metrics.decisions.labels(str(decision.replica), decision.reason).inc()
+        if keys:
+            self.metrics.match_ratio.observe(decision.match_ratio)
+        return decision.replica
+
+    async def _forward(self, scope, receive, send) -> None:
+        body = await self._read_body(scope["path"], receive)
+        replica = self._choose(scope, body)
+        request = {"method": scope["method"], "path": scope["path"], "body": body,
+                   "query_string": scope.get("query_string", b""),
+                   "headers": [(k, v) for k, v in scope["headers"] if k != b"authorization"]}
+        abort = asyncio.Event()
+        self._aborts.add(abort)
+        self.loads[replica] += 1
+        self.metrics.in_flight.labels(str(replica)).inc()
+        try:
+            await self._relay(replica, request, receive, send, abort)
+        finally:
+            self._aborts.discard(abort)
+            self.loads[replica] -= 1
+            self.metrics.in_flight.labels(str(replica)).dec()
+
+    async def _relay(self, replica: int, request: dict, receive, send,
+                     abort: asyncio.Event) -> None:
+        stream = self.streams[replica].handle.remote(request)
+        gone = asyncio.ensure_future(_disconnected(receive))
+        stopped = asyncio.ensure_future(abort.wait())
+        is_sse = started = False
+        try:
+            while True:
+                step = asyncio.ensure_future(stream.__anext__())
+                await asyncio.wait({step, gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()
+                    stream.cancel()  # the replica sees a disconnect and aborts
+                    if stopped.done():
+                        await self._fail(send, started, is_sse, APIError(
+                            getattr(abort, "reason", "aborted"), 503,
+                            code="server_shutting_down"))
+                    return
+                try:
+                    head, chunk, more = step.result()
+                except StopAsyncIteration:
+                    return
+                except Exception as e:  # noqa: BLE001 - the replica died or failed
+                    await self._fail(send, started, is_sse, self._replica_error(replica, e))
+                    return
+                if head is not None:
+                    status, headers = head
+                    is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                 for k, v in headers)
+                    await send({"type": "http.response.start", "status": status,
+                                "headers": headers})
+                    started = True
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+                if not more:
+                    return
+        finally:
+            gone.cancel()
+            stopped.cancel()
+
+    def _replica_error(self, replica: int, exc: Exception) -> APIError:
+        from ray.exceptions import RayActorError
+        self.metrics.failures.labels(str(replica)).inc()
+        if isinstance(exc, RayActorError) or type(exc).__name__.endswith("UnavailableError"):
+            self._set_up(replica, False)
+            logger.error("replica %d died under a request: %s", replica, exc)
+            return APIError(f"replica {replica} died while serving this request; it is being "
+                            f"restarted, retry the request", 503, code="replica_died")
+        logger.error("replica %d failed a request: %r", replica, exc)
+        return internal_error(f"replica {replica} failed this request")
+
+    @staticmethod
+    async def _fail(send, started: bool, is_sse: bool, error: APIError) -> None:
+        if not started:
+            await send({"type": "http.response.start", "status": error.status,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": json.dumps(error.body()).encode()})
+            return
+        tail = (error.sse() + "data: [DONE]\n\n").encode() if is_sse else b""
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
