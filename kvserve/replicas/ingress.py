@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 from kvserve.config.replicas import ReplicaConfig
 from kvserve.entrypoints.openai.errors import APIError, internal_error
 from kvserve.logger import init_logger
+from kvserve.replicas.channel import ReplicaChannel, ReplicaFailed, RequestStream
 from kvserve.replicas.metrics import RouterMetrics, merge_replica_metrics
 from kvserve.replicas.prefix_index import block_keys
 from kvserve.replicas.routers import ROUTERS, NoReplicaError
@@ -37,8 +38,11 @@ PROBE_TIMEOUT_S = 5.0
 MULTIPART_SLACK = 1 << 20  # a file upload's form fields around the file itself
 
 
-class ReplicaFailed(Exception):
-    pass
+class _Stop:
+    """Put on a request's stream in place of a chunk: its client left, or shutdown."""
+
+    def __init__(self, error: APIError | None) -> None:
+        self.error = error
 
 
 class Ingress:
@@ -47,14 +51,14 @@ class Ingress:
     def __init__(self, handles: Sequence[Any], config: ReplicaConfig, metrics_prefix: str,
                  max_body_bytes: int, max_file_bytes: int) -> None:
         self.handles = list(handles)
-        self.streams = [h.options(stream=True) for h in self.handles]
+        self.channels: list[ReplicaChannel | None] = [None] * len(handles)
         self.router = ROUTERS[config.router](config)
         self.metrics = RouterMetrics(metrics_prefix, len(handles))
         self.loads = [0] * len(handles)
         self.up = [True] * len(handles)
         self.max_body_bytes = max_body_bytes
         self.max_file_bytes = max_file_bytes
-        self._aborts: set[asyncio.Event] = set()
+        self._active: set[RequestStream] = set()
         self._probe: asyncio.Task | None = None
 
     # -- ASGI --------------------------------------------------------------------------
@@ -93,9 +97,8 @@ class Ingress:
 
     def abort_all(self, reason: str) -> None:
         """End every forwarded request now (graceful shutdown's deadline)."""
-        for event in list(self._aborts):
-            event.reason = reason  # type: ignore[attr-defined]
-            event.set()
+        for stream in list(self._active):
+            stream.put(_Stop(APIError(reason, 503, code="server_shutting_down")))
 
     # -- replica health ----------------------------------------------------------------
     def _set_up(self, replica: int, up: bool) -> None:
@@ -105,6 +108,17 @@ class Ingress:
                 self.router.index.forget(replica)  # a restarted replica's cache is empty
         self.up[replica] = up
         self.metrics.up.labels(str(replica)).set(1 if up else 0)
+
+    def _channel(self, replica: int) -> ReplicaChannel:
+        channel = self.channels[replica]
+        if channel is None or channel.closed:
+            channel = self.channels[replica] = ReplicaChannel(
+                self.handles[replica], lambda cause: self._channel_failed(replica, cause))
+        return channel
+
+    def _channel_failed(self, replica: int, cause: BaseException) -> None:
+        logger.error("replica %d's channel failed: %r", replica, cause)
+        self._set_up(replica, False)
 
     async def _probe_loop(self) -> None:
         while True:
@@ -144,11 +158,16 @@ class Ingress:
         await send({"type": "http.response.body", "body": body})
 
     async def _collect(self, replica: int, request: dict) -> tuple[int, list, bytes]:
+        _, stream = await self._channel(replica).submit(request)
         start, parts = None, []
-        async for head, chunk, _ in self.streams[replica].handle.remote(request):
+        while True:
+            head, chunk, more, error = await stream.get()
+            if error:
+                raise RuntimeError(error)
             start = start or head
             parts.append(chunk)
-        return start[0], start[1], b"".join(parts)
+            if not more:
+                return start[0], start[1], b"".join(parts)
 
     # -- forwarding --------------------------------------------------------------------
     async def _read_body(self, path: str, receive) -> bytes:
@@ -197,41 +216,42 @@ class Ingress:
         request = {"method": scope["method"], "path": scope["path"], "body": body,
                    "query_string": scope.get("query_string", b""),
                    "headers": [(k, v) for k, v in scope["headers"] if k != b"authorization"]}
-        abort = asyncio.Event()
-        self._aborts.add(abort)
         self.loads[replica] += 1
         self.metrics.in_flight.labels(str(replica)).inc()
         try:
-            await self._relay(replica, request, receive, send, abort)
+            await self._relay(replica, request, receive, send)
         finally:
-            self._aborts.discard(abort)
             self.loads[replica] -= 1
             self.metrics.in_flight.labels(str(replica)).dec()
 
-    async def _relay(self, replica: int, request: dict, receive, send,
-                     abort: asyncio.Event) -> None:
-        stream = self.streams[replica].handle.remote(request)
-        gone = asyncio.ensure_future(_disconnected(receive))
-        stopped = asyncio.ensure_future(abort.wait())
+    async def _relay(self, replica: int, request: dict, receive, send) -> None:
+        channel = self._channel(replica)
+        try:
+            rid, stream = await channel.submit(request)
+        except ReplicaFailed as e:
+            await self._fail(send, False, False, self._replica_error(replica, e))
+            return
+        self._active.add(stream)
+        watcher = asyncio.ensure_future(_put_on_disconnect(receive, stream))
         is_sse = started = False
         try:
             while True:
-                step = asyncio.ensure_future(stream.__anext__())
-                await asyncio.wait({step, gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if not step.done():
-                    step.cancel()
-                    stream.cancel()  # the replica sees a disconnect and aborts
-                    if stopped.done():
-                        await self._fail(send, started, is_sse, APIError(
-                            getattr(abort, "reason", "aborted"), 503,
-                            code="server_shutting_down"))
-                    return
                 try:
-                    head, chunk, more = step.result()
-                except StopAsyncIteration:
-                    return
-                except Exception as e:  # noqa: BLE001 - the replica died or failed
+                    item = await stream.get()
+                except ReplicaFailed as e:
                     await self._fail(send, started, is_sse, self._replica_error(replica, e))
+                    return
+                if isinstance(item, _Stop):
+                    channel.cancel(rid)  # the replica sees a disconnect and aborts
+                    if item.error is not None:
+                        await self._fail(send, started, is_sse, item.error)
+                    return
+                head, chunk, more, error = item
+                if error:
+                    self.metrics.failures.labels(str(replica)).inc()
+                    logger.error("replica %d failed a request: %s", replica, error)
+                    await self._fail(send, started, is_sse,
+                                     internal_error(f"replica {replica} failed this request"))
                     return
                 if head is not None:
                     status, headers = head
@@ -244,19 +264,16 @@ class Ingress:
                 if not more:
                     return
         finally:
-            gone.cancel()
-            stopped.cancel()
+            watcher.cancel()
+            self._active.discard(stream)
 
-    def _replica_error(self, replica: int, exc: Exception) -> APIError:
-        from ray.exceptions import RayActorError
+    def _replica_error(self, replica: int, failure: ReplicaFailed) -> APIError:
         self.metrics.failures.labels(str(replica)).inc()
-        if isinstance(exc, RayActorError) or type(exc).__name__.endswith("UnavailableError"):
-            self._set_up(replica, False)
-            logger.error("replica %d died under a request: %s", replica, exc)
-            return APIError(f"replica {replica} died while serving this request; it is being "
-                            f"restarted, retry the request", 503, code="replica_died")
-        logger.error("replica %d failed a request: %r", replica, exc)
-        return internal_error(f"replica {replica} failed this request")
+        self._set_up(replica, False)
+        logger.error("replica %d failed under a request: %s", replica, failure.cause)
+        return APIError(f"replica {replica} died or became unreachable while serving this "
+                        f"request; it is being restarted, retry the request", 503,
+                        code="replica_died")
 
     @staticmethod
     async def _fail(send, started: bool, is_sse: bool, error: APIError) -> None:
@@ -269,6 +286,7 @@ class Ingress:
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
-async def _disconnected(receive) -> None:
+async def _put_on_disconnect(receive, stream: RequestStream) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+    stream.put(_Stop(None))

@@ -1,14 +1,21 @@
 """One engine replica: the single server's whole app, run inside a Ray Serve replica.
 
 The ingress hands each HTTP request over as a plain dict (method, path, query, headers,
-body); :meth:`EngineReplica.handle` runs it through the same FastAPI app ``kvserve
-serve`` runs, in-process, and streams back what the app sends. The routes, errors,
-validation and streaming are therefore the single server's, byte for byte.
+body) with :meth:`EngineReplica.submit`; the replica runs it through the same FastAPI
+app ``kvserve serve`` runs, in-process, so routes, errors, validation and streaming are
+the single server's, byte for byte.
 
-Each item streamed back is ``(start, body, more)``: ``start`` the response's
-``(status, headers)`` on the first item only, then the body bytes the app sent since
-the last item, coalesced so that a slow reader costs fewer items. Cancelling the call
-(the client went away) makes the app see ``http.disconnect``, which aborts the request.
+What the app sends comes back over one long-lived stream per ingress,
+:meth:`EngineReplica.channel`, not one stream per request: an engine step produces a
+chunk for every running request at once, and carrying them as one Ray item keeps Ray's
+per-item cost per step instead of per token. Each item is a list of
+``(request_id, start, body, more, error)``: ``start`` the response's
+``(status, headers)`` on its first chunk only, ``body`` the bytes the app sent,
+``more`` False on the last, ``error`` a message when the app failed the request.
+
+A request ends early when the ingress calls :meth:`cancel` (its client went away) or
+its channel closes (the ingress went away): the app then sees ``http.disconnect``,
+which aborts the request in the engine.
 """
 from __future__ import annotations
 
@@ -19,7 +26,19 @@ from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-Item = tuple[Any, bytes, bool]
+Chunk = tuple[str, Any, bytes, bool, "str | None"]
+GATHER_ROUNDS = 8  # loop turns a channel waits for more of a step's chunks
+
+
+class _Channel:
+    def __init__(self) -> None:
+        self.items: list[Chunk] = []
+        self.wake = asyncio.Event()
+        self.gone: dict[str, asyncio.Event] = {}  # request id -> set to abort it
+
+    def put(self, item: Chunk) -> None:
+        self.items.append(item)
+        self.wake.set()
 
 
 class EngineReplica:
@@ -34,6 +53,7 @@ class EngineReplica:
         self.engine = AsyncLLMEngine.from_engine_args(engine_args, observability)
         self.app = build_app(self.engine, **app_settings)
         self._lifespan = None
+        self._channels: dict[str, _Channel] = {}
         logger.info("replica %d is up", replica)
 
     async def _started(self) -> None:
@@ -46,13 +66,40 @@ class EngineReplica:
         if self._lifespan is not None and not self.engine.is_running:
             raise RuntimeError(self.engine.dead_error or "the engine stopped")
 
-    async def handle(self, request: dict) -> AsyncIterator[Item]:
+    async def channel(self, channel_id: str) -> AsyncIterator[list[Chunk]]:
+        """The chunks of every request submitted on ``channel_id``, batched."""
+        ch = self._channels.setdefault(channel_id, _Channel())
+        try:
+            while True:
+                await ch.wake.wait()
+                for _ in range(GATHER_ROUNDS):  # let the rest of the step's chunks arrive
+                    seen = len(ch.items)
+                    await asyncio.sleep(0)
+                    if len(ch.items) == seen:
+                        break
+                ch.wake.clear()
+                items, ch.items = ch.items, []
+                yield items
+        finally:
+            for gone in ch.gone.values():  # the ingress went away: abort its requests
+                gone.set()
+            self._channels.pop(channel_id, None)
+
+    async def submit(self, channel_id: str, request_id: str, request: dict) -> None:
+        """Start serving ``request``; its chunks go out on ``channel_id``."""
         await self._started()
-        pending: list[bytes] = []
-        state: dict[str, Any] = {"start": None, "more": True}
-        wake = asyncio.Event()
-        gone = asyncio.Event()
-        body_sent = False
+        ch = self._channels.setdefault(channel_id, _Channel())
+        gone = ch.gone[request_id] = asyncio.Event()
+        asyncio.ensure_future(self._serve(ch, request_id, request, gone))
+
+    async def cancel(self, channel_id: str, request_id: str) -> None:
+        ch = self._channels.get(channel_id)
+        if ch is not None and request_id in ch.gone:
+            ch.gone[request_id].set()
+
+    async def _serve(self, ch: _Channel, rid: str, request: dict, gone: asyncio.Event) -> None:
+        body_sent = finished = False
+        head = None  # the response's (status, headers) until its first chunk carries it
 
         async def receive() -> dict:
             nonlocal body_sent
@@ -63,42 +110,24 @@ class EngineReplica:
             return {"type": "http.disconnect"}
 
         async def send(message: dict) -> None:
+            nonlocal head, finished
             if message["type"] == "http.response.start":
-                state["start"] = (message["status"], message.get("headers", []))
-            elif message["type"] == "http.response.body":
-                pending.append(message.get("body", b""))
-                state["more"] = message.get("more_body", False)
-            wake.set()
+                head = (message["status"], message.get("headers", []))
+            elif message["type"] == "http.response.body" and not finished:
+                more = message.get("more_body", False)
+                finished = not more
+                ch.put((rid, head, message.get("body", b""), more, None))
+                head = None
 
-        task = asyncio.ensure_future(self.app(_scope(request), receive, send))
-        sent_start = False
         try:
-            while True:
-                if not pending and state["more"]:
-                    if task.done():
-                        task.result()  # the app failed before finishing its response
-                        raise RuntimeError("the app ended without finishing its response")
-                    wake.clear()
-                    waiter = asyncio.ensure_future(wake.wait())
-                    await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    await asyncio.sleep(0)  # let the app add what it has ready
-                    if state["start"] is None:
-                        continue
-                chunk, more = b"".join(pending), state["more"]
-                pending.clear()
-                yield (None if sent_start else state["start"], chunk, more)
-                sent_start = True
-                if not more:
-                    break
-            await task
+            await self.app(_scope(request), receive, send)
+            if not finished and not gone.is_set():
+                raise RuntimeError("the app ended without finishing its response")
+        except Exception as e:  # noqa: BLE001 - one failed request, not a dead replica
+            logger.exception("replica %d failed request %s", self.replica, rid)
+            ch.put((rid, None, b"", False, f"{type(e).__name__}: {e}"))
         finally:
-            if not task.done():
-                gone.set()  # the caller went away: the app aborts its request
-                try:
-                    await asyncio.wait_for(task, 5.0)
-                except BaseException:  # noqa: BLE001 - already leaving
-                    task.cancel()
+            ch.gone.pop(rid, None)
 
 
 def _scope(request: dict) -> dict:

@@ -20,34 +20,36 @@ class _Call:
 
 
 class _Stream:
-    """A DeploymentResponseGenerator's surface: async iteration and ``cancel()``."""
+    """A DeploymentResponseGenerator's surface: async iteration."""
 
-    def __init__(self, agen, fail_after: int | None) -> None:
-        self.agen, self.fail_after, self.items = agen, fail_after, 0
+    def __init__(self, agen, handle: "InProcessHandle") -> None:
+        self.agen, self.handle = agen, handle
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
-        if self.fail_after is not None and self.items >= self.fail_after:
+        if self.handle.dead:
             from ray.exceptions import RayActorError
-            await self.agen.aclose()  # the process is gone: so is its request
+            await self.agen.aclose()  # the process is gone: so are its requests
             raise RayActorError()
-        self.items += 1
-        return await self.agen.__anext__()
-
-    def cancel(self) -> None:
-        asyncio.ensure_future(self.agen.aclose())
+        item = await self.agen.__anext__()
+        self.handle.items += 1
+        if self.handle.fail_after is not None and self.handle.items >= self.handle.fail_after:
+            self.handle.dead = True
+        return item
 
 
 class InProcessHandle:
-    """A DeploymentHandle to an EngineReplica living in this process. ``fail_after``:
-    streams raise Ray's actor-death error after that many items; ``healthy``: what
-    ``check_health`` answers."""
+    """A DeploymentHandle to an EngineReplica living in this process. Setting ``dead``,
+    or ``fail_after`` (channel items), makes its channel raise Ray's actor-death error
+    as a killed process's would; ``healthy`` is what ``check_health`` answers."""
 
     def __init__(self, replica: EngineReplica) -> None:
         self.replica = replica
         self.fail_after: int | None = None
+        self.dead = False
+        self.items = 0
         self.healthy = True
         self.requests: list[dict] = []
 
@@ -55,11 +57,19 @@ class InProcessHandle:
         return self
 
     @property
-    def handle(self):
-        def start(request):
+    def channel(self):
+        return _Call(lambda channel_id: _Stream(self.replica.channel(channel_id), self))
+
+    @property
+    def submit(self):
+        async def submit(channel_id, rid, request):
             self.requests.append(request)
-            return _Stream(self.replica.handle(request), self.fail_after)
-        return _Call(start)
+            await self.replica.submit(channel_id, rid, request)
+        return _Call(submit)
+
+    @property
+    def cancel(self):
+        return _Call(self.replica.cancel)
 
     @property
     def check_health(self):

@@ -138,18 +138,19 @@ def test_metrics_label_every_replica(handles, run):
 
 def test_a_replica_dying_mid_stream_ends_it_with_an_error_and_is_probed_back(handles, run):
     ingress = _ingress(handles)
-    handles[0].fail_after = 2
     body = {"prompt": [5, 6], "max_tokens": 200, "ignore_eos": True, "stream": True}
+    run(_request(ingress, "POST", "/v1/completions", json={**body, "max_tokens": 1}))
+    handles[0].items, handles[0].fail_after = 0, 3
     r = run(_request(ingress, "POST", "/v1/completions", json=body))
     assert r.status_code == 200
     events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
-    assert events[-1] == "[DONE]"
+    assert events[-1] == "[DONE]" and len(events) > 2
     error = json.loads(events[-2])["error"]
     assert error["code"] == "replica_died" and "replica 0" in error["message"]
     assert ingress.up == [False, True]
     assert run(engine_settled(handles[0].replica.engine)), "the dead request's KV was not freed"
 
-    # while replica 0 is down everything goes to replica 1; it is not sent more work
+    # while replica 0 is down everything goes to replica 1
     handles[0].healthy = False
     again = run(_request(ingress, "POST", "/v1/completions",
                          json={**body, "stream": False, "max_tokens": 3}))
@@ -160,7 +161,7 @@ def test_a_replica_dying_mid_stream_ends_it_with_an_error_and_is_probed_back(han
     assert {s.labels["replica"]: s.value
             for s in families["kvserve:replica_failures"].samples}["0"] == 1.0
 
-    handles[0].fail_after, handles[0].healthy = None, True  # Serve restarted it
+    handles[0].fail_after, handles[0].dead, handles[0].healthy = None, False, True  # restarted
 
     async def probe_until_up():
         task = asyncio.ensure_future(ingress._probe_loop())
@@ -171,6 +172,9 @@ def test_a_replica_dying_mid_stream_ends_it_with_an_error_and_is_probed_back(han
         task.cancel()
         return ingress.up[0]
     assert run(probe_until_up())
+    back = run(_request(ingress, "POST", "/v1/completions",
+                        json={"prompt": [5, 6], "max_tokens": 2}))
+    assert back.status_code == 200 and len(handles[0].requests) == 3  # on a new channel
 
 
 def test_no_replica_up_is_a_503(handles, run):
@@ -199,19 +203,48 @@ def test_an_oversized_body_is_a_413_before_any_replica(handles, run):
     assert not any(h.requests for h in handles)
 
 
-def test_a_call_cancelled_by_its_caller_aborts_the_request(handles, run):
-    """What Ray does to the replica's generator when the ingress's client goes away."""
-    replica = handles[0].replica
+def _submit_long(replica, run, channel_id: str):
     request = {"method": "POST", "path": "/v1/completions", "query_string": b"",
                "headers": [(b"content-type", b"application/json")],
                "body": json.dumps({"prompt": [5, 6], "max_tokens": 400, "ignore_eos": True,
                                    "stream": True}).encode()}
 
-    async def body():
-        stream = replica.handle(request)
+    async def start():
+        stream = replica.channel(channel_id)
+        await replica.submit(channel_id, "r1", request)
         items = [await stream.__anext__() for _ in range(3)]
         assert replica.engine.num_in_flight == 1
-        await stream.aclose()
-        return items, await engine_settled(replica.engine)
-    items, settled = run(body())
-    assert items[0][0][0] == 200 and settled
+        return stream, [i for batch in items for i in batch]
+    return run(start())
+
+
+def test_cancel_aborts_the_request(handles, run):
+    """What the ingress calls when its client goes away."""
+    replica = handles[0].replica
+    stream, items = _submit_long(replica, run, "c1")
+    assert items[0][0] == "r1" and items[0][1][0] == 200  # the first chunk carries the start
+    run(replica.cancel("c1", "r1"))
+    assert run(engine_settled(replica.engine))
+    run(stream.aclose())
+
+
+def test_a_channel_closed_by_its_ingress_aborts_its_requests(handles, run):
+    replica = handles[0].replica
+    stream, _ = _submit_long(replica, run, "c2")
+    run(stream.aclose())
+    assert run(engine_settled(replica.engine))
+    assert "c2" not in replica._channels
+
+
+def test_a_step_of_many_requests_comes_back_in_few_channel_items(handles, run):
+    ingress = _ingress(handles, router="round_robin")
+    body = {"prompt": [5, 6, 7], "max_tokens": 16, "ignore_eos": True, "stream": True}
+    handles[0].items = 0
+
+    async def many():
+        return await asyncio.gather(*(_request(ingress, "POST", "/v1/completions", json=body)
+                                      for _ in range(8)))
+    responses = run(many())
+    assert all(r.text.endswith("data: [DONE]\n\n") for r in responses)
+    # 4 requests on replica 0, each 16 token chunks + its end: batched, not one item each
+    assert handles[0].items < 4 * 17 * 0.6
