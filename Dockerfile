@@ -1,6 +1,7 @@
 # kvserve: the OpenAI-compatible server on CPU.
 #
 #   docker build -t kvserve:0.1.0 .
+#   docker build --build-arg EXTRAS=ray -t kvserve-ray:0.1.0 .   # for the RayService
 #   docker run --rm -p 8000:8000 --stop-timeout 45 kvserve:0.1.0
 #
 # The embedded default model ships inside the Python package, so the image serves without
@@ -35,10 +36,16 @@ RUN apt-get update \
 # libraries this image never uses. The package install below then finds torch satisfied.
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
+# EXTRAS=ray: the image for deploy/kubernetes/rayservice.yaml, with Ray Serve (pinned to
+# the manifest's rayVersion by the extra) and wget, which KubeRay's probes run.
+ARG EXTRAS=""
+RUN if [ -n "$EXTRAS" ]; then apt-get update \
+      && apt-get install -y --no-install-recommends wget && rm -rf /var/lib/apt/lists/*; fi
+
 # Only what the package build needs (see .dockerignore for the rest of the context).
 COPY pyproject.toml README.md /src/
 COPY kvserve /src/kvserve
-RUN pip install --no-cache-dir /src && rm -rf /src
+RUN pip install --no-cache-dir "/src${EXTRAS:+[$EXTRAS]}" && rm -rf /src
 
 # Non-root, with a numeric uid so that Kubernetes' runAsNonRoot can verify it.
 # /var/lib/kvserve: --state-dir (the Batch API's SQLite database and files), usually a

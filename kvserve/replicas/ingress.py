@@ -83,11 +83,13 @@ class Ingress:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._probe is not None:
                     self._probe.cancel()
+                for channel in self.channels:
+                    if channel is not None:
+                        channel.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -108,6 +110,8 @@ class Ingress:
                 self.router.index.forget(replica)  # a restarted replica's cache is empty
         self.up[replica] = up
         self.metrics.up.labels(str(replica)).set(1 if up else 0)
+        if not up and (self._probe is None or self._probe.done()):
+            self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
     def _channel(self, replica: int) -> ReplicaChannel:
         channel = self.channels[replica]
@@ -121,7 +125,8 @@ class Ingress:
         self._set_up(replica, False)
 
     async def _probe_loop(self) -> None:
-        while True:
+        """Runs while a replica is down: it is up again once its health check answers."""
+        while not all(self.up):
             await asyncio.sleep(PROBE_INTERVAL_S)
             for i, handle in enumerate(self.handles):
                 if self.up[i]:

@@ -4,7 +4,8 @@ Ray Serve owns the replicas: each is one deployment (``kvserve-replica-I``, one 
 of :class:`EngineReplica`) holding ``threads_per_replica`` CPUs, health-checked and
 restarted by Serve when it dies. Serve's own HTTP proxy is off: this process serves
 HTTP with uvicorn and the :class:`Ingress`, which calls the replicas through their
-deployment handles, so the router (not Serve's load balancing) picks the replica.
+deployment handles, so the router (not Serve's load balancing) picks the replica. (The
+same replicas behind Serve's proxy, for KubeRay: ``serve_app.py``.)
 """
 from __future__ import annotations
 
@@ -30,51 +31,61 @@ def replica_config_from(args: argparse.Namespace) -> ReplicaConfig:
         threads_per_replica=args.threads_per_replica)
 
 
-def _replica_threads(config: ReplicaConfig, engine_args) -> tuple[int, list[str | None]]:
-    """Threads per replica and each replica's CPU binding: disjoint cores when they fit."""
+def _replica_threads(config: ReplicaConfig, engine_args) -> tuple[int, list[str]]:
+    """Threads per replica and each replica's CPU binding: disjoint cores when they fit
+    on this machine (a cluster's replicas land elsewhere: they are not bound there)."""
     from kvserve.worker.platform import one_cpu_per_core
     cpus = one_cpu_per_core()
     n = config.num_replicas
     threads = config.threads_per_replica or engine_args.num_threads or max(1, len(cpus) // n)
-    if engine_args.omp_threads_bind != "auto" or threads * n > len(cpus):
+    if engine_args.omp_threads_bind != "auto" or config.ray_address or threads * n > len(cpus):
         bind = engine_args.omp_threads_bind if engine_args.omp_threads_bind != "auto" else "nobind"
         return threads, [bind] * n
     return threads, [",".join(map(str, cpus[i * threads:(i + 1) * threads])) for i in range(n)]
 
 
-def deploy_replicas(config: ReplicaConfig, engine_args, observability, app_settings: dict):
-    """Start (or join) Ray, start Serve without its proxy, deploy the replicas; return the
-    deployment handles in replica order."""
-    import ray
+def replica_applications(config: ReplicaConfig, settings) -> list:
+    """The replicas' bound Serve deployments, in replica order; replica 0 owns the
+    Batch API's store."""
     from ray import serve
 
     from kvserve.replicas.replica import EngineReplica
 
-    threads, binds = _replica_threads(config, engine_args)
+    threads, binds = _replica_threads(config, settings.engine_args)
+    bound = []
+    for i in range(config.num_replicas):
+        deployment = serve.deployment(
+            EngineReplica, name=f"kvserve-replica-{i}", num_replicas=1,
+            ray_actor_options={"num_cpus": threads},
+            health_check_period_s=HEALTH_CHECK_PERIOD_S,
+            health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S, max_ongoing_requests=100_000)
+        engine_args = replace(settings.engine_args, num_threads=threads,
+                              omp_threads_bind=binds[i])
+        app = dict(settings.app, batch=settings.app["batch"] if i == 0 else None)
+        logger.info("replica %d: %d threads, CPUs %s", i, threads, binds[i])
+        bound.append(deployment.bind(i, engine_args, settings.observability, app))
+    return bound
+
+
+def deploy_replicas(config: ReplicaConfig, settings) -> list:
+    """Start (or join) Ray, start Serve without its proxy, deploy each replica as its own
+    application; return their deployment handles in replica order."""
+    import ray
+    from ray import serve
+
     if not ray.is_initialized():
         if config.ray_address:
             ray.init(address=config.ray_address, include_dashboard=False)
         else:
+            threads, _ = _replica_threads(config, settings.engine_args)
             ray.init(num_cpus=max(os.cpu_count() or 1, threads * config.num_replicas),
                      include_dashboard=False)
     serve.start(http_options={"location": "NoServer"})
-    handles = []
-    for i in range(config.num_replicas):
-        deployment = serve.deployment(
-            EngineReplica, name="EngineReplica", num_replicas=1,
-            ray_actor_options={"num_cpus": threads},
-            health_check_period_s=HEALTH_CHECK_PERIOD_S,
-            health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S, max_ongoing_requests=100_000)
-        args_i = replace(engine_args, num_threads=threads, omp_threads_bind=binds[i])
-        settings = dict(app_settings, batch=app_settings["batch"] if i == 0 else None)
-        logger.info("starting replica %d (%d threads, CPUs %s)", i, threads, binds[i])
-        handles.append(serve.run(deployment.bind(i, args_i, observability, settings),
-                                 name=f"kvserve-replica-{i}", route_prefix=None))
-    return handles
+    return [serve.run(app, name=f"kvserve-replica-{i}", route_prefix=None)
+            for i, app in enumerate(replica_applications(config, settings))]
 
 
-def run_replicated_server(args: argparse.Namespace, engine_args, observability,
-                          app_settings: dict, api_key: str | None, hint: str) -> int:
+def run_replicated_server(args: argparse.Namespace, settings, hint: str) -> int:
     """Serve until SIGTERM / SIGINT, then drain, shut Serve down and exit 0."""
     from ray import serve
 
@@ -83,11 +94,10 @@ def run_replicated_server(args: argparse.Namespace, engine_args, observability,
     from kvserve.replicas.ingress import Ingress
 
     config = replica_config_from(args)
-    handles = deploy_replicas(config, engine_args, observability, app_settings)
+    handles = deploy_replicas(config, settings)
     ingress = Ingress(handles, config, args.metrics_prefix, args.max_body_bytes,
                       args.max_batch_file_bytes)
-    app = APIKeyMiddleware(ingress, api_key) if api_key else ingress
-
+    app = APIKeyMiddleware(ingress, settings.api_key) if settings.api_key else ingress
     server = GracefulServer(app, args, hint, lambda: ingress.abort_all(
         "the server is shutting down"))
     try:

@@ -177,7 +177,8 @@ def requirement_args(pip_args: list[str]) -> list[str]:
         elif arg in takes_value:
             skip = True
         elif not arg.startswith("-"):
-            out.append(arg)
+            # "/src${EXTRAS:+[$EXTRAS]}": the build argument's extras, when given
+            out.append(re.sub(r"\$\{(\w+):\+\[\$\1\]\}$", "", arg))
     return out
 
 
@@ -358,3 +359,14 @@ def test_image_write_paths_are_volumes_in_the_deployment(instructions):
     assert cache, "the image sets KVSERVE_CACHE_DIR (else ~/.cache, read-only)"
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert cache in mounts and not mounts[cache].get("readOnly")
+
+
+def test_the_ray_image_is_the_same_build_with_extras(instructions):
+    args = [ins.value for ins in instructions if ins.name == "ARG"]
+    assert 'EXTRAS=""' in args, "no extras unless asked: the plain image has no Ray"
+    installs = [args for _, _, args in pip_installs(instructions)]
+    assert any(a.endswith("${EXTRAS:+[$EXTRAS]}") for args in installs for a in args)
+    wget = [ins for ins in instructions if ins.name == "RUN" and "wget" in ins.value]
+    assert wget and '[ -n "$EXTRAS" ]' in wget[0].value, "wget (KubeRay's probes) only then"
+    extras = re.search(r"^ray = \[", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert extras, "the ray extra the RayService image installs"

@@ -30,10 +30,11 @@ MIN_K8S_VERSION = "1.30"
 # Kinds without a schema in kubernetes-validate, checked structurally below.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"),
                 ("monitoring.coreos.com/v1", "ServiceMonitor"),
-                ("kustomize.config.k8s.io/v1beta1", "Kustomization")}
+                ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+                ("ray.io/v1", "RayService")}
 # In the directory but deliberately not in kustomization.yaml (see its comment).
 NOT_IN_KUSTOMIZATION = {"kustomization.yaml", "servicemonitor.yaml",
-                        "prometheus-adapter.yaml"}
+                        "prometheus-adapter.yaml", "rayservice.yaml"}
 # The series the HPA scales on, as kvserve exports it (default --metrics-prefix).
 QUEUE_SERIES = "kvserve:num_requests_waiting"
 MODEL_LINE_MARK = "#M "  # deployment.yaml's commented kvserve-models PVC example

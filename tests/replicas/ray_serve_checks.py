@@ -18,6 +18,42 @@ A = list(range(100, 164))  # two prompt families the router tells apart
 B = list(range(400, 464))
 
 
+def test_the_serve_application_behind_serves_own_proxy(llama_dir, tmp_path):
+    """What a RayService deploys (serve_app.build), before the module's server starts its
+    own Ray."""
+    assert os.environ.get("KVSERVE_TEST_NETNS") == "1", "run through test_ray_serve.py"
+    import ray
+    from ray import serve
+
+    from kvserve.replicas.serve_app import build
+    from tests.entrypoints.conftest import free_port
+
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build({"argv": [llama_dir, "--replicas", "2", "--threads-per-replica", "1",
+                                  "--served-model-name", "llama", "--num-threads", "1",
+                                  "--state-dir", str(tmp_path)]}),
+                  name="kvserve", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        body = {"prompt": A + [1] * 8, "max_tokens": 4, "temperature": 0}
+        plain = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert plain.status_code == 200, plain.text
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True},
+                          timeout=60) as r:
+            events = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+        assert text == plain.json()["choices"][0]["text"]
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        assert 'kvserve:router_requests_total{reason="cache_hit",replica="0"} 1.0' in metrics
+        assert 'replica="1"' in metrics
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def server(llama_dir, tmp_path_factory):
     assert os.environ.get("KVSERVE_TEST_NETNS") == "1", "run through test_ray_serve.py"

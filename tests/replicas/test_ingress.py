@@ -163,15 +163,13 @@ def test_a_replica_dying_mid_stream_ends_it_with_an_error_and_is_probed_back(han
 
     handles[0].fail_after, handles[0].dead, handles[0].healthy = None, False, True  # restarted
 
-    async def probe_until_up():
-        task = asyncio.ensure_future(ingress._probe_loop())
+    async def probed_back():  # the probe started when replica 0 went down
         for _ in range(100):
             if ingress.up[0]:
                 break
             await asyncio.sleep(0.05)
-        task.cancel()
-        return ingress.up[0]
-    assert run(probe_until_up())
+        return ingress.up[0] and ingress._probe.done()
+    assert run(probed_back())
     back = run(_request(ingress, "POST", "/v1/completions",
                         json={"prompt": [5, 6], "max_tokens": 2}))
     assert back.status_code == 200 and len(handles[0].requests) == 3  # on a new channel

@@ -278,32 +278,46 @@ def _usage_hint(host: str, port: int, name: str, api_key: bool) -> str:
             f"(metrics: {base}/metrics)")
 
 
+@dataclass(frozen=True)
+class ServerSettings:
+    """What ``kvserve serve``'s flags say, checked: the engine's arguments, what it
+    records, the app's settings (``build_app``'s keywords but the key) and the key."""
+
+    engine_args: object
+    observability: object
+    app: dict
+    name: str
+    api_key: str | None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ServerSettings":
+        from kvserve.config import EngineArgs, ObservabilityConfig
+
+        _check_server_args(args)
+        name = served_name(args)
+        observability = ObservabilityConfig(
+            served_model_name=name, metrics_prefix=args.metrics_prefix,
+            log_stats_interval=args.log_stats_interval,
+            otlp_traces_endpoint=args.otlp_traces_endpoint)
+        app = dict(served_model_name=name, max_waiting=args.max_waiting,
+                   max_body_bytes=args.max_body_bytes,
+                   tool_call_parser=getattr(args, "tool_call_parser", "hermes"),
+                   batch=BatchSettings(args.state_dir or default_state_dir(),
+                                       args.max_batch_lines_in_flight,
+                                       args.max_batch_file_bytes))
+        return cls(EngineArgs.from_cli_args(args), observability, app, name,
+                   args.api_key or os.environ.get("KVSERVE_API_KEY") or None)
+
+
 def run_server(args: argparse.Namespace) -> int:
     """``kvserve serve``: load the model, then serve until SIGTERM / SIGINT (exit 0)."""
-
-    from kvserve.config import EngineArgs, ObservabilityConfig
-
-    _check_server_args(args)
-    engine_args = EngineArgs.from_cli_args(args)
-    name = served_name(args)
-    api_key = args.api_key or os.environ.get("KVSERVE_API_KEY") or None
-    observability = ObservabilityConfig(
-        served_model_name=name, metrics_prefix=args.metrics_prefix,
-        log_stats_interval=args.log_stats_interval,
-        otlp_traces_endpoint=args.otlp_traces_endpoint)
-    app_settings = dict(served_model_name=name, max_waiting=args.max_waiting,
-                        max_body_bytes=args.max_body_bytes,
-                        tool_call_parser=getattr(args, "tool_call_parser", "hermes"),
-                        batch=BatchSettings(args.state_dir or default_state_dir(),
-                                            args.max_batch_lines_in_flight,
-                                            args.max_batch_file_bytes))
-    hint = _usage_hint(args.host, args.port, name, bool(api_key))
+    settings = ServerSettings.from_args(args)
+    hint = _usage_hint(args.host, args.port, settings.name, bool(settings.api_key))
     if getattr(args, "replicas", None) is not None:
         from kvserve.replicas.launch import run_replicated_server
-        return run_replicated_server(args, engine_args, observability, app_settings,
-                                     api_key, hint)
-    engine = AsyncLLMEngine.from_engine_args(engine_args, observability)
-    app = build_app(engine, api_key=api_key, **app_settings)
+        return run_replicated_server(args, settings, hint)
+    engine = AsyncLLMEngine.from_engine_args(settings.engine_args, settings.observability)
+    app = build_app(engine, api_key=settings.api_key, **settings.app)
 
     def abort_in_flight() -> None:  # the graceful stop's deadline is near
         if engine.num_in_flight:
