@@ -84,13 +84,22 @@ def _add_serve(sub: Any) -> None:
 def _add_compare(sub: Any) -> None:
     p = sub.add_parser("compare", help="kvserve vs HF static batching (vs vLLM CPU) in one run")
     p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
-    p.add_argument("--against", default="hf", help="comma list of peers: hf, vllm-cpu")
+    p.add_argument("--against", default="hf",
+                   help="comma list of peers: hf, vllm-cpu, llamacpp (single stream)")
     p.add_argument("--hf-batch-size", type=int, default=16, help="HF static batch (default 16)")
     p.add_argument("--hf-sweep", default=None, help="also HF at its best of these batch sizes")
     p.add_argument("--hf-threads", type=int, default=2, help="torch threads for HF (default 2)")
     p.add_argument("--vllm-python", default=None, help="python of a venv with vLLM's CPU build")
     p.add_argument("--vllm-kv-cache-gib", type=float, default=4.0,
                    help="VLLM_CPU_KVCACHE_SPACE (GiB)")
+    p.add_argument("--llamacpp-python", default=None,
+                   help="python of a venv with llama-cpp-python")
+    p.add_argument("--llamacpp-gguf", default=None, help="the model as an f32 GGUF")
+    p.add_argument("--llamacpp-source", default=None,
+                   help="a llama.cpp source tree whose convert_hf_to_gguf.py converts the "
+                        "model (when no --llamacpp-gguf)")
+    p.add_argument("--sequential-requests", type=int, default=8,
+                   help="llamacpp: the workload's first N requests, one at a time (default 8)")
     p.add_argument("--variant", action="append", default=[],
                    metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
                    help="also run kvserve with these engine settings, as row 'kvserve LABEL' "

@@ -179,6 +179,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0 if m.completed else 1
 
 
+def _single_stream(args, model_dir, wl, engine_args, roofline) -> dict:
+    """``--against llamacpp``: kvserve and llama.cpp on sequential requests."""
+    from kvserve.bench.llamacpp import run_single_stream
+
+    if not args.llamacpp_python:
+        raise SystemExit("--against llamacpp needs --llamacpp-python VENV/bin/python")
+    print(f"running kvserve and llama.cpp on {args.sequential_requests} sequential requests ...")
+    ss = run_single_stream(model_dir, wl.requests, engine_args, args.llamacpp_python,
+                           args.llamacpp_gguf, args.llamacpp_source, args.sequential_requests,
+                           args.repeats, roofline)
+    rows = [(name, f"{statistics.median(r['decode_step_ms'] for r in rounds):.2f}",
+             f"{statistics.median(r['decode_tok_s'] for r in rounds):.1f}",
+             f"{statistics.median(r['sequential_output_tok_s'] for r in rounds):.1f}",
+             f"{ss[name + '_vs_stream_floor']:.2f}x" if name + "_vs_stream_floor" in ss else "-")
+            for name, rounds in ss["rounds"].items()]
+    print(report.format_table(["single stream", "ms/step", "decode tok/s",
+                               "sequential tok/s", "vs stream floor"], rows))
+    print("kvserve / llama.cpp decode by round: "
+          + ", ".join(f"{r:.3f}" for r in ss["decode_ratio_rounds"])
+          + f"; greedy agreement on the first tokens: {100 * ss['token_agreement']:.0f} %")
+    split = ss["kvserve_profiled_step_ms"]
+    if split:
+        print("kvserve's profiled steps, ms: "
+              + ", ".join(f"{part} {ms:.2f}" for part, ms in split.items()))
+    return ss
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """``kvserve bench compare``: kvserve vs HF static (vs vLLM CPU) in one run."""
     from kvserve.bench.compare import parse_against, parse_variant, run_compare
@@ -236,6 +263,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for name, res in out["results"].items():
         if "decode" in res:
             print(_decode_line(name, res["decode"]))
+    if "llamacpp" in against:
+        out["single_stream"] = _single_stream(args, model_dir, wl, engine_args, out["roofline"])
     for note in out["notes"]:
         print("note:", note)
     full = {"machine": info, "model": model_dir.name, "workload": wl.describe(),

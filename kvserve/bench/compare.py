@@ -21,7 +21,7 @@ from kvserve.bench.throughput import median_result
 
 __all__ = ["PEERS", "run_compare", "compare_rows", "parse_against", "parse_variant"]
 
-PEERS: tuple[str, ...] = ("hf", "vllm-cpu")
+PEERS: tuple[str, ...] = ("hf", "vllm-cpu", "llamacpp")  # llamacpp: single stream
 
 
 def parse_against(text: str) -> list[str]:
