@@ -43,6 +43,18 @@ sys.path.insert(1, source + "/gguf-py")
 import conversion.base as base
 
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sentencepiece_vocab = base.TextModel._set_vocab_sentencepiece
+
+
+def byte_level_bpe_unless_sentencepiece(self, *args, **kwargs):
+    # the converter tries SentencePiece first and expects FileNotFoundError without
+    # tokenizer.model; it imports sentencepiece before looking, which may not be installed
+    if not (self.dir_model / "tokenizer.model").is_file():
+        raise FileNotFoundError("no tokenizer.model: a byte-level BPE")
+    return sentencepiece_vocab(self, *args, **kwargs)
+
+
+base.TextModel._set_vocab_sentencepiece = byte_level_bpe_unless_sentencepiece
 sys.argv = [source + "/convert_hf_to_gguf.py", *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
@@ -133,17 +145,23 @@ class LlamaCppSession:
                 "prompts": [list(r.prompt_token_ids) for r in requests],
                 "max_tokens": [r.max_tokens for r in requests]}
         (tmp / "spec.json").write_text(json.dumps(spec))
+        self._stderr = open(tmp / "stderr.log", "w+")  # a file: a full pipe would stall it
         self.proc = subprocess.Popen([python, str(tmp / "runner.py"), str(tmp / "spec.json"),
                                       MARKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True,
+                                     stderr=self._stderr, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-        self.load_s = self._read()["load_s"]
+        try:
+            self.load_s = self._read()["load_s"]
+        except BaseException:
+            self.close()
+            raise
 
     def _read(self) -> dict:
         for line in self.proc.stdout:
             if line.startswith(MARKER):
                 return json.loads(line[len(MARKER):])
-        raise RuntimeError(f"llama.cpp runner exited: {self.proc.stderr.read()[-2000:]}")
+        self._stderr.seek(0)
+        raise RuntimeError(f"llama.cpp runner exited: {self._stderr.read()[-2000:]}")
 
     def run(self) -> list[dict]:
         self.proc.stdin.write("run\n")
@@ -153,15 +171,21 @@ class LlamaCppSession:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
-            self.proc.wait(30)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._stderr.close()
         self._tmp.cleanup()
 
 
 def kvserve_sequential(llm, requests: Sequence[BenchRequest]) -> list[dict]:
-    """The same timings from kvserve's engine: each request alone, step by step."""
+    """The same timings from kvserve's engine: each request alone, step by step, its
+    prompt computed (the prefix cache is emptied first, as llama.cpp's is reset)."""
     from kvserve import SamplingParams
 
     engine = llm.engine
+    engine.reset_prefix_cache()
     out = []
     for i, req in enumerate(requests):
         params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
@@ -215,6 +239,9 @@ def run_single_stream(model_dir: Path, requests: Sequence[BenchRequest], engine_
     from kvserve.bench.throughput import load_llm
     from kvserve.worker.platform import physical_cores
 
+    if engine_args.get("speculative_config"):
+        raise ValueError("--against llamacpp times one token a step: run it without "
+                         "speculative decoding")
     reqs = sequential_requests(requests, count)
     with tempfile.TemporaryDirectory(prefix="kvserve-llamacpp-") as tmp:
         if gguf is None:
@@ -226,9 +253,10 @@ def run_single_stream(model_dir: Path, requests: Sequence[BenchRequest], engine_
         threads = engine_args.get("num_threads") or physical_cores()
         n_ctx = max(r.prompt_len + r.max_tokens for r in reqs) + 16
         llm, _ = load_llm(str(model_dir), engine_args)
-        session = LlamaCppSession(python, Path(gguf), reqs, threads, n_ctx)
         rounds: dict[str, list[dict]] = {"kvserve": [], "llamacpp": []}
+        session = None
         try:
+            session = LlamaCppSession(python, Path(gguf), reqs, threads, n_ctx)
             kvserve_sequential(llm, reqs[:1])  # warm, as the runner warms llama.cpp
             before = llm.engine.worker.step_time_stats()
             for r in range(repeats):
@@ -241,11 +269,13 @@ def run_single_stream(model_dir: Path, requests: Sequence[BenchRequest], engine_
             weight_bytes = matmul_weight_bytes(llm.engine.worker.runner.model)
             split = _step_split(before, llm.engine.worker.step_time_stats())
         finally:
-            session.close()
+            if session is not None:
+                session.close()
             llm.engine.close()
-    ratios = [a["decode_tok_s"] / b["decode_tok_s"]
+    ratios = [a["decode_tok_s"] / b["decode_tok_s"] if b["decode_tok_s"] else float("nan")
               for a, b in zip(rounds["kvserve"], rounds["llamacpp"])]
     seq = [a["sequential_output_tok_s"] / b["sequential_output_tok_s"]
+           if b["sequential_output_tok_s"] else float("nan")
            for a, b in zip(rounds["kvserve"], rounds["llamacpp"])]
     out = {"requests": len(reqs), "threads": threads, "rounds": rounds,
            "decode_ratio_rounds": ratios, "decode_ratio": statistics.median(ratios),

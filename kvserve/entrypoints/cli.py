@@ -104,7 +104,7 @@ def _add_replica_args(p: argparse.ArgumentParser) -> None:
                    help="run N engine replicas as Ray Serve deployments behind one ingress "
                         "(default: one engine in this process, no Ray)")
     g.add_argument("--ray-address", default=None,
-                   help="join this Ray cluster, e.g. ray://head:10001 or auto "
+                   help="join this Ray cluster from one of its nodes: auto or HOST:6379 "
                         "(default: start a local Ray)")
     g.add_argument("--router", default=d.router, choices=ROUTERS.names(),
                    help=f"how the ingress picks a replica (default: {d.router})")

@@ -38,18 +38,21 @@ class RequestStream:
 
 
 class ReplicaChannel:
-    def __init__(self, handle: Any, on_failure: Callable[[BaseException], None]) -> None:
+    def __init__(self, handle: Any,
+                 on_failure: Callable[["ReplicaChannel", BaseException], None]) -> None:
         self.id = uuid.uuid4().hex
         self.handle = handle
         self._on_failure = on_failure
         self._open: dict[str, RequestStream] = {}
         self._ids = itertools.count()
         self.closed = False
+        self._ready = asyncio.Event()  # the replica has the channel (its first, empty item)
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
         try:
             async for items in self.handle.options(stream=True).channel.remote(self.id):
+                self._ready.set()
                 for rid, head, chunk, more, error in items:
                     stream = self._open.get(rid)
                     if stream is not None:
@@ -63,25 +66,34 @@ class ReplicaChannel:
             cause = e
         self._fail(cause)
 
-    def _fail(self, cause: BaseException) -> None:
+    def _fail(self, cause: BaseException, report: bool = True) -> None:
         if self.closed:
             return
         self.closed = True
+        self._ready.set()  # wake submits waiting for the channel: they see it closed
         for stream in self._open.values():
             stream.put(ReplicaFailed(cause))
         self._open.clear()
-        self._on_failure(cause)
+        if report:
+            self._on_failure(self, cause)
 
     async def submit(self, request: dict) -> tuple[str, RequestStream]:
+        """Register the request, then send it. A submit that reaches another process
+        than the channel's (Serve replaced the replica meanwhile) is refused there, and
+        the channel fails rather than leave the request unread."""
+        await self._ready.wait()
         if self.closed:
             raise ReplicaFailed(RuntimeError("the replica's channel is closed"))
         rid = str(next(self._ids))
         stream = self._open[rid] = RequestStream()
         try:
             await self.handle.submit.remote(self.id, rid, request)
-        except Exception as e:  # noqa: BLE001
-            self._open.pop(rid, None)
-            raise ReplicaFailed(e) from None
+        except BaseException as e:
+            self.cancel(rid)
+            if isinstance(e, Exception) and not isinstance(e, ReplicaFailed):
+                self._fail(e)
+                raise ReplicaFailed(e) from None
+            raise
         return rid, stream
 
     def cancel(self, rid: str) -> None:
@@ -90,7 +102,8 @@ class ReplicaChannel:
             asyncio.ensure_future(_ignore_errors(self.handle.cancel.remote(self.id, rid)))
 
     def close(self) -> None:
-        self.closed = True  # not a failure: the replica stays up
+        """The ingress stops: open requests fail, the replica is not reported down."""
+        self._fail(RuntimeError("the ingress is shutting down"), report=False)
         self._reader.cancel()
 
 

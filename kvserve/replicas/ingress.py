@@ -78,6 +78,9 @@ class Ingress:
                 await self._forward(scope, receive, send)
         except APIError as e:
             await e.response()(scope, receive, send)
+        except Exception:  # noqa: BLE001 - one failed request, not a dead ingress
+            logger.exception("%s %s failed at the ingress", method, path)
+            await internal_error().response()(scope, receive, send)
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -117,12 +120,14 @@ class Ingress:
         channel = self.channels[replica]
         if channel is None or channel.closed:
             channel = self.channels[replica] = ReplicaChannel(
-                self.handles[replica], lambda cause: self._channel_failed(replica, cause))
+                self.handles[replica], lambda ch, cause: self._channel_failed(replica, ch, cause))
         return channel
 
-    def _channel_failed(self, replica: int, cause: BaseException) -> None:
+    def _channel_failed(self, replica: int, channel: ReplicaChannel,
+                        cause: BaseException) -> None:
         logger.error("replica %d's channel failed: %r", replica, cause)
-        self._set_up(replica, False)
+        if self.channels[replica] is channel:
+            self._set_up(replica, False)
 
     async def _probe_loop(self) -> None:
         """Runs while a replica is down: it is up again once its health check answers."""
@@ -154,8 +159,8 @@ class Ingress:
             except Exception:  # noqa: BLE001 - a replica down shows as replica_up 0
                 return None
             return body.decode() if status == 200 else None
-        texts = await asyncio.gather(*(one(i) for i in range(len(self.handles)) if self.up[i]))
         up = [i for i in range(len(self.handles)) if self.up[i]]
+        texts = await asyncio.gather(*(one(i) for i in up))
         body = merge_replica_metrics({i: t for i, t in zip(up, texts) if t is not None},
                                      self.metrics)
         await send({"type": "http.response.start", "status": 200,
@@ -163,16 +168,20 @@ class Ingress:
         await send({"type": "http.response.body", "body": body})
 
     async def _collect(self, replica: int, request: dict) -> tuple[int, list, bytes]:
-        _, stream = await self._channel(replica).submit(request)
+        channel = self._channel(replica)
+        rid, stream = await channel.submit(request)
         start, parts = None, []
-        while True:
-            head, chunk, more, error = await stream.get()
-            if error:
-                raise RuntimeError(error)
-            start = start or head
-            parts.append(chunk)
-            if not more:
-                return start[0], start[1], b"".join(parts)
+        try:
+            while True:
+                head, chunk, more, error = await stream.get()
+                if error:
+                    raise RuntimeError(error)
+                start = start or head
+                parts.append(chunk)
+                if not more:
+                    return start[0], start[1], b"".join(parts)
+        finally:
+            channel.cancel(rid)  # a no-op once finished; else (a timeout) stops it
 
     # -- forwarding --------------------------------------------------------------------
     async def _read_body(self, path: str, receive) -> bytes:
@@ -198,7 +207,8 @@ class Ingress:
             if path == "/v1/stats":
                 query = parse_qs(scope.get("query_string", b"").decode())
                 wanted = query.get("replica", ["0"])[0]
-                if not wanted.isdigit() or int(wanted) >= len(self.handles):
+                if not (wanted.isascii() and wanted.isdecimal()) \
+                        or int(wanted) >= len(self.handles):
                     raise APIError(f"replica must be an integer in [0, {len(self.handles)}), "
                                    f"got {wanted!r}", 400, param="replica")
                 replica = int(wanted)
@@ -231,28 +241,34 @@ class Ingress:
 
     async def _relay(self, replica: int, request: dict, receive, send) -> None:
         channel = self._channel(replica)
+        placeholder = RequestStream()  # abort_all reaches a request still being submitted
+        self._active.add(placeholder)
         try:
             rid, stream = await channel.submit(request)
         except ReplicaFailed as e:
-            await self._fail(send, False, False, self._replica_error(replica, e))
+            await self._fail(send, False, False, self._replica_error(replica, channel, e))
             return
+        finally:
+            self._active.discard(placeholder)
         self._active.add(stream)
         watcher = asyncio.ensure_future(_put_on_disconnect(receive, stream))
-        is_sse = started = False
+        is_sse = started = done = False
         try:
             while True:
                 try:
                     item = await stream.get()
                 except ReplicaFailed as e:
-                    await self._fail(send, started, is_sse, self._replica_error(replica, e))
+                    done = True
+                    await self._fail(send, started, is_sse,
+                                     self._replica_error(replica, channel, e))
                     return
                 if isinstance(item, _Stop):
-                    channel.cancel(rid)  # the replica sees a disconnect and aborts
                     if item.error is not None:
                         await self._fail(send, started, is_sse, item.error)
                     return
                 head, chunk, more, error = item
                 if error:
+                    done = True
                     self.metrics.failures.labels(str(replica)).inc()
                     logger.error("replica %d failed a request: %s", replica, error)
                     await self._fail(send, started, is_sse,
@@ -265,16 +281,21 @@ class Ingress:
                     await send({"type": "http.response.start", "status": status,
                                 "headers": headers})
                     started = True
+                done = not more
                 await send({"type": "http.response.body", "body": chunk, "more_body": more})
-                if not more:
+                if done:
                     return
         finally:
             watcher.cancel()
             self._active.discard(stream)
+            if not done:  # the client left, a shutdown, or this task was cancelled
+                channel.cancel(rid)  # the replica sees a disconnect and aborts
 
-    def _replica_error(self, replica: int, failure: ReplicaFailed) -> APIError:
+    def _replica_error(self, replica: int, channel: ReplicaChannel,
+                       failure: ReplicaFailed) -> APIError:
         self.metrics.failures.labels(str(replica)).inc()
-        self._set_up(replica, False)
+        if self.channels[replica] is channel:  # not a stale failure of a replaced channel
+            self._set_up(replica, False)
         logger.error("replica %d failed under a request: %s", replica, failure.cause)
         return APIError(f"replica {replica} died or became unreachable while serving this "
                         f"request; it is being restarted, retry the request", 503,

@@ -44,32 +44,39 @@ class _Channel:
 class EngineReplica:
     """The Ray Serve deployment's class (wrapped by ``serve.deployment`` at launch)."""
 
-    def __init__(self, replica: int, engine_args: Any, observability: Any,
-                 app_settings: dict) -> None:
+    async def __init__(self, replica: int, engine_args: Any, observability: Any,
+                       app_settings: dict) -> None:
+        """Serve awaits this: the engine loads, then starts on this (the user code's)
+        loop, so a restarted replica 0 resumes its batches before any request."""
         from kvserve.engine.async_engine import AsyncLLMEngine
         from kvserve.entrypoints.openai.api_server import build_app
 
         self.replica = replica
-        self.engine = AsyncLLMEngine.from_engine_args(engine_args, observability)
-        self.app = build_app(self.engine, **app_settings)
-        self._lifespan = None
         self._channels: dict[str, _Channel] = {}
+        self.engine = await asyncio.to_thread(AsyncLLMEngine.from_engine_args, engine_args,
+                                              observability)
+        self.app = build_app(self.engine, **app_settings)
+        self._lifespan = self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()
         logger.info("replica %d is up", replica)
 
-    async def _started(self) -> None:
-        if self._lifespan is None:  # the engine binds to the loop that reads its streams
-            self._lifespan = self.app.router.lifespan_context(self.app)
-            await self._lifespan.__aenter__()
+    async def __del__(self) -> None:
+        """Serve calls this when it stops the replica: the engine and the batch store
+        close (requests still running were drained or are aborted)."""
+        lifespan, self._lifespan = getattr(self, "_lifespan", None), None
+        if lifespan is not None:
+            await lifespan.__aexit__(None, None, None)
 
     async def check_health(self) -> None:
         """Ray Serve calls this; raising makes Serve replace the replica."""
-        if self._lifespan is not None and not self.engine.is_running:
+        if not self.engine.is_running:
             raise RuntimeError(self.engine.dead_error or "the engine stopped")
 
     async def channel(self, channel_id: str) -> AsyncIterator[list[Chunk]]:
         """The chunks of every request submitted on ``channel_id``, batched."""
-        ch = self._channels.setdefault(channel_id, _Channel())
+        ch = self._channels[channel_id] = _Channel()
         try:
+            yield []  # the ingress submits only once it has this: the channel is open here
             while True:
                 await ch.wake.wait()
                 for _ in range(GATHER_ROUNDS):  # let the rest of the step's chunks arrive
@@ -87,8 +94,9 @@ class EngineReplica:
 
     async def submit(self, channel_id: str, request_id: str, request: dict) -> None:
         """Start serving ``request``; its chunks go out on ``channel_id``."""
-        await self._started()
-        ch = self._channels.setdefault(channel_id, _Channel())
+        ch = self._channels.get(channel_id)
+        if ch is None:  # the channel is another process's (this replica replaced it)
+            raise LookupError(f"replica {self.replica} has no channel {channel_id}")
         gone = ch.gone[request_id] = asyncio.Event()
         asyncio.ensure_future(self._serve(ch, request_id, request, gone))
 

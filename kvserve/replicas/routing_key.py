@@ -19,13 +19,13 @@ def routing_prompt(path: str, body: bytes) -> Sequence:
         return ()
     try:
         data = json.loads(body)
-    except ValueError:
+        if not isinstance(data, dict):
+            return ()
+        if path == "/v1/completions":
+            return _completion_prompt(data.get("prompt"))
+        return _chat_prompt(data.get("messages"))
+    except Exception:  # noqa: BLE001 - whatever the body is, the replica answers it
         return ()
-    if not isinstance(data, dict):
-        return ()
-    if path == "/v1/completions":
-        return _completion_prompt(data.get("prompt"))
-    return _chat_prompt(data.get("messages"))
 
 
 def _completion_prompt(prompt) -> Sequence:
@@ -47,6 +47,7 @@ def _chat_prompt(messages) -> str:
             return ""
         content = m.get("content")
         if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            content = "".join(p["text"] for p in content
+                              if isinstance(p, dict) and isinstance(p.get("text"), str))
         parts.append(f"{m.get('role')}\n{content if isinstance(content, str) else ''}\n")
     return "".join(parts)

@@ -10,7 +10,8 @@ KubeRay's RayService::
 
 ``argv`` is ``kvserve serve``'s own flags (the model directory first, if not the
 embedded one), parsed and checked by the same parser, so each setting means what it
-means on the command line. Here Serve's HTTP proxy carries the requests to the ingress
+means on the command line; on a cluster the replicas are not bound to CPUs and take
+one thread each unless ``--threads-per-replica`` says otherwise. Here Serve's HTTP proxy carries the requests to the ingress
 deployment; ``--host``, ``--port`` and ``--ray-address`` are Serve's business and are
 refused. The API key comes from ``$KVSERVE_API_KEY`` in the ingress's environment.
 """
@@ -52,7 +53,11 @@ def parse_argv(argv: list[str]):
     if owned:
         raise ValueError(f"{', '.join(owned)}: set by Ray Serve's config (http_options, "
                          f"the cluster), not by args.argv")
-    args = build_parser().parse_args(["serve", *argv])
+    parser = build_parser()
+    serve_parser = next(a for a in parser._subparsers._group_actions
+                        if a.dest == "command").choices["serve"]
+    serve_parser.allow_abbrev = False  # "--po" must not slip past the check above
+    args = parser.parse_args(["serve", *argv])
     if args.replicas is None:
         args.replicas = 1
     return args, ServerSettings.from_args(args)
@@ -72,7 +77,8 @@ def build(app_args: dict):
     api_key = settings.api_key or os.environ.get("KVSERVE_API_KEY") or None
     # the ingress reserves no CPU: the engines' replicas hold the cores
     ingress = serve.deployment(KvserveIngress, name="kvserve-ingress",
-                               ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100_000)
+                               ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100_000,
+                               graceful_shutdown_timeout_s=args.shutdown_timeout)
     return ingress.bind(
         config, args.metrics_prefix, args.max_body_bytes, args.max_batch_file_bytes, api_key,
-        *replica_applications(config, settings))
+        *replica_applications(config, settings, args.shutdown_timeout, cluster=True))

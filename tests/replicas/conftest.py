@@ -103,10 +103,13 @@ def replicas(llama_dir, run):
     """Two replicas of the tiny llama, as the launcher builds them."""
     settings = dict(served_model_name="llama", max_waiting=64, max_body_bytes=1 << 20,
                     tool_call_parser="hermes", batch=None)
-    built = [EngineReplica(i, EngineArgs(model=llama_dir, num_threads=1, max_num_seqs=8),
-                           ObservabilityConfig(served_model_name="llama", log_stats_interval=0),
-                           settings) for i in range(2)]
+    built = []
+    for i in range(2):  # as Serve builds one: a bare instance, then its awaited __init__
+        replica = EngineReplica.__new__(EngineReplica)
+        run(replica.__init__(i, EngineArgs(model=llama_dir, num_threads=1, max_num_seqs=8),
+                             ObservabilityConfig(served_model_name="llama",
+                                                 log_stats_interval=0), settings))
+        built.append(replica)
     yield built
-    for r in built:
-        if r._lifespan is not None:
-            run(r._lifespan.__aexit__(None, None, None))
+    for replica in built:
+        run(replica.__del__())

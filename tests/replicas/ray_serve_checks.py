@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -101,7 +102,7 @@ def _replica_pid(index: int) -> int:
                 cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if f"ServeReplica:kvserve-replica-{index}:" in cmdline:
+            if re.search(rf"ServeReplica:[^:]+:kvserve-replica-{index}\b", cmdline):
                 return int(proc.name)
     raise AssertionError(f"no process for replica {index}")
 

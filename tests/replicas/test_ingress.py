@@ -19,9 +19,7 @@ PREFIX = list(range(100, 164))  # four index blocks
 
 
 @pytest.fixture
-def handles(replicas, run):
-    for r in replicas:
-        run(r._started())
+def handles(replicas):
     return [InProcessHandle(r) for r in replicas]
 
 
@@ -189,8 +187,9 @@ def test_batch_and_stats_routes_go_where_their_state_is(handles, run):
     run(_request(ingress, "GET", "/v1/stats?replica=1"))
     assert [r["path"] for r in handles[0].requests] == ["/v1/batches"]
     assert [r["path"] for r in handles[1].requests] == ["/v1/stats"]
-    bad = run(_request(ingress, "GET", "/v1/stats?replica=7"))
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "replica"
+    for wanted in ("7", "%C2%B2"):  # out of range; a digit that int() refuses
+        bad = run(_request(ingress, "GET", f"/v1/stats?replica={wanted}"))
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "replica"
 
 
 def test_an_oversized_body_is_a_413_before_any_replica(handles, run):
@@ -209,6 +208,7 @@ def _submit_long(replica, run, channel_id: str):
 
     async def start():
         stream = replica.channel(channel_id)
+        assert await stream.__anext__() == []  # the channel is open: submits may come
         await replica.submit(channel_id, "r1", request)
         items = [await stream.__anext__() for _ in range(3)]
         assert replica.engine.num_in_flight == 1
@@ -224,6 +224,12 @@ def test_cancel_aborts_the_request(handles, run):
     run(replica.cancel("c1", "r1"))
     assert run(engine_settled(replica.engine))
     run(stream.aclose())
+
+
+def test_a_submit_on_a_channel_this_replica_does_not_have_is_refused(handles, run):
+    """A process Serve started in place of the channel's: the ingress must hear of it."""
+    with pytest.raises(LookupError, match="has no channel"):
+        run(handles[0].replica.submit("elsewhere", "r1", {}))
 
 
 def test_a_channel_closed_by_its_ingress_aborts_its_requests(handles, run):
@@ -246,3 +252,23 @@ def test_a_step_of_many_requests_comes_back_in_few_channel_items(handles, run):
     assert all(r.text.endswith("data: [DONE]\n\n") for r in responses)
     # 4 requests on replica 0, each 16 token chunks + its end: batched, not one item each
     assert handles[0].items < 4 * 17 * 0.6
+
+
+def test_a_cancelled_request_task_aborts_its_request_on_the_replica(handles, run):
+    """Serve's proxy (and uvicorn at its shutdown deadline) cancel the ASGI task itself."""
+    ingress = _ingress(handles, router="round_robin")
+    body = {"prompt": [5, 6], "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+    async def cancel_mid_stream():
+        task = asyncio.ensure_future(_request(ingress, "POST", "/v1/completions", json=body))
+        engine = handles[0].replica.engine
+        for _ in range(200):
+            if engine.num_in_flight:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return await engine_settled(engine)
+    assert run(cancel_mid_stream()), "the replica kept generating for a cancelled request"
+    assert ingress.loads == [0, 0] and not ingress._active

@@ -94,6 +94,9 @@ def test_routing_prompt(path, body, expected):
 
 def test_routing_prompt_of_a_body_that_is_not_json_is_empty():
     assert routing_prompt("/v1/completions", b"{not json") == ()
+    assert routing_prompt("/v1/completions", b"[" * 100_000 + b"]" * 100_000) == ()
+    chat = {"messages": [{"role": "user", "content": [{"text": None}, {"text": 5}]}]}
+    assert routing_prompt("/v1/chat/completions", json.dumps(chat).encode()) == "user\n\n"
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -106,3 +109,16 @@ def test_routing_prompt_of_a_body_that_is_not_json_is_empty():
 def test_bad_replica_settings_are_refused_by_name(kw, message):
     with pytest.raises(ValueError, match=message):
         ReplicaConfig(**kw)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--replicas", "2", "--ray-address", "ray://head:10001"], "Ray Client"),
+    (["--ray-address", "auto"], "needs --replicas"),
+    (["--replicas", "2", "--router-cache-threshold", "2"], "router_cache_threshold"),
+])
+def test_bad_replica_flags_are_refused_before_anything_loads(argv, message):
+    from kvserve.entrypoints.cli import build_parser
+    from kvserve.entrypoints.openai.api_server import ServerSettings
+    args = build_parser().parse_args(["serve", *argv])
+    with pytest.raises(ValueError, match=message):
+        ServerSettings.from_args(args)

@@ -259,6 +259,11 @@ def _check_server_args(args: argparse.Namespace) -> None:
     if getattr(args, "replicas", None) is not None:
         from kvserve.replicas.launch import replica_config_from
         replica_config_from(args)  # refuse bad router settings before loading anything
+        if (args.ray_address or "").startswith("ray://"):
+            raise ValueError("--ray-address: Ray Client (ray://) cannot stream from Serve "
+                             "deployments; run kvserve on a node of the cluster with "
+                             "--ray-address auto (or HOST:6379), or deploy "
+                             "kvserve.replicas.serve_app (see docs/replicas.md)")
     elif getattr(args, "ray_address", None):
         raise ValueError("--ray-address needs --replicas N (the replicas it would run)")
 

@@ -41,6 +41,10 @@ class GracefulServer(uvicorn.Server):
     def run(self, sockets=None) -> None:
         # uvicorn handles SIGTERM/SIGINT gracefully, then restores the previous handlers
         # and re-raises the signal; a no-op handler there makes the graceful exit status 0.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: None)
-        super().run(sockets)
+        previous = {sig: signal.signal(sig, lambda *_: None)
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            super().run(sockets)
+        finally:  # what runs after (shutting Ray down) can be interrupted again
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
