@@ -60,12 +60,12 @@ class EngineReplica:
         await self._lifespan.__aenter__()
         logger.info("replica %d is up", replica)
 
-    async def __del__(self) -> None:
-        """Serve calls this when it stops the replica: the engine and the batch store
-        close (requests still running were drained or are aborted)."""
+    def __del__(self):
+        """Serve calls this when it stops the replica, and awaits what it returns: the
+        engine and the batch store closing (requests still running were drained or are
+        aborted). Once that is done, garbage collection finds nothing left to close."""
         lifespan, self._lifespan = getattr(self, "_lifespan", None), None
-        if lifespan is not None:
-            await lifespan.__aexit__(None, None, None)
+        return None if lifespan is None else lifespan.__aexit__(None, None, None)
 
     async def check_health(self) -> None:
         """Ray Serve calls this; raising makes Serve replace the replica."""
