@@ -16,7 +16,9 @@ class ReplicaConfig:
     longest prefix of its prompt when that prefix is at least ``cache_threshold`` of the
     prompt, unless that replica carries more than ``balance_abs_threshold`` requests
     above the least-loaded one and more than ``balance_rel_threshold`` times its load;
-    otherwise to the least-loaded replica (SGLang's router's rule and defaults).
+    otherwise to the least-loaded replica. The thresholds are SGLang's router's defaults;
+    unlike SGLang, the load test compares the cache's candidate with the least-loaded
+    replica, not the busiest replica with it, and a miss goes to the least loaded.
     """
 
     num_replicas: int = 1

@@ -131,16 +131,16 @@ class Ingress:
 
     async def _probe_loop(self) -> None:
         """Runs while a replica is down: it is up again once its health check answers."""
+        async def probe(i: int) -> None:
+            try:
+                await asyncio.wait_for(self.handles[i].check_health.remote(), PROBE_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - still restarting
+                return
+            self._set_up(i, True)
+
         while not all(self.up):
             await asyncio.sleep(PROBE_INTERVAL_S)
-            for i, handle in enumerate(self.handles):
-                if self.up[i]:
-                    continue
-                try:
-                    await asyncio.wait_for(handle.check_health.remote(), PROBE_TIMEOUT_S)
-                except Exception:  # noqa: BLE001 - still restarting
-                    continue
-                self._set_up(i, True)
+            await asyncio.gather(*(probe(i) for i, up in enumerate(self.up) if not up))
 
     async def _health(self, send) -> None:
         if not any(self.up):

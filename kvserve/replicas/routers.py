@@ -74,7 +74,8 @@ class RoundRobinRouter(Router):
 
 @ROUTERS.register("cache_aware")
 class CacheAwareRouter(Router):
-    """The longest cached prefix wins unless its replica is overloaded (see ReplicaConfig)."""
+    """The longest cached prefix wins unless its replica is overloaded (see ReplicaConfig).
+    ``imbalance`` counts only the requests a cache hit would have taken elsewhere."""
 
     def choose(self, keys, loads, healthy) -> RouteDecision:
         up = self._candidates(healthy)
@@ -83,9 +84,9 @@ class CacheAwareRouter(Router):
         best = max(up, key=lambda i: (matches[i], -loads[i], -i))
         ratio = matches[best] / len(keys) if keys else 0.0
         cfg = self.config
-        if (loads[best] - loads[least] > cfg.balance_abs_threshold
-                and loads[best] > cfg.balance_rel_threshold * loads[least]):
-            return RouteDecision(least, "imbalance", self._ratio(keys, least))
         if keys and ratio >= cfg.cache_threshold and matches[best] > 0:
+            if (loads[best] - loads[least] > cfg.balance_abs_threshold
+                    and loads[best] > cfg.balance_rel_threshold * loads[least]):
+                return RouteDecision(least, "imbalance", self._ratio(keys, least))
             return RouteDecision(best, "cache_hit", ratio)
         return RouteDecision(least, "cache_miss", self._ratio(keys, least))
