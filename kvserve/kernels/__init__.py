@@ -23,7 +23,8 @@ from kvserve.logger import init_logger
 logger = init_logger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
-                                                          "int8_linear.c", "threads.c"))
+                                                          "int8_linear.c", "threads.c",
+                                                          "gemv.c"))
 _HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_rows.h"))
 # KV pool element types the attention kernel reads (queries and sums are float32)
 NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -83,6 +84,7 @@ class Kernels:
         self._add_rms_norm = {torch.float32: bind(lib, "add_rms_norm"),
                               torch.bfloat16: bind(lib, "add_rms_norm_bf16")}
         self._silu_mul = bind(lib, "silu_mul")
+        self._gemv_rows = bind(lib, "gemv_rows")
         self._rotary = {torch.float32: bind(lib, "rotary"),
                         torch.bfloat16: bind(lib, "rotary_bf16")}
         self._quantize_rows = bind(lib, "quantize_rows_int8")
@@ -137,6 +139,21 @@ class Kernels:
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = gate_up.new_empty((rows, inter))
         self._silu_mul(gate_up=gate_up.data_ptr(), out=out.data_ptr(), rows=rows, inter=inter)
+        return out
+
+    def gemv_rows(self, x, weight, bias=None):
+        """x [M, K] @ weight[N, K].T (+ bias) for float32, contiguous x and weight, M of
+        1-4 (more rows run in groups of four, re-reading the weight)."""
+        if not (x.dtype == weight.dtype == torch.float32 and x.is_contiguous()
+                and weight.is_contiguous() and x.shape[1] == weight.shape[1]):
+            raise ValueError(f"gemv_rows takes contiguous float32 x [M, K] and weight [N, K]; "
+                             f"got {x.dtype} {tuple(x.shape)} and {weight.dtype} "
+                             f"{tuple(weight.shape)}")
+        m, k = x.shape
+        out = x.new_empty((m, weight.shape[0]))
+        self._gemv_rows(x=x.data_ptr(), m=m, k=k, w=weight.data_ptr(), n=weight.shape[0],
+                        bias=bias.data_ptr() if bias is not None else None,
+                        y=out.data_ptr())
         return out
 
     def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):

@@ -28,6 +28,9 @@ class Linear(nn.Linear):
     # GEMMs of up to this many rows run on the dense weight instead (set by measurement:
     # oneDNN's fixed cost per call outweighs its streaming on small weights)
     dense_max_rows: int = 0
+    # ...or through the native few-row kernel (kernels.gemv_rows), when measured faster
+    native_max_rows: int = 0
+    native_gemv = None
     _padded: torch.Tensor | None = None
 
     def configure(self, mode: ExecutionMode) -> None:
@@ -40,10 +43,14 @@ class Linear(nn.Linear):
         else:
             self.packed_weight = None
         self.min_rows = mode.linear_min_rows if self.packed_weight is not None else 1
-        self.dense_max_rows = 0
+        self.dense_max_rows = self.native_max_rows = 0
+        self.native_gemv = None
         self._padded = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and 0 < x.shape[0] <= self.native_max_rows \
+                and x.dtype == torch.float32:
+            return self.native_gemv(x.contiguous(), self.weight, self.bias)
         if self.packed_weight is None or x.dim() != 2 or x.shape[0] <= self.dense_max_rows:
             return F.linear(x, self.weight, self.bias)
         rows = x.shape[0]

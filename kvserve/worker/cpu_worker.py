@@ -163,7 +163,7 @@ class CPUWorker(Worker):
         self.runner.warm_up(self.config.warmup_tokens)
         if self.config.worker.linear_min_rows is None:
             self._pad_small_gemms()
-        self._dense_small_gemms(self.model)
+        self._dense_small_gemms(self.model, self.kernels)
         self._warm_gemm_kernels()
 
     def _pad_small_gemms(self) -> None:
@@ -177,13 +177,13 @@ class CPUWorker(Worker):
                         else "no padding (no row count clearly faster)")
 
     @staticmethod
-    def _dense_small_gemms(model) -> None:
-        counts = choose_dense_rows(model)
-        dense = {rows: n for rows, n in counts.items() if rows}
-        if dense:
-            logger.info("few-row GEMMs on the dense weight (faster than packed, measured): "
-                        "%s of %d layers", ", ".join(f"{n} up to {rows} rows" for rows, n
-                                                     in sorted(dense.items())),
+    def _dense_small_gemms(model, kernels) -> None:
+        native = kernels.gemv_rows if kernels is not None else None
+        counts = choose_dense_rows(model, native=native)
+        chosen = {k: n for k, n in counts.items() if k != "packed"}
+        if chosen:
+            logger.info("few-row GEMMs off oneDNN's packed path (faster, measured): %s of "
+                        "%d layers", ", ".join(f"{n} {k}" for k, n in sorted(chosen.items())),
                         sum(counts.values()))
 
     def _warm_gemm_kernels(self) -> None:
@@ -211,7 +211,7 @@ class CPUWorker(Worker):
         arch = ArchConfig.from_dir(Path(model_dir))
         model = load_model(model_dir, arch, self.config.model.dtype)
         configure_layers(model, self.mode)
-        self._dense_small_gemms(model)
+        self._dense_small_gemms(model, self.kernels)
         dtype = self.config.model.dtype
         layout = self.kv_layout_for(arch, dtype)
         attention = self.kernels if dtype in NATIVE_KV_DTYPES else None

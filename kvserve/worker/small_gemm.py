@@ -1,4 +1,5 @@
-"""Few-row GEMMs on the dense weight where that beats oneDNN's packed one.
+"""Few-row GEMMs on the dense weight where that beats oneDNN's packed one: torch's
+own dense GEMM/GEMV, or the native few-row kernel (``kernels/gemv.c``).
 
 oneDNN's packed GEMM streams large weights well at every row count, but each call has a
 fixed cost that a small weight (one that stays in the cache, as a draft model's do)
@@ -23,42 +24,61 @@ DENSE_ROWS = (1, 2, 3, 4)  # row counts tried on the dense weight
 REQUIRED_GAIN = 0.10       # the dense path must be at least this much faster
 
 
+PATHS = ("packed", "dense", "native")
+
+
+def _use(m, path: str, rows: int, native) -> None:
+    if path == "native" and m.weight.dtype != torch.float32:
+        path = "packed"  # the kernel is float32's
+    m.dense_max_rows = rows if path == "dense" else 0
+    m.native_max_rows = rows if path == "native" else 0
+    m.native_gemv = native if path == "native" else None
+
+
 @torch.inference_mode()
-def _layer_times(linears: list, rows: int, dense: bool, rounds: int) -> list[float]:
-    """Median seconds of each layer's call at ``rows`` rows, timed one by one inside
-    full passes."""
+def _layer_times(linears: list, rows: int, path: str, rounds: int, native) -> list[float]:
+    """Median seconds of each layer's call at ``rows`` rows on ``path``, timed one by one
+    inside full passes."""
     gen = torch.Generator().manual_seed(0)
     inputs = {m.in_features: torch.randn(rows, m.in_features, generator=gen,
                                          dtype=m.weight.dtype) for m in linears}
     samples: list[list[float]] = [[] for _ in linears]
     for _ in range(rounds + 1):  # the first round only warms up
         for i, m in enumerate(linears):
-            m.dense_max_rows = rows if dense else 0
+            _use(m, path, rows, native)
             start = time.perf_counter()
             m(inputs[m.in_features])
             samples[i].append(time.perf_counter() - start)
     return [statistics.median(s[1:]) for s in samples]
 
 
-def choose_dense_rows(model: nn.Module, rounds: int = 7) -> dict[int, int]:
-    """Set each packed layer's ``dense_max_rows``: the largest count in DENSE_ROWS up to
-    which the dense path was clearly faster at every count. Returns how many layers
-    took each value (0: none)."""
+def choose_dense_rows(model: nn.Module, rounds: int = 7, native=None) -> dict[str, int]:
+    """Give each packed layer, for 1..r rows, the path that was clearly faster than the
+    packed GEMM (by REQUIRED_GAIN) and the fastest at every count up to r: the dense
+    weight through torch, or ``native`` (the kernels' ``gemv_rows``, float32 layers
+    only). Returns how many layers took each (path, r) as "path<=r"."""
     linears = packed_linears(model)
-    chosen = [0] * len(linears)
+    paths = ["dense"] + (["native"] if native is not None else [])
+    chosen: list[tuple[str, int]] = [("packed", 0)] * len(linears)
     open_ = [True] * len(linears)
     for rows in DENSE_ROWS:
-        packed = _layer_times(linears, rows, False, rounds)
-        dense = _layer_times(linears, rows, True, rounds)
-        for i in range(len(linears)):
-            if open_[i] and dense[i] <= (1 - REQUIRED_GAIN) * packed[i]:
-                chosen[i] = rows
+        packed = _layer_times(linears, rows, "packed", rounds, native)
+        times = {p: _layer_times(linears, rows, p, rounds, native) for p in paths}
+        for i, m in enumerate(linears):
+            if not open_[i]:
+                continue
+            usable = [p for p in paths if p != "native" or m.weight.dtype == torch.float32]
+            best = min(usable, key=lambda p: times[p][i])
+            same = chosen[i][0] in ("packed", best)
+            if same and times[best][i] <= (1 - REQUIRED_GAIN) * packed[i]:
+                chosen[i] = (best, rows)
             else:
                 open_[i] = False
         if not any(open_):
             break
-    counts: dict[int, int] = {}
-    for m, rows in zip(linears, chosen):
-        m.dense_max_rows = rows
-        counts[rows] = counts.get(rows, 0) + 1
+    counts: dict[str, int] = {}
+    for m, (path, rows) in zip(linears, chosen):
+        _use(m, path, rows, native)
+        key = f"{path}<={rows}" if rows else "packed"
+        counts[key] = counts.get(key, 0) + 1
     return counts
