@@ -241,15 +241,11 @@ class Ingress:
 
     async def _relay(self, replica: int, request: dict, receive, send) -> None:
         channel = self._channel(replica)
-        placeholder = RequestStream()  # abort_all reaches a request still being submitted
-        self._active.add(placeholder)
         try:
             rid, stream = await channel.submit(request)
         except ReplicaFailed as e:
             await self._fail(send, False, False, self._replica_error(replica, channel, e))
             return
-        finally:
-            self._active.discard(placeholder)
         self._active.add(stream)
         watcher = asyncio.ensure_future(_put_on_disconnect(receive, stream))
         is_sse = started = done = False
