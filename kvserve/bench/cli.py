@@ -198,6 +198,16 @@ def _add_metrics(sub: Any) -> None:
                       "under the fullest batch.")
 
 
+def _add_captured(sub: Any) -> None:
+    from kvserve.bench.captured import cmd_captured
+    _add_rounds_bench(sub, "captured", cmd_captured,
+                      "the captured step vs eager (--enforce-eager), in alternating rounds",
+                      "Decode 1, 2 and 4 requests at once with the engine's captured step "
+                      "and with every step eager; report the step times, the single-stream "
+                      "step against the streaming-read floor measured in the same run, and "
+                      "where a step's time goes.")
+
+
 def _add_tp(sub: Any) -> None:
     from kvserve.bench.tensor_parallel import cmd_tp
     _add_rounds_bench(sub, "tp", cmd_tp,
@@ -241,7 +251,8 @@ def add_bench_parser(subparsers: Any) -> None:
                                   description="kvserve benchmark instruments")
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
-                _add_memory, _add_spec, _add_structured, _add_metrics, _add_tp,
+                _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
+                _add_tp,
                 _add_batch, _add_replicas):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)

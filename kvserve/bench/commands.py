@@ -31,6 +31,17 @@ def _wl_settings(wl: Any) -> dict[str, Any]:
     return {"workload": d.pop("name"), **d}
 
 
+def rounds_bench_setup(args: argparse.Namespace, title: str):
+    """What an A/B rounds bench starts from: (model dir, engine args, workload, machine
+    info), the settings printed."""
+    model_dir = resolve_model_dir(args.model)
+    engine_args = engine_args_from(args)
+    wl = workload_from_args(args, model_dir)
+    info = _header(title, {"model": model_dir.name, **_wl_settings(wl),
+                           "engine_args": engine_args, "rounds": args.rounds})
+    return model_dir, engine_args, wl, info
+
+
 def _int_list(text: str) -> list[int]:
     return [int(t) for t in text.split(",") if t.strip()]
 

@@ -104,14 +104,9 @@ def run_metrics_bench(model_dir: str | Path | None, requests: Sequence[BenchRequ
 def cmd_metrics(args) -> int:
     """``kvserve bench metrics``: the recorder on vs off."""
     from kvserve.bench import report
-    from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
-    from kvserve.bench.commands import _header, _wl_settings
+    from kvserve.bench.commands import _wl_settings, rounds_bench_setup
 
-    model_dir = resolve_model_dir(args.model)
-    engine_args = engine_args_from(args)
-    wl = workload_from_args(args, model_dir)
-    info = _header("kvserve metrics", {"model": model_dir.name, **_wl_settings(wl),
-                                       "engine_args": engine_args, "rounds": args.rounds})
+    model_dir, engine_args, wl, info = rounds_bench_setup(args, "kvserve metrics")
     result = run_metrics_bench(model_dir, wl.requests, engine_args, args.rounds)
     print(report.format_table(
         ["requests", "on/off", "recorder share", "peak running", "/metrics render ms",

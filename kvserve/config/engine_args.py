@@ -118,6 +118,10 @@ class EngineArgs:
     step_profile_interval: int = field(default=16, metadata=_help(
         "time one step in this many by part (linear layers, attention, other) for the "
         "metrics and the dashboard; the other steps run unhooked; 0: off"))
+    enforce_eager: bool = field(default=False, metadata=_help(
+        "run every step layer by layer from Python: no captured steps (by default a "
+        "Llama-family float32 model runs steps of 1-4 rows, where measured faster at "
+        "start, as one native call)"))
 
     tensor_parallel_size: int = field(default=1, metadata=_help(
         "ranks that split the model's heads, MLP and vocabulary between them, one "
@@ -166,7 +170,8 @@ class EngineArgs:
             attention_backend=self.attention_backend, linear_min_rows=self.linear_min_rows,
             gemm_warmup_rows=warmup_rows, num_threads=self.num_threads,
             omp_threads_bind=self.omp_threads_bind,
-            step_profile_interval=self.step_profile_interval)
+            step_profile_interval=self.step_profile_interval,
+            enforce_eager=self.enforce_eager)
 
     def create_engine_config(self) -> EngineConfig:
         """The validated parts; reads the model directory's config.json."""

@@ -24,7 +24,7 @@ logger = init_logger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
                                                           "int8_linear.c", "threads.c",
-                                                          "gemv.c"))
+                                                          "gemv.c", "decode_step.c"))
 _HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_rows.h"))
 # KV pool element types the attention kernel reads (queries and sums are float32)
 NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -90,6 +90,7 @@ class Kernels:
         self._quantize_rows = bind(lib, "quantize_rows_int8")
         self._rescale_int32 = bind(lib, "rescale_int32")
         self._bind_threads = bind(lib, "bind_omp_threads")
+        self._captured_step = bind(lib, "captured_step")
         self.available = True
 
     def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
@@ -163,6 +164,21 @@ class Kernels:
                                 rows=qkv.shape[0], positions=positions.data_ptr(),
                                 cos_table=cos.data_ptr(), sin_table=sin.data_ptr(),
                                 num_q=num_q, num_k=num_k, head_dim=head_dim)
+
+    def captured_step(self, plan, tokens, positions, slots, tables, seq_lens, eps: float,
+                      scale: float, logits, timings=None) -> None:
+        """A Llama-family step of float32 weights and pool (kernels/decode_step.c) for the
+        int64 ``plan``: logits [rows, vocab] (float32, contiguous) of tokens [rows];
+        positions, slots, seq_lens [rows] and tables [rows, B] (rows contiguous) are
+        int64; ``timings``: None, or a float64 [2] that the GEMVs' and attention's
+        seconds add to."""
+        status = self._captured_step(
+            plan=plan.data_ptr(), tokens=tokens.data_ptr(), positions=positions.data_ptr(),
+            slots=slots.data_ptr(), tables=tables.data_ptr(), table_stride=tables.stride(0),
+            seq_lens=seq_lens.data_ptr(), rows=tokens.shape[0], eps=eps, scale=scale,
+            logits=logits.data_ptr(), timings=None if timings is None else timings.data_ptr())
+        if status != 0:
+            raise MemoryError(f"captured step of {tokens.shape[0]} rows: no scratch memory")
 
     def bind_threads(self, cpus: list[int]) -> int:
         """Bind the calling thread's OpenMP team of len(cpus) threads (torch's intra-op

@@ -5,7 +5,8 @@ Start-up, in order: torch's thread count and the compute threads bound one to a 
 told to keep freed memory, the model loaded and its layers configured (native kernels
 and oneDNN packed linears where they build and the dtype allows), the KV pool sized
 from the settings or the memory free and allocated, then the warm-up: a dummy step,
-the small-GEMM row padding measured, every decode batch size's GEMM kernels generated.
+the small-GEMM row padding measured, every decode batch size's GEMM kernels generated,
+the captured step (one native call for a few-row step) timed against the eager one.
 Once the engine is ready, the objects alive are frozen out of the garbage collector's
 reach. The reasons for each step are in the modules that implement them.
 """
@@ -26,6 +27,8 @@ from kvserve.logger import init_logger
 from kvserve.model.execution import ExecutionMode, configure_layers
 from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
+from kvserve.worker.captured_step import CapturedStep, choose_captured_rows, \
+    unsupported_reason
 from kvserve.worker.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
@@ -149,6 +152,7 @@ class CPUWorker(Worker):
         attention = self.kernels if self.kv_dtype in NATIVE_KV_DTYPES else None
         self.runner = ModelRunner(self.model, self.arch, layout, self.kv_dtype,
                                   self.config.model.seed, attention, disk_path)
+        self.runner.captured = self._captured_step(self.runner, "")
 
     # -- warm-up -----------------------------------------------------------------------------
 
@@ -165,6 +169,31 @@ class CPUWorker(Worker):
             self._pad_small_gemms()
         self._dense_small_gemms(self.model, self.kernels)
         self._warm_gemm_kernels()
+        self._choose_captured_rows(self.runner, "")
+
+    def _captured_step(self, runner: ModelRunner, which: str) -> CapturedStep | None:
+        """The runner's captured step, or None (eager enforced, or a model it cannot
+        run: the reason is logged)."""
+        if self.config.worker.enforce_eager or self.tp is not None:
+            return None
+        reason = unsupported_reason(runner.model, runner.caches, runner.native_attention)
+        if reason:
+            logger.info("%ssteps run eager: %s", which, reason)
+            return None
+        captured = CapturedStep(runner.model, runner.caches, runner.native_attention)
+        captured.profiler = self.profiler if runner is self.runner else None
+        return captured
+
+    @staticmethod
+    def _choose_captured_rows(runner: ModelRunner, which: str) -> None:
+        if runner.captured is None:
+            return
+        times = choose_captured_rows(runner, runner.captured)
+        rows = runner.captured.max_rows
+        logger.info("%scaptured step %s (decode step of 1-%d rows, eager -> captured, ms: "
+                    "%s)", which, f"for 1-{rows} rows" if rows else "not taken", len(times),
+                    ", ".join(f"{n}: {1000 * e:.2f} -> {1000 * c:.2f}"
+                              for n, (e, c) in times.items()))
 
     def _pad_small_gemms(self) -> None:
         rows, pass_times = measure_min_rows(self.model)
@@ -219,6 +248,8 @@ class CPUWorker(Worker):
         runner.warm_up(min(self.config.warmup_tokens, arch.max_position_embeddings - 1))
         if self.config.worker.gemm_warmup_rows:
             warm_gemm_kernels(model, self.config.worker.gemm_warmup_rows)
+        runner.captured = self._captured_step(runner, "draft model: ")
+        self._choose_captured_rows(runner, "draft model: ")
         logger.info("draft model %s (%s, %d layers) loaded and warmed up in %.1fs; its KV: "
                     "%d blocks, %.1f MiB", model_dir, arch.architecture, arch.num_layers,
                     time.perf_counter() - start, layout.num_blocks,

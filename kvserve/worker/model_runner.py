@@ -50,6 +50,7 @@ class ModelRunner:
                      if layout.disk_slots else None)
         self.mover = TierMover(self.caches, self.swap, self.disk)
         self.native_attention = attention_kernels
+        self.captured = None  # a CapturedStep, set by the worker unless eager is enforced
         self.mask_wait_seconds = 0.0  # sampling waited this long for grammar masks
 
     @torch.inference_mode()
@@ -184,7 +185,9 @@ class ModelRunner:
         """The logits of the step's sampling rows, then of its prompt-scoring rows. Only
         those rows go through the last layer's attention output, o_proj and MLP (the
         other rows' K/V are all a later step needs): a prompt chunk skips most of one
-        layer's work."""
+        layer's work. A step the captured step covers runs there, as one native call."""
+        if self.captured is not None and self.captured.covers(inputs):
+            return self.captured(inputs)
         rows = inputs.sample_rows
         if inputs.prompt_rows is not None:
             rows = torch.cat([rows, inputs.prompt_rows])

@@ -6,7 +6,8 @@ hooks at all. A module says which part it is with a class attribute ``step_part`
 ("linear" or "attention"). Time is exclusive: an attention block's own linear layers (qkv, o_proj)
 count as linear, the rest of the block (rotary, KV writes, the attention kernel) as
 attention. "other" is the rest of the worker's step: embedding, norms, activations,
-input building, sampling.
+input building, sampling. A captured step (worker/captured_step.py) has no modules to
+hook: it times its own parts and reports them through :meth:`StepProfiler.add`.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class StepProfiler:
         self._spent = {"linear": 0.0, "attention": 0.0}
         self._steps = 0
         self._totals = [0.0, 0.0, 0.0]
+        self.active = False  # a profiled step is running
 
     def due(self) -> bool:
         """Whether the coming step is profiled (counts steps)."""
@@ -57,11 +59,13 @@ class StepProfiler:
             handles.append(module.register_forward_pre_hook(self._enter(part)))
             handles.append(module.register_forward_hook(self._leave))
         self._spent = {"linear": 0.0, "attention": 0.0}
+        self.active = True
         start = time.perf_counter()
         try:
             return fn(*args)
         finally:
             total = time.perf_counter() - start
+            self.active = False
             for h in handles:
                 h.remove()
             self._stack.clear()
@@ -69,6 +73,10 @@ class StepProfiler:
             self._steps += 1
             for i, s in enumerate((lin, att, max(0.0, total - lin - att))):
                 self._totals[i] += s
+
+    def add(self, part: str, seconds: float) -> None:
+        """Count ``seconds`` of the running profiled step as ``part`` (linear, attention)."""
+        self._spent[part] += seconds
 
     def _enter(self, part: str):
         def hook(module, args):

@@ -264,7 +264,8 @@ def test_vllm_session_reports_a_failed_run_and_a_stuck_start(
 
 @pytest.mark.parametrize("argv", [
     [], ["serve"], ["generate"], ["bench"], ["bench", "make-model"], ["bench", "roofline"],
-    ["bench", "throughput"], ["bench", "serve"], ["bench", "compare"], ["bench", "memory"]])
+    ["bench", "throughput"], ["bench", "serve"], ["bench", "compare"], ["bench", "memory"],
+    ["bench", "captured"]])
 def test_every_command_prints_its_help(argv, capsys):
     from kvserve.entrypoints.cli import build_parser
     with pytest.raises(SystemExit) as exit_info:

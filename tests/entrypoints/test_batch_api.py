@@ -407,8 +407,8 @@ def test_batch_survives_sigkill(llama_dir, tmp_path):
     state = tmp_path / "state"
     flags = ("--served-model-name", MODEL, "--state-dir", str(state),
              "--max-batch-lines-in-flight", "1")
-    n = 40
-    rows = [line(f"dur-{i:02d}", completion_body(i, max_tokens=24, ignore_eos=True))
+    n, tokens = 40, 96  # lines long enough that both kills land mid-batch
+    rows = [line(f"dur-{i:02d}", completion_body(i, max_tokens=tokens, ignore_eos=True))
             for i in range(n)]
 
     def start(k: int) -> ServerProcess:
@@ -477,7 +477,7 @@ def test_batch_survives_sigkill(llama_dir, tmp_path):
             for r in out:
                 assert r["error"] is None and r["response"]["status_code"] == 200
                 body = r["response"]["body"]
-                assert body["usage"]["completion_tokens"] == 24
+                assert body["usage"]["completion_tokens"] == tokens
                 # a line re-run after a kill answers as a direct request does
                 sent = rows[int(r["custom_id"][4:])]["body"]
                 direct = httpx.post(f"{server.url}/v1/completions", json=sent, timeout=30)

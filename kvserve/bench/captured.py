@@ -1,0 +1,151 @@
+"""``kvserve bench captured``: the captured step against eager (``--enforce-eager``).
+
+One engine, rounds alternating between its captured step (the row counts it chose at
+start) and eager (the captured step switched off, every step run layer by layer as with
+``--enforce-eager``). Each round decodes 1, 2 and 4 requests at once and times the
+engine's decode steps. A pass with the step profiler on every step splits a
+single-stream step into linear layers, attention and the rest (eager's parts are
+timed by module hooks, which add to them; the captured step times its own parts). The
+streaming-read floor is the weights' bytes over the bandwidth of a large ``sum``,
+measured in every round: the best of them, since a floor is the least a step can take
+and a busy neighbour only makes a measurement slower. The engine's start is timed too.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+from kvserve.bench.workloads import BenchRequest
+from kvserve.sampling_params import SamplingParams
+
+CONCURRENCY = (1, 2, 4)
+PROMPT_TOKENS = 128
+NEW_TOKENS = 64
+MODES = ("eager", "captured")
+
+
+def _decode_steps(engine, prompts: Sequence[list[int]], tag: str) -> list[float]:
+    """Seconds of each engine step once every request has its first token (the
+    prefills done) until all have finished."""
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompt}, params)
+    started: set[str] = set()
+    while len(started) < len(prompts):
+        started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
+    steps = []
+    while engine.has_unfinished_requests():
+        begin = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - begin)
+    return steps
+
+
+def _profiled_split(engine, prompt: list[int], tag: str) -> dict[str, float]:
+    """ms a step by part over one request's decode with every step profiled."""
+    worker = engine.worker
+    interval, worker.profiler.interval = worker.profiler.interval, 1
+    before = worker.step_time_stats()
+    try:
+        _decode_steps(engine, [prompt], tag)
+    finally:
+        worker.profiler.interval = interval
+    after = worker.step_time_stats()
+    steps = after.profiled_steps - before.profiled_steps
+    return {part: 1000 * (after.by_part()[part] - before.by_part()[part]) / steps
+            for part in after.by_part()}
+
+
+def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
+                       engine_args: dict[str, Any], rounds: int,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    from kvserve.bench.decode import matmul_weight_bytes
+    from kvserve.bench.roofline import measure_sum_bandwidth
+    from kvserve.bench.throughput import load_llm
+
+    if engine_args.get("enforce_eager") or engine_args.get("speculative_config"):
+        raise ValueError("kvserve bench captured compares the captured step with eager on "
+                         "one token a step: run it without --enforce-eager and "
+                         "speculative decoding")
+    prompts = [list(r.prompt_token_ids[:PROMPT_TOKENS]) for r in requests[:max(CONCURRENCY)]]
+    if len(prompts) < max(CONCURRENCY):
+        raise ValueError(f"the workload needs at least {max(CONCURRENCY)} requests")
+    llm, start_s = load_llm(model_dir, engine_args)
+    engine = llm.engine
+    captured = engine.worker.runner.captured
+    if captured is None or captured.max_rows == 0:
+        raise ValueError("this engine runs no captured step (see its start-up log)")
+    chosen = captured.max_rows
+    log(f"engine ready in {start_s:.1f}s; captured step for 1-{chosen} rows")
+    bandwidths = []
+    weight_bytes = matmul_weight_bytes(engine.worker.runner.model)
+    _decode_steps(engine, prompts[:1], "warm")
+    runs: dict[str, dict[int, list[float]]] = {m: {c: [] for c in CONCURRENCY} for m in MODES}
+    for r in range(rounds):
+        bandwidths.append(measure_sum_bandwidth())
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            captured.max_rows = chosen if mode == "captured" else 0
+            for c in CONCURRENCY:
+                engine.reset_prefix_cache()
+                steps = _decode_steps(engine, prompts[:c], f"{mode}-{r}-{c}")
+                runs[mode][c].append(statistics.median(steps))
+        log(f"  round {r + 1} of {rounds}: " + "; ".join(
+            f"{c} at once {1000 * runs['eager'][c][-1]:.2f} -> "
+            f"{1000 * runs['captured'][c][-1]:.2f} ms" for c in CONCURRENCY))
+    split = {}
+    for mode in MODES:
+        captured.max_rows = chosen if mode == "captured" else 0
+        engine.reset_prefix_cache()
+        split[mode] = _profiled_split(engine, prompts[0], f"profile-{mode}")
+    captured.max_rows = chosen
+    bandwidth = max(bandwidths)
+    floor_s = weight_bytes / (bandwidth * 1e9)
+    step_ms = {m: {c: 1000 * statistics.median(runs[m][c]) for c in CONCURRENCY} for m in MODES}
+    result = {
+        "engine_start_s": start_s, "captured_rows": chosen,
+        "captured_at_start_ms": {n: [1000 * e, 1000 * c] for n, (e, c) in
+                                 captured.start_times.items()},
+        "stream_bandwidth_gbs": bandwidth, "round_bandwidth_gbs": bandwidths,
+        "weight_bytes": weight_bytes,
+        "stream_floor_ms": 1000 * floor_s, "rounds": rounds,
+        "step_ms": step_ms,
+        "round_step_ms": {m: {c: [1000 * s for s in runs[m][c]] for c in CONCURRENCY}
+                          for m in MODES},
+        "speedup": {c: step_ms["eager"][c] / step_ms["captured"][c] for c in CONCURRENCY},
+        "single_stream_vs_floor": {m: step_ms[m][1] / (1000 * floor_s) for m in MODES},
+        "profiled_step_ms": split,
+        # the engine's single-stream step less its linear layers and attention
+        "outside_gemm_and_attention_ms": {
+            m: step_ms[m][1] - split[m]["linear"] - split[m]["attention"] for m in MODES},
+    }
+    engine.close()
+    return result
+
+
+def cmd_captured(args) -> int:
+    """``kvserve bench captured``: the captured step against eager."""
+    from kvserve.bench import report
+    from kvserve.bench.commands import _wl_settings, rounds_bench_setup
+
+    model_dir, engine_args, wl, info = rounds_bench_setup(args, "kvserve captured")
+    try:
+        result = run_captured_bench(str(model_dir), wl.requests, engine_args, args.rounds)
+    except ValueError as exc:
+        raise SystemExit(f"kvserve: error: {exc}") from None
+    floor = result["stream_floor_ms"]
+    print(report.format_table(
+        ["requests at once", "eager ms/step", "captured ms/step", "speed-up"],
+        [(c, result["step_ms"]["eager"][c], result["step_ms"]["captured"][c],
+          f"{result['speedup'][c]:.3f}x") for c in CONCURRENCY]))
+    print(f"streaming floor {floor:.2f} ms ({result['stream_bandwidth_gbs']:.1f} GB/s): "
+          + ", ".join(f"{m} {result['single_stream_vs_floor'][m]:.2f}x" for m in MODES))
+    for mode in MODES:
+        parts = result["profiled_step_ms"][mode]
+        print(f"{mode} profiled step, ms: " + ", ".join(f"{p} {v:.2f}" for p, v in parts.items())
+              + f"; outside linear and attention {result['outside_gemm_and_attention_ms'][mode]:.2f}")
+    if args.json:
+        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
+               "engine_args": engine_args, "result": result}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0

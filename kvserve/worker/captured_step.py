@@ -1,0 +1,145 @@
+"""CapturedStep: a few-row step of a Llama-family model as one native call.
+
+The CPU form of capturing a decode step's graph: what the eager forward does per layer
+through a dozen Python calls runs in C (``kernels/decode_step.c``), over a plan of the
+model's weight and KV pool addresses built once here. Only the dispatch goes; the
+kernels and their order are those of the eager path with its linear layers on the
+native few-row kernel, so the logits are bitwise the same as that path's.
+
+It covers a step when every row gives logits (decodes and draft verification; no
+prefill chunk, no prompt logprobs) and the rows are at most ``max_rows``, which the
+worker sets by timing both paths at start (:func:`choose_captured_rows`). The model it
+takes: LlamaForCausalLM (Llama, Mistral, Qwen2) in float32 with a float32 KV pool and
+SiLU MLPs, on one rank, unquantized. ``--enforce-eager`` (vLLM's flag) turns it off.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvserve.model.attention import KVCache
+from kvserve.model.layers import Linear
+from kvserve.model.llama import LlamaForCausalLM
+from kvserve.worker.input_batch import StepInputs
+
+MAX_ROWS = 4     # the native GEMV reads the weights once for up to four rows
+REQUIRED_GAIN = 0.02  # a row count is captured where it measured this much faster
+
+
+def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
+    """Why the captured step cannot run this model (None: it can)."""
+    if kernels is None:
+        return "no native kernels"
+    if not isinstance(model, LlamaForCausalLM):
+        return f"{type(model).__name__} is not a Llama-family model"
+    linears = [model.lm_head] + [m for layer in model.model.layers
+                                 for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                           layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    if any(type(m) is not Linear for m in linears):
+        return "quantized or sharded linear layers"
+    if any(getattr(layer.self_attn, "tp", None) or getattr(layer.mlp, "tp", None)
+           for layer in model.model.layers):
+        return "tensor parallel"
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        return "weights are not float32"
+    if any(c.k.dtype != torch.float32 for c in caches):
+        return "the KV cache is not float32"
+    if not all(layer.mlp.act.is_silu for layer in model.model.layers):
+        return "the MLP activation is not SiLU"
+    return None
+
+
+class CapturedStep:
+    # the plan's layout: kernels/decode_step.c's PLAN_HEADER and LAYER_FIELDS
+    HEADER = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "block",
+              "window", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin")
+    LAYER = ("in_norm", "qkv_w", "qkv_b", "o_w", "o_b", "post_norm", "gate_up_w",
+             "gate_up_b", "down_w", "down_b", "k_pool", "v_pool")
+
+    def __init__(self, model: LlamaForCausalLM, caches: list[KVCache], kernels) -> None:
+        reason = unsupported_reason(model, caches, kernels)
+        if reason:
+            raise ValueError(f"the captured step cannot run this model: {reason}")
+        cfg = model.config
+        self.kernels = kernels
+        self.max_rows = 0  # set by measurement; 0: every step eager
+        self.start_times: dict[int, tuple[float, float]] = {}  # rows: (eager, captured) s
+        self.profiler = None  # a StepProfiler, told the parts of the steps it times
+        self.vocab = cfg.vocab_size
+        self.eps = float(cfg.norm_eps)
+        self.scale = float(model.model.layers[0].self_attn.scale)
+        # the plan holds addresses: keep every tensor it names alive and in place
+        self._tensors: list[torch.Tensor] = []
+        header = {
+            "layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
+            "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+            "inter": cfg.intermediate_size, "vocab": cfg.vocab_size,
+            "block": caches[0].block_size, "window": cfg.sliding_window or 0,
+            "embed": self._address(model.model.embed_tokens.weight),
+            "final_norm": self._address(model.model.norm.weight),
+            "lm_head": self._address(model.lm_head.weight),
+            "lm_bias": self._address(model.lm_head.bias),
+            "cos": self._address(model.rotary.cos), "sin": self._address(model.rotary.sin)}
+        plan = [header[name] for name in self.HEADER]
+        for layer, cache in zip(model.model.layers, caches):
+            attn, mlp = layer.self_attn, layer.mlp
+            fields = {
+                "in_norm": layer.input_layernorm.weight, "qkv_w": attn.qkv_proj.weight,
+                "qkv_b": attn.qkv_proj.bias, "o_w": attn.o_proj.weight, "o_b": attn.o_proj.bias,
+                "post_norm": layer.post_attention_layernorm.weight,
+                "gate_up_w": mlp.gate_up_proj.weight, "gate_up_b": mlp.gate_up_proj.bias,
+                "down_w": mlp.down_proj.weight, "down_b": mlp.down_proj.bias,
+                "k_pool": cache.k, "v_pool": cache.v}
+            plan += [self._address(fields[name]) for name in self.LAYER]
+        self.plan = torch.tensor(plan, dtype=torch.int64)
+        self._timings = torch.zeros(2, dtype=torch.float64)
+
+    def _address(self, t: torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        if not t.is_contiguous():
+            raise ValueError("the captured step needs contiguous weights and pools")
+        self._tensors.append(t)
+        return t.data_ptr()
+
+    def covers(self, inputs: StepInputs) -> bool:
+        """Whether this step runs captured: few enough rows, every one giving logits."""
+        rows = inputs.tokens.shape[0]
+        return (rows <= self.max_rows and inputs.prompt_rows is None
+                and inputs.meta.native is not None and inputs.sample_rows.shape[0] == rows)
+
+    def __call__(self, inputs: StepInputs) -> torch.Tensor:
+        """The step's logits [rows, vocab], rows in the flat batch's order (which, for a
+        covered step, is the order of ``inputs.sample_rows``)."""
+        meta = inputs.meta
+        logits = torch.empty((inputs.tokens.shape[0], self.vocab), dtype=torch.float32)
+        timed = self.profiler is not None and self.profiler.active
+        if timed:
+            self._timings.zero_()
+        self.kernels.captured_step(
+            self.plan, inputs.tokens, inputs.positions, meta.slot_mapping,
+            meta.row_block_tables, meta.row_seq_lens, self.eps, self.scale, logits,
+            self._timings if timed else None)
+        if timed:
+            linear, attention = self._timings.tolist()
+            self.profiler.add("linear", linear)
+            self.profiler.add("attention", attention)
+        return logits
+
+
+def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 5) -> dict[int, tuple]:
+    """Time decode steps of 1..MAX_ROWS requests eager and captured; ``max_rows`` becomes
+    the largest count up to which the captured step was faster at every count by
+    REQUIRED_GAIN. Returns {rows: (eager s, captured s)}."""
+    counts = list(range(1, MAX_ROWS + 1))
+    captured.max_rows = 0
+    eager = runner.time_decodes(counts, rounds=rounds)
+    captured.max_rows = MAX_ROWS
+    fast = runner.time_decodes(counts, rounds=rounds)
+    chosen = 0
+    for n in counts:
+        if n not in eager or n not in fast or fast[n] > (1 - REQUIRED_GAIN) * eager[n]:
+            break
+        chosen = n
+    captured.max_rows = chosen
+    captured.start_times = {n: (eager[n], fast[n]) for n in counts if n in eager and n in fast}
+    return captured.start_times

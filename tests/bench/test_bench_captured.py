@@ -1,0 +1,50 @@
+"""``kvserve bench captured`` on a tiny model: both modes timed in every round, figures
+derived from what was measured, and the settings it cannot compare refused."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvserve.bench.captured import CONCURRENCY, MODES, run_captured_bench
+from kvserve.bench.workloads import BenchRequest
+
+
+def _requests(n: int) -> list[BenchRequest]:
+    return [BenchRequest([3 + (i * 7 + j) % 60 for j in range(20 + i)], 8) for i in range(n)]
+
+
+def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path) -> None:
+    lines: list[str] = []
+    result = run_captured_bench(str(tiny_model_dir), _requests(4), {}, rounds=2, log=lines.append)
+    assert sum("round" in line for line in lines) == 2
+    for mode in MODES:
+        for c in CONCURRENCY:
+            assert len(result["round_step_ms"][mode][c]) == 2
+            assert result["step_ms"][mode][c] > 0
+    for c in CONCURRENCY:
+        assert result["speedup"][c] == pytest.approx(
+            result["step_ms"]["eager"][c] / result["step_ms"]["captured"][c])
+    assert result["stream_bandwidth_gbs"] == max(result["round_bandwidth_gbs"])
+    assert result["single_stream_vs_floor"]["captured"] == pytest.approx(
+        result["step_ms"]["captured"][1] / result["stream_floor_ms"])
+    split = result["profiled_step_ms"]["captured"]
+    assert split["linear"] > 0 and split["attention"] > 0
+    assert result["outside_gemm_and_attention_ms"]["captured"] == pytest.approx(
+        result["step_ms"]["captured"][1] - split["linear"] - split["attention"])
+    assert result["captured_rows"] == 4  # the suite captures every step it can
+
+
+@pytest.mark.parametrize("engine_args, match", [
+    ({"enforce_eager": True}, "without --enforce-eager"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+     "speculative decoding"),
+])
+def test_settings_it_cannot_compare_are_refused(tiny_model_dir: Path, engine_args, match):
+    with pytest.raises(ValueError, match=match):
+        run_captured_bench(str(tiny_model_dir), _requests(4), engine_args, rounds=1)
+
+
+def test_too_few_requests_are_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="at least 4 requests"):
+        run_captured_bench(str(tiny_model_dir), _requests(2), {}, rounds=1)

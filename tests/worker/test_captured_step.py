@@ -1,0 +1,167 @@
+"""The captured step: bitwise the eager step's logits on the native GEMV (both vector
+builds), transformers' greedy tokens with it, the models it refuses, the measured
+choice, --enforce-eager, and its parts reported to the step profiler."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve import LLM, SamplingParams
+from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest
+from kvserve.kernels import Kernels, load_kernels
+from kvserve.model.execution import ExecutionMode, configure_layers
+from kvserve.worker import captured_step
+from kvserve.worker.captured_step import CapturedStep, choose_captured_rows, \
+    unsupported_reason
+from kvserve.worker.input_batch import build_inputs
+from kvserve.worker.row_padding import packed_linears
+from kvserve.worker.small_gemm import _use
+from tests.helpers import hf_greedy, prompts_of_lengths
+
+kernels = load_kernels()
+pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
+LLAMA_FAMILY = ["llama", "llama3-tied", "qwen2", "mistral"]
+
+
+def _runner(model_dir, **engine_args):
+    return LLM(model_dir, num_threads=1, **engine_args).engine.worker.runner
+
+
+def _decode_step(runner, contexts: list[int], drafts: int = 0):
+    """A step of one row per context (each request's tokens after ``context`` tokens),
+    plus ``drafts`` draft rows on the first request; each its own blocks."""
+    bs, info = runner.block_size, SamplingInfo(SamplingParams(), (), (), None)
+    scheduled, first = [], 0
+    for i, ctx in enumerate(contexts):
+        n = 1 + (drafts if i == 0 else 0)
+        blocks = -(-(ctx + n) // bs)
+        tokens = [(7 * i + j) % 50 + 3 for j in range(n)]
+        scheduled.append(ScheduledRequest(f"r{i}", tokens, ctx, list(range(first, first + blocks)),
+                                          info, n - 1))
+        first += blocks
+    return build_inputs(scheduled, bs, runner.config.sliding_window, runner.native_attention)
+
+
+@pytest.mark.parametrize("build", ["native", "avx2"])
+@pytest.mark.parametrize("arch", LLAMA_FAMILY)
+def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(build, arch, model_dirs):
+    runner = _runner(model_dirs(arch))
+    built = kernels if build == "native" else Kernels(("-mno-avx512f",))
+    assert built.available, built.reason
+    configure_layers(runner.model, ExecutionMode(kernels=built, packed_linear=True))
+    for m in packed_linears(runner.model):  # eager's linear layers on the same kernel
+        _use(m, "native", 4, built.gemv_rows)
+    captured = CapturedStep(runner.model, runner.caches, built)
+    captured.max_rows = 4
+    runner.native_attention = built
+    for contexts, drafts in [([5], 0), ([3, 40], 0), ([1, 17, 33], 0), ([9, 2, 64, 30], 0),
+                             ([20], 3), ([12, 8], 2)]:
+        inputs = _decode_step(runner, contexts, drafts)
+        runner.captured = None
+        with torch.inference_mode():
+            eager = runner.forward(inputs)
+        runner.captured = captured
+        assert captured.covers(inputs)
+        with torch.inference_mode():
+            got = runner.forward(inputs)
+        assert torch.equal(got, eager), (contexts, drafts, (got - eager).abs().max())
+
+
+@pytest.mark.parametrize("arch", LLAMA_FAMILY)
+def test_greedy_tokens_are_transformers_with_captured_steps(arch, model_dirs, monkeypatch):
+    llm = LLM(model_dirs(arch), max_num_seqs=3)
+    captured = llm.engine.worker.runner.captured
+    assert captured is not None and captured.max_rows == 4
+    calls = []
+    real = captured.__call__
+    monkeypatch.setattr(CapturedStep, "__call__", lambda self, i: calls.append(
+        i.tokens.shape[0]) or real(i))
+    prompts = prompts_of_lengths([1, 7, 17, 40, 3])
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(model_dirs(arch), prompts, 12)
+    assert calls and set(calls) <= {1, 2, 3}
+
+
+def test_steps_it_does_not_cover_run_eager(llama_dir):
+    runner = _runner(llama_dir)
+    captured = runner.captured
+    assert captured.covers(_decode_step(runner, [3, 4, 5, 6]))
+    assert not captured.covers(_decode_step(runner, [3, 4, 5, 6, 7]))  # over max_rows
+    bs, info = runner.block_size, SamplingInfo(SamplingParams(), (), (), None)
+    prefill = build_inputs([ScheduledRequest("p", [5, 6, 7], 0, [0], info)], bs, None,
+                           runner.native_attention)
+    assert not captured.covers(prefill)  # two of its rows give no logits
+    captured.max_rows = 0
+    assert not captured.covers(_decode_step(runner, [3]))
+
+
+def test_enforce_eager_runs_no_captured_step(llama_dir):
+    llm = LLM(llama_dir, enforce_eager=True, max_num_seqs=2)
+    assert llm.engine.worker.runner.captured is None
+    prompts = prompts_of_lengths([5, 20])
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(llama_dir, prompts, 8)
+
+
+@pytest.mark.parametrize("arch, engine_args, reason", [
+    ("gpt2", {}, "GPT2LMHeadModel is not a Llama-family model"),
+    ("llama", {"quantization": "int8"}, "quantized or sharded linear layers"),
+    ("llama", {"dtype": "bfloat16"}, "weights are not float32"),
+    ("llama", {"kv_cache_dtype": "float16"}, "the KV cache is not float32"),
+])
+def test_models_it_cannot_run_stay_eager(arch, engine_args, reason, model_dirs):
+    runner = _runner(model_dirs(arch), **engine_args)
+    assert runner.captured is None
+    assert unsupported_reason(runner.model, runner.caches, kernels) == reason
+    with pytest.raises(ValueError, match=reason):
+        CapturedStep(runner.model, runner.caches, kernels)
+
+
+def test_without_native_kernels_it_is_not_built(llama_dir):
+    runner = _runner(llama_dir, attention_backend="torch")
+    assert runner.captured is None
+    assert unsupported_reason(runner.model, runner.caches, None) == "no native kernels"
+
+
+class _TimedRunner:
+    """time_decodes answers from a table: eager's when max_rows is 0, else captured's."""
+
+    def __init__(self, captured, eager, fast):
+        self.captured, self.eager, self.fast = captured, eager, fast
+
+    def time_decodes(self, counts, rounds=5):
+        table = self.fast if self.captured.max_rows else self.eager
+        return {n: table[n] for n in counts if n in table}
+
+
+def test_rows_are_captured_up_to_the_first_count_not_clearly_faster(llama_dir):
+    captured = _runner(llama_dir).captured
+    eager = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}
+    times = choose_captured_rows(_TimedRunner(captured, eager, {1: 0.8, 2: 0.9, 3: 0.99,
+                                                                  4: 0.5}), captured)
+    assert captured.max_rows == 2  # 3 gained under REQUIRED_GAIN; 4 is not reached
+    assert times[3] == (1.0, 0.99)
+    choose_captured_rows(_TimedRunner(captured, eager, {n: 1.2 for n in eager}), captured)
+    assert captured.max_rows == 0
+    # a pool too small for a count's context: counts from there on are not captured
+    choose_captured_rows(_TimedRunner(captured, {1: 1.0}, {1: 0.5}), captured)
+    assert captured.max_rows == 1
+    assert captured_step.REQUIRED_GAIN > 0
+
+
+def test_the_profiler_gets_the_captured_steps_parts(llama_dir):
+    worker = LLM(llama_dir, step_profile_interval=1).engine.worker
+    runner = worker.runner
+    assert runner.captured.profiler is worker.profiler
+    inputs = _decode_step(runner, [10, 20])
+    assert runner.captured.covers(inputs)  # no module runs: no hook fires
+    before = worker.step_time_stats()
+    with torch.inference_mode():
+        worker.profiler.run(runner.forward, inputs)
+    after = worker.step_time_stats()
+    assert after.profiled_steps == before.profiled_steps + 1
+    linear, attention, _ = (a - b for a, b in zip(after.seconds, before.seconds))
+    assert linear > 0 and attention > 0
+    assert not worker.profiler.active
