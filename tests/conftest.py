@@ -16,7 +16,7 @@ ARCHS = ["llama", "llama3-tied", "qwen2", "mistral", "gpt2"]
 
 @pytest.fixture(autouse=True)
 def captured_steps_whenever_possible(monkeypatch):
-    """Engines run every step of 1-4 rows captured, instead of where start-up timing
+    """Engines run every step of 1-8 rows captured, instead of where start-up timing
     finds it faster: the suite then covers the captured step in every mode it runs, the
     same way on every machine (tests/worker/test_captured_step.py covers the choice)."""
     from kvserve.worker import captured_step, cpu_worker

@@ -2,10 +2,12 @@
 
 One engine, rounds alternating between its captured step (the row counts it chose at
 start) and eager (the captured step switched off, every step run layer by layer as with
-``--enforce-eager``). Each round decodes 1, 2 and 4 requests at once and times the
-engine's decode steps. A pass with the step profiler on every step splits a
-single-stream step into linear layers, attention and the rest (eager's parts are
-timed by module hooks, which add to them; the captured step times its own parts). The
+``--enforce-eager``). Each round decodes 1, 2, 4 and 8 requests at once and times the
+engine's decode steps. A captured single-stream step's linear layers and attention are
+timed by the step itself, in the timed steps; what remains of those steps is the time
+outside them. A pass with the step profiler on every step splits a step of each mode
+into linear layers, attention and the rest (eager's parts are timed by module hooks,
+which add to them and to the step). The
 streaming-read floor is the weights' bytes over the bandwidth of a large ``sum``,
 measured in every round: the best of them, since a floor is the least a step can take
 and a busy neighbour only makes a measurement slower. The engine's start is timed too.
@@ -19,21 +21,24 @@ from typing import Any, Callable, Sequence
 from kvserve.bench.workloads import BenchRequest
 from kvserve.sampling_params import SamplingParams
 
-CONCURRENCY = (1, 2, 4)
+CONCURRENCY = (1, 2, 4, 8)
 PROMPT_TOKENS = 128
 NEW_TOKENS = 64
 MODES = ("eager", "captured")
 
 
-def _decode_steps(engine, prompts: Sequence[list[int]], tag: str) -> list[float]:
+def _decode_steps(engine, prompts: Sequence[list[int]], tag: str,
+                  on_decode=None) -> list[float]:
     """Seconds of each engine step once every request has its first token (the
-    prefills done) until all have finished."""
+    prefills done; ``on_decode()`` is called then) until all have finished."""
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompt}, params)
     started: set[str] = set()
     while len(started) < len(prompts):
         started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
+    if on_decode is not None:
+        on_decode()
     steps = []
     while engine.has_unfinished_requests():
         begin = time.perf_counter()
@@ -42,19 +47,35 @@ def _decode_steps(engine, prompts: Sequence[list[int]], tag: str) -> list[float]
     return steps
 
 
+class _PartTimes:
+    """Takes the captured step's own part timings, as the step profiler would, without
+    the profiler's per-step hooks."""
+
+    active = True
+
+    def __init__(self) -> None:
+        self.seconds = {"linear": 0.0, "attention": 0.0}
+
+    def add(self, part: str, seconds: float) -> None:
+        self.seconds[part] += seconds
+
+
 def _profiled_split(engine, prompt: list[int], tag: str) -> dict[str, float]:
-    """ms a step by part over one request's decode with every step profiled."""
+    """One request's decode with every step profiled: ms a step by part, and of the
+    engine's whole step ("step") over the same steps."""
     worker = engine.worker
     interval, worker.profiler.interval = worker.profiler.interval, 1
-    before = worker.step_time_stats()
+    marks = []
     try:
-        _decode_steps(engine, [prompt], tag)
+        steps = _decode_steps(engine, [prompt], tag,
+                              lambda: marks.append(worker.step_time_stats()))
     finally:
         worker.profiler.interval = interval
-    after = worker.step_time_stats()
-    steps = after.profiled_steps - before.profiled_steps
-    return {part: 1000 * (after.by_part()[part] - before.by_part()[part]) / steps
-            for part in after.by_part()}
+    before, after = marks[0], worker.step_time_stats()
+    n = after.profiled_steps - before.profiled_steps
+    split = {part: 1000 * (after.by_part()[part] - before.by_part()[part]) / n
+             for part in after.by_part()}
+    return {**split, "step": 1000 * sum(steps) / len(steps)}
 
 
 def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
@@ -82,14 +103,23 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
     weight_bytes = matmul_weight_bytes(engine.worker.runner.model)
     _decode_steps(engine, prompts[:1], "warm")
     runs: dict[str, dict[int, list[float]]] = {m: {c: [] for c in CONCURRENCY} for m in MODES}
+    outside: list[float] = []  # captured single stream: ms a step outside linear, attention
+    profiler = captured.profiler
     for r in range(rounds):
         bandwidths.append(measure_sum_bandwidth())
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
             captured.max_rows = chosen if mode == "captured" else 0
             for c in CONCURRENCY:
                 engine.reset_prefix_cache()
-                steps = _decode_steps(engine, prompts[:c], f"{mode}-{r}-{c}")
+                parts = captured.profiler = _PartTimes()
+                try:
+                    steps = _decode_steps(engine, prompts[:c], f"{mode}-{r}-{c}")
+                finally:
+                    captured.profiler = profiler
                 runs[mode][c].append(statistics.median(steps))
+                if mode == "captured" and c == 1:
+                    outside.append(1000 * (sum(steps) - sum(parts.seconds.values()))
+                                   / len(steps))
         log(f"  round {r + 1} of {rounds}: " + "; ".join(
             f"{c} at once {1000 * runs['eager'][c][-1]:.2f} -> "
             f"{1000 * runs['captured'][c][-1]:.2f} ms" for c in CONCURRENCY))
@@ -115,9 +145,11 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
         "speedup": {c: step_ms["eager"][c] / step_ms["captured"][c] for c in CONCURRENCY},
         "single_stream_vs_floor": {m: step_ms[m][1] / (1000 * floor_s) for m in MODES},
         "profiled_step_ms": split,
-        # the engine's single-stream step less its linear layers and attention
-        "outside_gemm_and_attention_ms": {
-            m: step_ms[m][1] - split[m]["linear"] - split[m]["attention"] for m in MODES},
+        # a captured single-stream step less its linear layers and attention, by round
+        "captured_outside_gemm_and_attention_ms": outside,
+        # the same from the profiled pass (eager's hooks add to its step)
+        "profiled_outside_gemm_and_attention_ms": {
+            m: split[m]["step"] - split[m]["linear"] - split[m]["attention"] for m in MODES},
     }
     engine.close()
     return result
@@ -143,7 +175,10 @@ def cmd_captured(args) -> int:
     for mode in MODES:
         parts = result["profiled_step_ms"][mode]
         print(f"{mode} profiled step, ms: " + ", ".join(f"{p} {v:.2f}" for p, v in parts.items())
-              + f"; outside linear and attention {result['outside_gemm_and_attention_ms'][mode]:.2f}")
+              + "; outside linear and attention "
+              + f"{result['profiled_outside_gemm_and_attention_ms'][mode]:.2f}")
+    print("captured single-stream step outside linear and attention, ms by round: "
+          + ", ".join(f"{v:.2f}" for v in result["captured_outside_gemm_and_attention_ms"]))
     if args.json:
         out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
                "engine_args": engine_args, "result": result}

@@ -202,7 +202,7 @@ def _add_captured(sub: Any) -> None:
     from kvserve.bench.captured import cmd_captured
     _add_rounds_bench(sub, "captured", cmd_captured,
                       "the captured step vs eager (--enforce-eager), in alternating rounds",
-                      "Decode 1, 2 and 4 requests at once with the engine's captured step "
+                      "Decode 1, 2, 4 and 8 requests at once with the engine's captured step "
                       "and with every step eager; report the step times, the single-stream "
                       "step against the streaming-read floor measured in the same run, and "
                       "where a step's time goes.")

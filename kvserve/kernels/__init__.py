@@ -144,7 +144,7 @@ class Kernels:
 
     def gemv_rows(self, x, weight, bias=None):
         """x [M, K] @ weight[N, K].T (+ bias) for float32, contiguous x and weight, M of
-        1-4 (more rows run in groups of four, re-reading the weight)."""
+        1-8 (more rows run in groups of eight, re-reading the weight)."""
         if not (x.dtype == weight.dtype == torch.float32 and x.is_contiguous()
                 and weight.is_contiguous() and x.shape[1] == weight.shape[1]):
             raise ValueError(f"gemv_rows takes contiguous float32 x [M, K] and weight [N, K]; "

@@ -71,12 +71,18 @@ int64_t captured_step(const int64_t *plan, const int64_t *tokens, const int64_t 
     const int64_t hidden = plan[P_HIDDEN], heads = plan[P_HEADS], kvh = plan[P_KV_HEADS];
     const int64_t d = plan[P_HEAD_DIM], inter = plan[P_INTER], bs = plan[P_BLOCK];
     const int64_t q_size = heads * d, kv_size = kvh * d, qkv_n = q_size + 2 * kv_size;
-    const int64_t per_row = 3 * hidden + qkv_n + q_size + 3 * inter;
-    float *scratch = malloc((size_t)(rows * per_row) * sizeof(float));
+    /* each buffer starts on a cache line: a vector load of a GEMV's input rows that
+     * straddles two lines costs two, at every weight vector */
+    const int64_t sizes[] = {hidden, hidden, hidden, qkv_n, q_size, 2 * inter, inter};
+    float *buf[7];
+    int64_t total = 0;
+    for (int b = 0; b < 7; b++) total += (rows * sizes[b] + 15) / 16 * 16;
+    float *scratch = aligned_alloc(64, (size_t)total * sizeof(float));
     if (!scratch) return -1;
-    float *x = scratch, *residual = x + rows * hidden, *h = residual + rows * hidden;
-    float *qkv = h + rows * hidden, *attn = qkv + rows * qkv_n;
-    float *gate_up = attn + rows * q_size, *act = gate_up + rows * 2 * inter;
+    for (int b = 0, at = 0; b < 7; at += (rows * sizes[b] + 15) / 16 * 16, b++)
+        buf[b] = scratch + at;
+    float *x = buf[0], *residual = buf[1], *h = buf[2], *qkv = buf[3], *attn = buf[4];
+    float *gate_up = buf[5], *act = buf[6];
 
     const float *embed = PTR(plan[P_EMBED]);
     for (int64_t r = 0; r < rows; r++)

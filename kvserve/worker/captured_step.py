@@ -14,6 +14,8 @@ SiLU MLPs, on one rank, unquantized. ``--enforce-eager`` (vLLM's flag) turns it 
 """
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from kvserve.model.attention import KVCache
@@ -21,7 +23,7 @@ from kvserve.model.layers import Linear
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.worker.input_batch import StepInputs
 
-MAX_ROWS = 4     # the native GEMV reads the weights once for up to four rows
+MAX_ROWS = 8     # the native GEMV reads the weights once for up to eight rows
 REQUIRED_GAIN = 0.02  # a row count is captured where it measured this much faster
 
 
@@ -127,14 +129,18 @@ class CapturedStep:
 
 
 def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 5) -> dict[int, tuple]:
-    """Time decode steps of 1..MAX_ROWS requests eager and captured; ``max_rows`` becomes
-    the largest count up to which the captured step was faster at every count by
+    """Time decode steps of 1..MAX_ROWS requests eager and captured, in alternating
+    rounds (a drifting machine then slows both alike); ``max_rows`` becomes the largest
+    count up to which the captured step's median was faster at every count by
     REQUIRED_GAIN. Returns {rows: (eager s, captured s)}."""
     counts = list(range(1, MAX_ROWS + 1))
-    captured.max_rows = 0
-    eager = runner.time_decodes(counts, rounds=rounds)
-    captured.max_rows = MAX_ROWS
-    fast = runner.time_decodes(counts, rounds=rounds)
+    samples: dict[int, dict[int, list[float]]] = {0: {}, MAX_ROWS: {}}
+    for r in range(rounds):
+        for max_rows in ((0, MAX_ROWS) if r % 2 == 0 else (MAX_ROWS, 0)):
+            captured.max_rows = max_rows
+            for n, t in runner.time_decodes(counts, rounds=1).items():
+                samples[max_rows].setdefault(n, []).append(t)
+    eager, fast = ({n: statistics.median(v) for n, v in samples[m].items()} for m in (0, MAX_ROWS))
     chosen = 0
     for n in counts:
         if n not in eager or n not in fast or fast[n] > (1 - REQUIRED_GAIN) * eager[n]:

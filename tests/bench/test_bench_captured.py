@@ -8,6 +8,7 @@ import pytest
 
 from kvserve.bench.captured import CONCURRENCY, MODES, run_captured_bench
 from kvserve.bench.workloads import BenchRequest
+from kvserve.worker.captured_step import MAX_ROWS
 
 
 def _requests(n: int) -> list[BenchRequest]:
@@ -16,7 +17,7 @@ def _requests(n: int) -> list[BenchRequest]:
 
 def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path) -> None:
     lines: list[str] = []
-    result = run_captured_bench(str(tiny_model_dir), _requests(4), {}, rounds=2, log=lines.append)
+    result = run_captured_bench(str(tiny_model_dir), _requests(8), {}, rounds=2, log=lines.append)
     assert sum("round" in line for line in lines) == 2
     for mode in MODES:
         for c in CONCURRENCY:
@@ -30,9 +31,12 @@ def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path) -> No
         result["step_ms"]["captured"][1] / result["stream_floor_ms"])
     split = result["profiled_step_ms"]["captured"]
     assert split["linear"] > 0 and split["attention"] > 0
-    assert result["outside_gemm_and_attention_ms"]["captured"] == pytest.approx(
-        result["step_ms"]["captured"][1] - split["linear"] - split["attention"])
-    assert result["captured_rows"] == 4  # the suite captures every step it can
+    assert result["profiled_outside_gemm_and_attention_ms"]["captured"] == pytest.approx(
+        split["step"] - split["linear"] - split["attention"])
+    outside = result["captured_outside_gemm_and_attention_ms"]
+    assert len(outside) == 2 and all(0 < v < result["step_ms"]["captured"][1] * 2 for v in outside)
+    assert split["step"] >= split["linear"] + split["attention"]
+    assert result["captured_rows"] == MAX_ROWS  # the suite captures every step it can
 
 
 @pytest.mark.parametrize("engine_args, match", [
@@ -42,9 +46,9 @@ def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path) -> No
 ])
 def test_settings_it_cannot_compare_are_refused(tiny_model_dir: Path, engine_args, match):
     with pytest.raises(ValueError, match=match):
-        run_captured_bench(str(tiny_model_dir), _requests(4), engine_args, rounds=1)
+        run_captured_bench(str(tiny_model_dir), _requests(8), engine_args, rounds=1)
 
 
 def test_too_few_requests_are_refused(tiny_model_dir: Path) -> None:
-    with pytest.raises(ValueError, match="at least 4 requests"):
-        run_captured_bench(str(tiny_model_dir), _requests(2), {}, rounds=1)
+    with pytest.raises(ValueError, match="at least 8 requests"):
+        run_captured_bench(str(tiny_model_dir), _requests(3), {}, rounds=1)

@@ -20,7 +20,7 @@ def build(request):
     return built
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 6])  # 6: two groups of rows
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12])  # 9, 12: two groups of rows
 @pytest.mark.parametrize("n, k", [(1, 7), (5, 64), (17, 100), (64, 768), (9, 33)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_matches_torch(build, m, n, k, bias):

@@ -11,7 +11,7 @@ from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest
 from kvserve.kernels import Kernels, load_kernels
 from kvserve.model.execution import ExecutionMode, configure_layers
 from kvserve.worker import captured_step
-from kvserve.worker.captured_step import CapturedStep, choose_captured_rows, \
+from kvserve.worker.captured_step import MAX_ROWS, CapturedStep, choose_captured_rows, \
     unsupported_reason
 from kvserve.worker.input_batch import build_inputs
 from kvserve.worker.row_padding import packed_linears
@@ -50,12 +50,13 @@ def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(build, arch, mode
     assert built.available, built.reason
     configure_layers(runner.model, ExecutionMode(kernels=built, packed_linear=True))
     for m in packed_linears(runner.model):  # eager's linear layers on the same kernel
-        _use(m, "native", 4, built.gemv_rows)
+        _use(m, "native", MAX_ROWS, built.gemv_rows)
     captured = CapturedStep(runner.model, runner.caches, built)
-    captured.max_rows = 4
+    captured.max_rows = MAX_ROWS
     runner.native_attention = built
     for contexts, drafts in [([5], 0), ([3, 40], 0), ([1, 17, 33], 0), ([9, 2, 64, 30], 0),
-                             ([20], 3), ([12, 8], 2)]:
+                             ([20], 3), ([12, 8], 2), ([4, 9, 13, 2, 30, 7], 0),
+                             ([5, 6, 7, 8, 9, 10, 11, 12], 0), ([15, 3, 22], 5)]:
         inputs = _decode_step(runner, contexts, drafts)
         runner.captured = None
         with torch.inference_mode():
@@ -69,25 +70,25 @@ def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(build, arch, mode
 
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
 def test_greedy_tokens_are_transformers_with_captured_steps(arch, model_dirs, monkeypatch):
-    llm = LLM(model_dirs(arch), max_num_seqs=3)
+    llm = LLM(model_dirs(arch), max_num_seqs=MAX_ROWS)
     captured = llm.engine.worker.runner.captured
-    assert captured is not None and captured.max_rows == 4
+    assert captured is not None and captured.max_rows == MAX_ROWS
     calls = []
     real = captured.__call__
     monkeypatch.setattr(CapturedStep, "__call__", lambda self, i: calls.append(
         i.tokens.shape[0]) or real(i))
-    prompts = prompts_of_lengths([1, 7, 17, 40, 3])
+    prompts = prompts_of_lengths([1, 7, 17, 40, 3, 9, 2, 25, 11, 4])
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(model_dirs(arch), prompts, 12)
-    assert calls and set(calls) <= {1, 2, 3}
+    assert calls and set(calls) <= set(range(1, MAX_ROWS + 1)) and max(calls) > 4
 
 
 def test_steps_it_does_not_cover_run_eager(llama_dir):
     runner = _runner(llama_dir)
     captured = runner.captured
-    assert captured.covers(_decode_step(runner, [3, 4, 5, 6]))
-    assert not captured.covers(_decode_step(runner, [3, 4, 5, 6, 7]))  # over max_rows
+    assert captured.covers(_decode_step(runner, list(range(3, 3 + MAX_ROWS))))
+    assert not captured.covers(_decode_step(runner, list(range(3, 4 + MAX_ROWS))))  # too many
     bs, info = runner.block_size, SamplingInfo(SamplingParams(), (), (), None)
     prefill = build_inputs([ScheduledRequest("p", [5, 6, 7], 0, [0], info)], bs, None,
                            runner.native_attention)
@@ -126,21 +127,26 @@ def test_without_native_kernels_it_is_not_built(llama_dir):
 
 
 class _TimedRunner:
-    """time_decodes answers from a table: eager's when max_rows is 0, else captured's."""
+    """time_decodes answers from a table: eager's when max_rows is 0, else captured's;
+    ``calls`` records which, in order."""
 
     def __init__(self, captured, eager, fast):
         self.captured, self.eager, self.fast = captured, eager, fast
+        self.calls: list[str] = []
 
     def time_decodes(self, counts, rounds=5):
-        table = self.fast if self.captured.max_rows else self.eager
+        mode = "captured" if self.captured.max_rows else "eager"
+        self.calls.append(mode)
+        table = self.fast if mode == "captured" else self.eager
         return {n: table[n] for n in counts if n in table}
 
 
 def test_rows_are_captured_up_to_the_first_count_not_clearly_faster(llama_dir):
     captured = _runner(llama_dir).captured
     eager = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}
-    times = choose_captured_rows(_TimedRunner(captured, eager, {1: 0.8, 2: 0.9, 3: 0.99,
-                                                                  4: 0.5}), captured)
+    runner = _TimedRunner(captured, eager, {1: 0.8, 2: 0.9, 3: 0.99, 4: 0.5})
+    times = choose_captured_rows(runner, captured, rounds=3)
+    assert runner.calls == ["eager", "captured", "captured", "eager", "eager", "captured"]
     assert captured.max_rows == 2  # 3 gained under REQUIRED_GAIN; 4 is not reached
     assert times[3] == (1.0, 0.99)
     choose_captured_rows(_TimedRunner(captured, eager, {n: 1.2 for n in eager}), captured)
