@@ -208,6 +208,20 @@ def _add_captured(sub: Any) -> None:
                       "where a step's time goes.")
 
 
+def _add_overlap(sub: Any) -> None:
+    from kvserve.bench.overlap import cmd_overlap
+    p = sub.add_parser("overlap", help="what async scheduling could gain: the engine's host "
+                                       "work beside a step vs after it",
+                       description="Measure the engine's host work per decode step at 1, 16 "
+                                   "and 64 requests, then a step of that many rows followed "
+                                   "by that much Python work and with it on a second thread.")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    add_engine_args(p)
+    add_output_args(p, plot=False)
+    p.set_defaults(func=cmd_overlap)
+
+
 def _add_tp(sub: Any) -> None:
     from kvserve.bench.tensor_parallel import cmd_tp
     _add_rounds_bench(sub, "tp", cmd_tp,
@@ -252,7 +266,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
-                _add_tp,
+                _add_overlap, _add_tp,
                 _add_batch, _add_replicas):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
