@@ -222,6 +222,26 @@ def _add_overlap(sub: Any) -> None:
     p.set_defaults(func=cmd_overlap)
 
 
+def _add_serving(sub: Any) -> None:
+    from kvserve.bench.serving import cmd_serving
+    p = sub.add_parser("serving", help="kvserve's server vs vLLM's OpenAI server at a "
+                                       "request rate, in alternating rounds",
+                       description="Start kvserve's and vLLM's servers on loopback; stream "
+                                   "the same requests at the same Poisson rate to each in "
+                                   "turn (the other paused); report TTFT, TPOT and ITL.")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--vllm-python", default=None, help="python of a venv with vLLM's CPU build")
+    p.add_argument("--vllm-kv-cache-gib", type=float, default=4.0,
+                   help="VLLM_CPU_KVCACHE_SPACE (GiB)")
+    p.add_argument("--request-rate", type=parse_rate, default=1.0,
+                   help="Poisson arrivals per second (default 1)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    add_workload_args(p)
+    add_engine_args(p)
+    add_output_args(p, plot=False)
+    p.set_defaults(func=cmd_serving)
+
+
 def _add_tp(sub: Any) -> None:
     from kvserve.bench.tensor_parallel import cmd_tp
     _add_rounds_bench(sub, "tp", cmd_tp,
@@ -266,7 +286,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
-                _add_overlap, _add_tp,
+                _add_overlap, _add_serving, _add_tp,
                 _add_batch, _add_replicas):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)

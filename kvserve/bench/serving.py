@@ -1,0 +1,161 @@
+"""``kvserve bench serving``: kvserve's server against vLLM's OpenAI server, same load.
+
+Both servers are started once, on loopback, with the same model in float32; vLLM's comes
+from its own venv (``--vllm-python``). Rounds alternate between them, each round the
+same requests streamed at the same Poisson rate by the ``bench serve`` client. The
+server not being measured is paused (SIGSTOP to its process group) so that it takes no
+CPU from the one that is, and resumed for its own rounds. Reported per server: TTFT,
+TPOT and ITL (median and P99) of each round, and kvserve's over vLLM's by round.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kvserve.bench.server_process import SERVED_NAME, ServerProcess, free_port, server_flags
+from kvserve.bench.vllm_runner import _env
+from kvserve.bench.workloads import BenchRequest
+
+SERVERS = ("kvserve", "vllm")
+
+
+class VllmServer:
+    """vLLM's OpenAI server from ``python``'s venv, healthy once constructed, in its own
+    process group (vLLM runs its engine in a child process)."""
+
+    def __init__(self, python: str, model_dir: Path, log_path: Path, kv_cache_gib: float,
+                 omp_bind: str, start_timeout_s: float = 900.0) -> None:
+        import httpx
+
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+             "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
+             "--served-model-name", SERVED_NAME, "--dtype", "float32", "--seed", "0",
+             "--uvicorn-log-level", "warning"],
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=_env(kv_cache_gib, omp_bind))
+        deadline = time.monotonic() + start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM's server exited; see {log_path}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5, trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.close()
+        raise RuntimeError(f"vLLM's server did not start; see {log_path}")
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def close(self) -> None:
+        try:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            self.proc.wait(60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                self.signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+def _summary(result) -> dict[str, Any]:
+    m = result.metrics
+    return {"completed": m.completed, "failed": m.failed, "duration_s": m.duration_s,
+            "output_tok_s": m.output_throughput,
+            **{f"{k}_{stat}_ms": s[stat] for k, s in m.latency_ms.items()
+               for stat in ("median", "p99")}}
+
+
+def run_serving_bench(model_dir: Path, requests: Sequence[BenchRequest],
+                      engine_args: dict[str, Any], vllm_python: str, request_rate: float,
+                      rounds: int, kv_cache_gib: float = 4.0,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    from kvserve.bench.serve import run_serve
+
+    with tempfile.TemporaryDirectory(prefix="kvserve-serving-") as tmp:
+        tmp_dir = Path(tmp)
+        log("starting kvserve's server ...")
+        kvserve = ServerProcess(model_dir, tmp_dir / "state", server_flags(engine_args),
+                                tmp_dir / "kvserve.log")
+        pause = {"kvserve": lambda sig: kvserve.proc.send_signal(sig)}
+        servers = {"kvserve": kvserve}
+        try:
+            pause["kvserve"](signal.SIGSTOP)
+            log("starting vLLM's server ...")
+            vllm = servers["vllm"] = VllmServer(vllm_python, model_dir, tmp_dir / "vllm.log",
+                                                kv_cache_gib, "0-1")
+            pause["vllm"] = vllm.signal
+            runs: dict[str, list[dict]] = {name: [] for name in SERVERS}
+            for r in range(rounds):
+                for name in SERVERS if r % 2 == 0 else SERVERS[::-1]:
+                    for other in SERVERS:
+                        pause[other](signal.SIGCONT if other == name else signal.SIGSTOP)
+                    time.sleep(1.0)  # the resumed server's threads settle
+                    res = run_serve(requests, base_url=servers[name].url, model=SERVED_NAME,
+                                    request_rate=request_rate, seed=r)
+                    runs[name].append(_summary(res))
+                    if res.metrics.failed:
+                        raise RuntimeError(f"{name}: {res.metrics.failed} requests failed: "
+                                           + "; ".join(sorted({x.error for x in res.records
+                                                               if x.error})[:3]))
+                log(f"  round {r + 1} of {rounds}: P99 TPOT kvserve "
+                    f"{runs['kvserve'][-1]['tpot_p99_ms']:.1f} ms, vLLM "
+                    f"{runs['vllm'][-1]['tpot_p99_ms']:.1f}; P99 TTFT "
+                    f"{runs['kvserve'][-1]['ttft_p99_ms']:.0f} vs "
+                    f"{runs['vllm'][-1]['ttft_p99_ms']:.0f} ms")
+        finally:
+            for name, server in servers.items():
+                pause[name](signal.SIGCONT)
+                server.close()
+    # a latency vLLM's round did not have (no second token: no ITL) gives no ratio
+    ratios = {key: [a[key] / b[key] for a, b in zip(runs["kvserve"], runs["vllm"]) if b[key]]
+              for key in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms",
+                          "itl_p99_ms")}
+    return {"request_rate": request_rate, "requests": len(requests), "rounds": runs,
+            "kvserve_over_vllm_by_round": ratios,
+            "kvserve_over_vllm": {k: statistics.median(v) for k, v in ratios.items() if v}}
+
+
+def cmd_serving(args) -> int:
+    """``kvserve bench serving``."""
+    from kvserve.bench import report
+    from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
+    from kvserve.bench.commands import _header, _wl_settings
+
+    if not args.vllm_python:
+        raise SystemExit("kvserve bench serving needs --vllm-python VENV/bin/python")
+    model_dir = resolve_model_dir(args.model)
+    engine_args = engine_args_from(args)
+    wl = workload_from_args(args, model_dir)
+    info = _header("kvserve serving", {"model": model_dir.name, **_wl_settings(wl),
+                                       "request_rate": args.request_rate,
+                                       "engine_args": engine_args, "rounds": args.rounds})
+    result = run_serving_bench(model_dir, wl.requests, engine_args, args.vllm_python,
+                               args.request_rate, args.rounds, args.vllm_kv_cache_gib)
+    rows = []
+    for name in SERVERS:
+        rounds = result["rounds"][name]
+        rows.append((name, *(statistics.median(r[k] for r in rounds) for k in (
+            "ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "output_tok_s"))))
+    print(report.format_table(["server", "TTFT median", "TTFT P99", "TPOT median",
+                               "TPOT P99", "output tok/s"], rows))
+    print("kvserve / vLLM, median of rounds: " + ", ".join(
+        f"{k} {v:.3f}x" for k, v in result["kvserve_over_vllm"].items()))
+    if args.json:
+        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
+               "engine_args": engine_args, "result": result}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0

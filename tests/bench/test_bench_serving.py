@@ -1,0 +1,50 @@
+"""``kvserve bench serving`` with a stand-in for vLLM's server (a kvserve server behind
+vLLM's module path and flags): both servers measured every round, the idle one paused,
+the ratios derived from the rounds."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvserve.bench.serving import SERVERS, run_serving_bench
+from kvserve.bench.workloads import BenchRequest
+
+# vllm.entrypoints.openai.api_server: vLLM's flags, a kvserve server underneath
+FAKE_API_SERVER = '''
+import argparse, os, sys
+p = argparse.ArgumentParser()
+for flag in ("--model", "--host", "--port", "--served-model-name", "--dtype", "--seed",
+             "--uvicorn-log-level"):
+    p.add_argument(flag)
+a = p.parse_args()
+assert a.dtype == "float32" and a.host == "127.0.0.1"
+assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+os.execv(sys.executable, [sys.executable, "-m", "kvserve.entrypoints.cli", "serve", a.model,
+         "--host", a.host, "--port", a.port, "--served-model-name", a.served_model_name,
+         "--max-num-seqs", "2", "--state-dir", os.environ["FAKE_VLLM_STATE"]])
+'''
+
+
+def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (pkg, pkg.parent, pkg.parent.parent):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(FAKE_API_SERVER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    monkeypatch.setenv("FAKE_VLLM_STATE", str(tmp_path / "vllm-state"))
+    requests = [BenchRequest([3 + i, 4, 5, 6], 8) for i in range(4)]
+    lines: list[str] = []
+    result = run_serving_bench(tiny_model_dir, requests, {"max_num_seqs": 4}, sys.executable,
+                               float("inf"), rounds=2, kv_cache_gib=1, log=lines.append)
+    assert sum("round" in line for line in lines) == 2
+    for name in SERVERS:
+        assert len(result["rounds"][name]) == 2
+        for r in result["rounds"][name]:
+            assert r["completed"] == 4 and r["failed"] == 0 and r["tpot_p99_ms"] > 0
+    by_round = result["kvserve_over_vllm_by_round"]["tpot_p99_ms"]
+    assert by_round == pytest.approx([a["tpot_p99_ms"] / b["tpot_p99_ms"] for a, b in zip(
+        result["rounds"]["kvserve"], result["rounds"]["vllm"])])
