@@ -45,6 +45,9 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
         return "weights are not float32"
     if any(c.k.dtype != torch.float32 for c in caches):
         return "the KV cache is not float32"
+    if not all(t.is_contiguous() for t in [*model.parameters(), *model.rotary.buffers(),
+                                           *(x for c in caches for x in (c.k, c.v))]):
+        return "a weight or KV pool is not contiguous"
     if not all(layer.mlp.act.is_silu for layer in model.model.layers):
         return "the MLP activation is not SiLU"
     return None

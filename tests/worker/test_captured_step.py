@@ -120,6 +120,14 @@ def test_models_it_cannot_run_stay_eager(arch, engine_args, reason, model_dirs):
         CapturedStep(runner.model, runner.caches, kernels)
 
 
+def test_a_strided_weight_is_refused(llama_dir):
+    runner = _runner(llama_dir)
+    attn = runner.model.model.layers[0].self_attn
+    attn.o_proj.weight.data = attn.o_proj.weight.data.t().contiguous().t()
+    reason = "a weight or KV pool is not contiguous"
+    assert unsupported_reason(runner.model, runner.caches, kernels) == reason
+
+
 def test_without_native_kernels_it_is_not_built(llama_dir):
     runner = _runner(llama_dir, attention_backend="torch")
     assert runner.captured is None
