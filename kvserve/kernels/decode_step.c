@@ -63,7 +63,7 @@ static inline double now(void) {
 /* logits [rows, vocab] of tokens [rows] at positions [rows]; each row's K/V go to
  * slots[row] and it attends through its own block table row (table_stride apart) to
  * seq_lens[row] keys; timings: NULL, or two sums (see TIMED). Returns 0, or -1 when
- * the scratch memory could not be had. */
+ * the scratch memory could not be had. The plan has at least one layer. */
 int64_t captured_step(const int64_t *plan, const int64_t *tokens, const int64_t *positions,
                       const int64_t *slots, const int64_t *tables, int64_t table_stride,
                       const int64_t *seq_lens, int64_t rows, float eps, float scale,
@@ -79,7 +79,8 @@ int64_t captured_step(const int64_t *plan, const int64_t *tokens, const int64_t 
     for (int b = 0; b < 7; b++) total += (rows * sizes[b] + 15) / 16 * 16;
     float *scratch = aligned_alloc(64, (size_t)total * sizeof(float));
     if (!scratch) return -1;
-    for (int b = 0, at = 0; b < 7; at += (rows * sizes[b] + 15) / 16 * 16, b++)
+    int64_t at = 0;
+    for (int b = 0; b < 7; at += (rows * sizes[b] + 15) / 16 * 16, b++)
         buf[b] = scratch + at;
     float *x = buf[0], *residual = buf[1], *h = buf[2], *qkv = buf[3], *attn = buf[4];
     float *gate_up = buf[5], *act = buf[6];

@@ -5,7 +5,8 @@
  * is read once and used for each row. The threads split the output columns; each takes
  * a tile of weight rows at a time and reads them side by side, their sums for every x
  * row held in registers: 16 sums of 16 lanes with AVX-512 (4 weight rows for up to 4 x
- * rows, 2 for up to 8), 8 of 8 lanes with AVX2's 16 registers (2 weight rows, then 1).
+ * rows, 2 for up to 8), 8 of 8 lanes with AVX2's 16 registers (4 weight rows for up to
+ * 2 x rows, 2 for up to 4, 1 for up to 8).
  * Whether this beats oneDNN's packed GEMM on a layer is measured at start
  * (worker/small_gemm.py, worker/captured_step.py). */
 #include <stdint.h>

@@ -93,8 +93,9 @@ class DraftModelProposer(Proposer):
         from kvserve.spec_decode.controller import ROW_GRID, StepCostModel
         grid = [n for n in ROW_GRID if n <= max(1, max_requests)] or [1]
         self.pass_model = StepCostModel(runner.time_decodes(grid) or {1: 0.0})
-        # a catch-up of n tokens against one of a token: a prompt through the draft
-        self.prefill_model = StepCostModel(runner.time_rows(list(ROW_GRID)) or {1: 0.0})
+        # a catch-up of n tokens against one of a token: a prompt chunk through the draft
+        self.prefill_model = StepCostModel(
+            runner.time_rows(list(ROW_GRID), all_rows_sample=False) or {1: 0.0})
 
     @classmethod
     def from_config(cls, config, worker) -> DraftModelProposer:

@@ -4,7 +4,12 @@ The CPU form of capturing a decode step's graph: what the eager forward does per
 through a dozen Python calls runs in C (``kernels/decode_step.c``), over a plan of the
 model's weight and KV pool addresses built once here. Only the dispatch goes; the
 kernels and their order are those of the eager path with its linear layers on the
-native few-row kernel, so the logits are bitwise the same as that path's.
+native few-row kernel, so the logits are bitwise that path's. (Eager as it runs takes
+oneDNN or torch for some layers and row counts, whose sums round differently.)
+
+Invariant: the model's weights and the KV pools are never rebound after start (the
+loader, ``configure_layers`` and the KV tiers all write in place), so the plan's
+addresses stay valid for the runner's life; the plan keeps every tensor it names alive.
 
 It covers a step when every row gives logits (decodes and draft verification; no
 prefill chunk, no prompt logprobs) and the rows are at most ``max_rows``, which the
@@ -48,6 +53,8 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
     if not all(t.is_contiguous() for t in [*model.parameters(), *model.rotary.buffers(),
                                            *(x for c in caches for x in (c.k, c.v))]):
         return "a weight or KV pool is not contiguous"
+    if len(caches) != len(model.model.layers):
+        return "the KV pools are not one per layer"
     if not all(layer.mlp.act.is_silu for layer in model.model.layers):
         return "the MLP activation is not SiLU"
     return None
@@ -138,11 +145,14 @@ def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 5) -> dic
     REQUIRED_GAIN. Returns {rows: (eager s, captured s)}."""
     counts = list(range(1, MAX_ROWS + 1))
     samples: dict[int, dict[int, list[float]]] = {0: {}, MAX_ROWS: {}}
-    for r in range(rounds):
-        for max_rows in ((0, MAX_ROWS) if r % 2 == 0 else (MAX_ROWS, 0)):
-            captured.max_rows = max_rows
-            for n, t in runner.time_decodes(counts, rounds=1).items():
-                samples[max_rows].setdefault(n, []).append(t)
+    try:
+        for r in range(rounds):
+            for max_rows in ((0, MAX_ROWS) if r % 2 == 0 else (MAX_ROWS, 0)):
+                captured.max_rows = max_rows
+                for n, t in runner.time_decodes(counts, rounds=1).items():
+                    samples[max_rows].setdefault(n, []).append(t)
+    finally:
+        captured.max_rows = 0  # eager unless the measurement below completes
     eager, fast = ({n: statistics.median(v) for n, v in samples[m].items()} for m in (0, MAX_ROWS))
     chosen = 0
     for n in counts:

@@ -78,11 +78,12 @@ class ModelRunner:
         return num_prompts * prompt_len
 
     @torch.inference_mode()
-    def time_rows(self, row_counts: list[int], context: int = 128, rounds: int = 3
-                  ) -> dict[int, float]:
-        """Median seconds of a step of ``rows`` rows that all give logits (a request
-        verifying ``rows - 1`` drafts after ``context`` tokens), for each row count the
-        pool has room for; the rows' K/V go to blocks no request holds yet."""
+    def time_rows(self, row_counts: list[int], context: int = 128, rounds: int = 3,
+                  all_rows_sample: bool = True) -> dict[int, float]:
+        """Median seconds of a step of ``rows`` rows after ``context`` tokens that all give
+        logits (a request verifying ``rows - 1`` drafts), or with ``all_rows_sample``
+        False only the last (a prompt chunk), for each row count the pool has room for;
+        the rows' K/V go to blocks no request holds yet."""
         bs, num_blocks = self.block_size, self.caches[0].k.shape[0]
         info = SamplingInfo(SamplingParams(), (), (), None)
         times = {}
@@ -91,7 +92,8 @@ class ModelRunner:
             if context + rows > room:
                 break
             table = list(range(-(-(context + rows) // bs)))
-            step = [ScheduledRequest("cost", [0] * rows, context, table, info, rows - 1)]
+            drafts = rows - 1 if all_rows_sample else 0
+            step = [ScheduledRequest("cost", [0] * rows, context, table, info, drafts)]
             times[rows] = self._median_step(step, rounds)
         return times
 

@@ -46,8 +46,9 @@ def test_parity_default_settings(arch, model_dirs, oracle):
     {"attention_backend": "torch", "block_size": 8},
     {"linear_min_rows": 1},
     {"linear_min_rows": 16, "max_num_seqs": 3},      # every decode GEMM padded
+    {"enforce_eager": True, "max_num_seqs": 3},      # few-row steps layer by layer
 ], ids=["block4", "chunked", "preempt", "two-seqs", "torch-attention", "no-row-padding",
-        "row-padding-16"])
+        "row-padding-16", "eager"])
 def test_parity_engine_settings(arch, engine_args, model_dirs, oracle):
     llm_args = dict(engine_args)
     got = _kvserve_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), **llm_args)

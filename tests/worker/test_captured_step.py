@@ -179,3 +179,17 @@ def test_the_profiler_gets_the_captured_steps_parts(llama_dir):
     linear, attention, _ = (a - b for a, b in zip(after.seconds, before.seconds))
     assert linear > 0 and attention > 0
     assert not worker.profiler.active
+
+
+def test_cost_of_a_prompt_chunk_is_timed_eager(llama_dir, monkeypatch):
+    """A draft model's catch-up is a prompt chunk (only its last row samples): its cost
+    is timed on that shape, which the captured step does not run."""
+    runner = _runner(llama_dir)
+    rows: list[int] = []
+    real = CapturedStep.__call__
+    monkeypatch.setattr(CapturedStep, "__call__",
+                        lambda self, i: rows.append(i.tokens.shape[0]) or real(self, i))
+    runner.time_rows([2, 4], rounds=1, all_rows_sample=False)
+    assert rows == []
+    runner.time_rows([2, 4], rounds=1)  # a verify step: every row samples, captured
+    assert set(rows) == {2, 4}
