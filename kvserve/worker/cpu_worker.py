@@ -190,10 +190,9 @@ class CPUWorker(Worker):
             return
         times = choose_captured_rows(runner, runner.captured)
         rows = runner.captured.max_rows
-        logger.info("%scaptured step %s (decode step of 1-%d rows, eager -> captured, ms: "
-                    "%s)", which, f"for 1-{rows} rows" if rows else "not taken", len(times),
-                    ", ".join(f"{n}: {1000 * e:.2f} -> {1000 * c:.2f}"
-                              for n, (e, c) in times.items()))
+        timed = ", ".join(f"{n}: {1000 * e:.2f} -> {1000 * c:.2f}" for n, (e, c) in times.items())
+        logger.info("%scaptured step %s%s", which, f"for 1-{rows} rows" if rows else "not taken",
+                    f" (decode steps by rows, eager -> captured, ms: {timed})" if timed else "")
 
     def _pad_small_gemms(self) -> None:
         rows, pass_times = measure_min_rows(self.model)
