@@ -5,7 +5,8 @@ start) and eager (the captured step switched off, every step run layer by layer 
 ``--enforce-eager``). Each round decodes 1, 2, 4 and 8 requests at once and times the
 engine's decode steps. A captured single-stream step's linear layers and attention are
 timed by the step itself, in the timed steps; what remains of those steps is the time
-outside them. A pass with the step profiler on every step splits a step of each mode
+outside them. Warm-up rounds of both modes go first, and the timed ones run with the step profiler
+off. A pass with the step profiler on every step splits a step of each mode
 into linear layers, attention and the rest (eager's parts are timed by module hooks,
 which add to them and to the step). The
 streaming-read floor is the weights' bytes over the bandwidth of a large ``sum``,
@@ -64,18 +65,48 @@ def _profiled_split(engine, prompt: list[int], tag: str) -> dict[str, float]:
     """One request's decode with every step profiled: ms a step by part, and of the
     engine's whole step ("step") over the same steps."""
     worker = engine.worker
-    interval, worker.profiler.interval = worker.profiler.interval, 1
     marks = []
+    worker.profiler.set_interval(1)
     try:
         steps = _decode_steps(engine, [prompt], tag,
                               lambda: marks.append(worker.step_time_stats()))
     finally:
-        worker.profiler.interval = interval
+        worker.profiler.set_interval(0)
     before, after = marks[0], worker.step_time_stats()
     n = after.profiled_steps - before.profiled_steps
+    if n != len(steps):  # the parts and "step" must be of the same steps
+        raise RuntimeError(f"{n} of {len(steps)} decode steps were profiled")
     split = {part: 1000 * (after.by_part()[part] - before.by_part()[part]) / n
              for part in after.by_part()}
     return {**split, "step": 1000 * sum(steps) / len(steps)}
+
+
+def _timed_rounds(engine, captured, chosen: int, prompts, rounds: int, tag: str,
+                  log: Callable[[str], None] | None = None, bandwidth=None):
+    """``rounds`` alternating rounds of both modes at every concurrency: the median step
+    of each run, a captured single stream's ms a step outside its linear layers and
+    attention (timed by the step itself), and each round's streaming bandwidth."""
+    runs: dict[str, dict[int, list[float]]] = {m: {c: [] for c in CONCURRENCY} for m in MODES}
+    outside: list[float] = []
+    bandwidths: list[float] = []
+    for r in range(rounds):
+        if bandwidth is not None:
+            bandwidths.append(bandwidth())
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            captured.max_rows = chosen if mode == "captured" else 0
+            for c in CONCURRENCY:
+                engine.reset_prefix_cache()
+                parts = captured.profiler = _PartTimes()
+                steps = _decode_steps(engine, prompts[:c], f"{tag}-{mode}-{r}-{c}")
+                runs[mode][c].append(statistics.median(steps))
+                if mode == "captured" and c == 1:
+                    outside.append(1000 * (sum(steps) - sum(parts.seconds.values()))
+                                   / len(steps))
+        if log is not None:
+            log(f"  round {r + 1} of {rounds}: " + "; ".join(
+                f"{c} at once {1000 * runs['eager'][c][-1]:.2f} -> "
+                f"{1000 * runs['captured'][c][-1]:.2f} ms" for c in CONCURRENCY))
+    return runs, outside, bandwidths
 
 
 def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
@@ -99,36 +130,23 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
         raise ValueError("this engine runs no captured step (see its start-up log)")
     chosen = captured.max_rows
     log(f"engine ready in {start_s:.1f}s; captured step for 1-{chosen} rows")
-    bandwidths = []
     weight_bytes = matmul_weight_bytes(engine.worker.runner.model)
-    _decode_steps(engine, prompts[:1], "warm")
-    runs: dict[str, dict[int, list[float]]] = {m: {c: [] for c in CONCURRENCY} for m in MODES}
-    outside: list[float] = []  # captured single stream: ms a step outside linear, attention
-    profiler = captured.profiler
-    for r in range(rounds):
-        bandwidths.append(measure_sum_bandwidth())
-        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+    profiler, interval = captured.profiler, engine.worker.profiler.interval
+    engine.worker.profiler.set_interval(0)  # no profiled step among the timed ones
+    try:
+        _timed_rounds(engine, captured, chosen, prompts, 1, "warm")  # both modes, all sizes
+        runs, outside, bandwidths = _timed_rounds(engine, captured, chosen, prompts, rounds,
+                                                  "run", log, measure_sum_bandwidth)
+        captured.profiler = profiler  # the profiled pass reports through the profiler
+        split = {}
+        for mode in MODES:
             captured.max_rows = chosen if mode == "captured" else 0
-            for c in CONCURRENCY:
-                engine.reset_prefix_cache()
-                parts = captured.profiler = _PartTimes()
-                try:
-                    steps = _decode_steps(engine, prompts[:c], f"{mode}-{r}-{c}")
-                finally:
-                    captured.profiler = profiler
-                runs[mode][c].append(statistics.median(steps))
-                if mode == "captured" and c == 1:
-                    outside.append(1000 * (sum(steps) - sum(parts.seconds.values()))
-                                   / len(steps))
-        log(f"  round {r + 1} of {rounds}: " + "; ".join(
-            f"{c} at once {1000 * runs['eager'][c][-1]:.2f} -> "
-            f"{1000 * runs['captured'][c][-1]:.2f} ms" for c in CONCURRENCY))
-    split = {}
-    for mode in MODES:
-        captured.max_rows = chosen if mode == "captured" else 0
-        engine.reset_prefix_cache()
-        split[mode] = _profiled_split(engine, prompts[0], f"profile-{mode}")
-    captured.max_rows = chosen
+            engine.reset_prefix_cache()
+            split[mode] = _profiled_split(engine, prompts[0], f"profile-{mode}")
+    finally:
+        captured.max_rows, captured.profiler = chosen, profiler
+        engine.worker.profiler.set_interval(interval)
+        engine.close()
     bandwidth = max(bandwidths)
     floor_s = weight_bytes / (bandwidth * 1e9)
     step_ms = {m: {c: 1000 * statistics.median(runs[m][c]) for c in CONCURRENCY} for m in MODES}
@@ -151,7 +169,6 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
         "profiled_outside_gemm_and_attention_ms": {
             m: split[m]["step"] - split[m]["linear"] - split[m]["attention"] for m in MODES},
     }
-    engine.close()
     return result
 
 

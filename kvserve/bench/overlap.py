@@ -6,13 +6,14 @@ It can gain at most that host work, and only if running it beside the model cost
 model nothing. Both are measured here, at each of a few batch sizes:
 
 1. the host work per decode step: the engine step's wall time less the worker's
-   (``execute_model``: inputs, model, sampling), over a real decode;
+   (``execute_model``: inputs, model, sampling), over a real decode, and its share of
+   the engine step;
 2. a decode step of that many rows (:meth:`ModelRunner.time_decodes`' step) run alone,
    then followed by that much Python work (serial), and with the same work on a second
    thread while it computes (overlapped), in alternating order.
 
 Overlapped faster than serial is what async scheduling needs; the Python work is a
-busy loop holding the GIL as the engine's own does.
+busy loop holding the GIL as the engine's own does, on a helper thread started once.
 """
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ CONTEXT = 128
 NEW_TOKENS = 32
 
 
-def host_seconds_per_step(engine, batch: int) -> float:
-    """Median seconds of a decode step of ``batch`` requests spent outside the worker."""
+def host_seconds_per_step(engine, batch: int) -> tuple[float, float, int]:
+    """Median seconds a decode step of ``batch`` requests spent outside the worker, the
+    median engine step, and how many decode steps they are of."""
     worker = engine.worker
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     ids = min(engine.vocab_size, 1000) - 3
@@ -50,7 +52,7 @@ def host_seconds_per_step(engine, batch: int) -> float:
         finally:
             inner.append(time.perf_counter() - begin)
     worker.execute_model = timed
-    host = []
+    host, whole = [], []
     try:
         while engine.has_unfinished_requests():
             begin = time.perf_counter()
@@ -59,10 +61,11 @@ def host_seconds_per_step(engine, batch: int) -> float:
                       and all(r.num_computed_tokens >= CONTEXT for r in running))
             engine.step()
             if decode and inner:
-                host.append(time.perf_counter() - begin - inner[-1])
+                whole.append(time.perf_counter() - begin)
+                host.append(whole[-1] - inner[-1])
     finally:
         worker.execute_model = real
-    return statistics.median(host)
+    return statistics.median(host), statistics.median(whole), len(host)
 
 
 def _busy(seconds: float) -> None:
@@ -71,14 +74,44 @@ def _busy(seconds: float) -> None:
         sum(range(64))
 
 
+class _Helper:
+    """A thread that runs ``_busy(work_s)`` each time it is released: started once, so
+    no sample pays for starting a thread."""
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+        self.go, self.done = threading.Semaphore(0), threading.Semaphore(0)
+        self.stopping = False
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self.go.acquire()
+            if self.stopping:
+                return
+            _busy(self.work_s)
+            self.done.release()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.go.release()
+        self.thread.join()
+
+
 def overlap_times(runner, batch: int, work_s: float, repeats: int = 20) -> dict[str, float]:
     """Median seconds of a ``batch``-row decode step alone, followed by ``work_s`` of
-    Python work, and with that work on a second thread while it runs."""
+    Python work, and with that work on a second thread while it runs. The step's K/V go
+    to blocks no request holds (the caller empties the prefix cache after)."""
     bs, info = runner.block_size, SamplingInfo(SamplingParams(), (), (), None)
     blocks = CONTEXT // bs + 1
+    if batch * blocks > runner.caches[0].k.shape[0]:
+        raise ValueError(f"{batch} requests of {CONTEXT} tokens need {batch * blocks} KV "
+                         f"blocks; the pool has {runner.caches[0].k.shape[0]}")
     step = [ScheduledRequest(f"overlap-{i}", [3], CONTEXT, list(range(i * blocks, (i + 1) * blocks)),
                              info) for i in range(batch)]
     inputs = build_inputs(step, bs, runner.config.sliding_window, runner.native_attention)
+    helper = _Helper(work_s)
 
     def forward() -> None:
         with torch.inference_mode():
@@ -89,19 +122,21 @@ def overlap_times(runner, batch: int, work_s: float, repeats: int = 20) -> dict[
         _busy(work_s)
 
     def overlapped() -> None:
-        helper = threading.Thread(target=_busy, args=(work_s,))
-        helper.start()
+        helper.go.release()
         forward()
-        helper.join()
+        helper.done.acquire()
 
-    forward()
-    samples: dict[str, list[float]] = {"alone": [], "serial": [], "overlapped": []}
-    runs = {"alone": forward, "serial": serial, "overlapped": overlapped}
-    for r in range(repeats):
-        for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-            begin = time.perf_counter()
-            runs[name]()
-            samples[name].append(time.perf_counter() - begin)
+    try:
+        forward()
+        samples: dict[str, list[float]] = {"alone": [], "serial": [], "overlapped": []}
+        runs = {"alone": forward, "serial": serial, "overlapped": overlapped}
+        for r in range(repeats):
+            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                begin = time.perf_counter()
+                runs[name]()
+                samples[name].append(time.perf_counter() - begin)
+    finally:
+        helper.stop()
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -113,14 +148,16 @@ def run_overlap_bench(model_dir: str, engine_args: dict[str, Any], rounds: int,
     engine = llm.engine
     out: dict[str, Any] = {"rounds": rounds, "batches": {}}
     for batch in BATCH_SIZES:
-        engine.reset_prefix_cache()  # the timed steps below overwrite free blocks
-        host = host_seconds_per_step(engine, batch)
+        engine.reset_prefix_cache()
+        host, whole, steps = host_seconds_per_step(engine, batch)
         per_round = [overlap_times(engine.worker.runner, batch, host) for _ in range(rounds)]
+        engine.reset_prefix_cache()  # the timed steps overwrote free blocks
         med = {k: statistics.median(r[k] for r in per_round) for k in per_round[0]}
         out["batches"][batch] = {
-            "host_ms": 1000 * host, "step_alone_ms": 1000 * med["alone"],
+            "host_ms": 1000 * host, "engine_step_ms": 1000 * whole, "decode_steps": steps,
+            "step_alone_ms": 1000 * med["alone"],
             "serial_ms": 1000 * med["serial"], "overlapped_ms": 1000 * med["overlapped"],
-            "host_share": host / (host + med["alone"]),
+            "host_share": host / whole,
             "overlapped_vs_serial": med["overlapped"] / med["serial"],
             "round_overlapped_vs_serial": [r["overlapped"] / r["serial"] for r in per_round]}
         b = out["batches"][batch]

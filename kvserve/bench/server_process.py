@@ -25,6 +25,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(server, what: str, log_path: Path, timeout_s: float, poll_s: float) -> None:
+    """Return once ``server.url``'s /health answers 200; on an error, a timeout or an
+    interrupt (``server.proc`` exited, or never healthy) close it and raise."""
+    import httpx
+
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"{what} exited; see {log_path}")
+            try:
+                if httpx.get(f"{server.url}/health", timeout=5,
+                             trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(poll_s)
+        raise RuntimeError(f"{what} did not start; see {log_path}")
+    except BaseException:
+        server.close()
+        raise
+
+
 class ServerProcess:
     """Started and healthy once constructed; ``close()`` stops it with SIGTERM."""
 
@@ -42,18 +65,7 @@ class ServerProcess:
              "--disable-access-log", "--log-stats-interval", "0", *flags],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         self.http = httpx.Client(base_url=self.url, timeout=120, trust_env=False)
-        deadline = time.monotonic() + start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited; see {log_path}")
-            try:
-                if self.http.get("/health").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.close()
-        raise RuntimeError(f"the server did not start; see {log_path}")
+        wait_healthy(self, "the server", log_path, start_timeout_s, 0.5)
 
     def counter_sum(self, name: str) -> float:
         """A series summed over its labels (over the replicas, behind an ingress)."""

@@ -1,11 +1,13 @@
 """``kvserve bench serving``: kvserve's server against vLLM's OpenAI server, same load.
 
 Both servers are started once, on loopback, with the same model in float32; vLLM's comes
-from its own venv (``--vllm-python``). Rounds alternate between them, each round the
-same requests streamed at the same Poisson rate by the ``bench serve`` client. The
-server not being measured is paused (SIGSTOP to its process group) so that it takes no
-CPU from the one that is, and resumed for its own rounds. Reported per server: TTFT,
-TPOT and ITL (median and P99) of each round, and kvserve's over vLLM's by round.
+from its own venv (``--vllm-python``). Each first serves a few warm-up requests. Rounds
+then alternate between them: in round r both serve that round's own requests (fresh
+prompts, so no round hits a prefix another cached), streamed at the same Poisson
+arrivals by the ``bench serve`` client. The server not being measured is paused
+(SIGSTOP: kvserve's process, vLLM's process group) so that it takes no CPU from the one
+that is. Reported per server: TTFT, TPOT and ITL (median and P99) of each round, and
+kvserve's over vLLM's by round.
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kvserve.bench.server_process import SERVED_NAME, ServerProcess, free_port, server_flags
+from kvserve.bench.server_process import SERVED_NAME, ServerProcess, free_port, server_flags, \
+    wait_healthy
 from kvserve.bench.vllm_runner import _env
 from kvserve.bench.workloads import BenchRequest
 
 SERVERS = ("kvserve", "vllm")
+WARMUP_REQUESTS = 8
 
 
 class VllmServer:
@@ -31,8 +35,6 @@ class VllmServer:
 
     def __init__(self, python: str, model_dir: Path, log_path: Path, kv_cache_gib: float,
                  omp_bind: str, start_timeout_s: float = 900.0) -> None:
-        import httpx
-
         self.url = f"http://127.0.0.1:{free_port()}"
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
@@ -42,32 +44,23 @@ class VllmServer:
              "--uvicorn-log-level", "warning"],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
             env=_env(kv_cache_gib, omp_bind))
-        deadline = time.monotonic() + start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM's server exited; see {log_path}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.close()
-        raise RuntimeError(f"vLLM's server did not start; see {log_path}")
+        # in its own session a Ctrl-C would not reach it: closed on any failure to start
+        wait_healthy(self, "vLLM's server", log_path, start_timeout_s, 1.0)
 
     def signal(self, sig: int) -> None:
-        os.killpg(self.proc.pid, sig)
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:  # already gone: nothing to pause, resume or stop
+            pass
 
     def close(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
         try:
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
             self.proc.wait(60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                self.signal(signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(10)
         self._log.close()
 
 
@@ -79,11 +72,16 @@ def _summary(result) -> dict[str, Any]:
                for stat in ("median", "p99")}}
 
 
-def run_serving_bench(model_dir: Path, requests: Sequence[BenchRequest],
-                      engine_args: dict[str, Any], vllm_python: str, request_rate: float,
-                      rounds: int, kv_cache_gib: float = 4.0,
+def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
+                      rounds: Sequence[Sequence[BenchRequest]], engine_args: dict[str, Any],
+                      vllm_python: str, request_rate: float, kv_cache_gib: float = 4.0,
                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    """``rounds``: each round's requests (both servers serve the same ones)."""
     from kvserve.bench.serve import run_serve
+
+    if int(engine_args.get("tensor_parallel_size") or 1) > 1:
+        raise ValueError("kvserve bench serving pauses one server process: run it without "
+                         "tensor parallelism")
 
     with tempfile.TemporaryDirectory(prefix="kvserve-serving-") as tmp:
         tmp_dir = Path(tmp)
@@ -92,18 +90,26 @@ def run_serving_bench(model_dir: Path, requests: Sequence[BenchRequest],
                                 tmp_dir / "kvserve.log")
         pause = {"kvserve": lambda sig: kvserve.proc.send_signal(sig)}
         servers = {"kvserve": kvserve}
+
+        def resume_only(name: str) -> None:
+            for other in servers:
+                pause[other](signal.SIGCONT if other == name else signal.SIGSTOP)
+            time.sleep(1.0)  # the resumed server's threads settle
+
         try:
             pause["kvserve"](signal.SIGSTOP)
             log("starting vLLM's server ...")
             vllm = servers["vllm"] = VllmServer(vllm_python, model_dir, tmp_dir / "vllm.log",
                                                 kv_cache_gib, "0-1")
             pause["vllm"] = vllm.signal
+            for name in SERVERS:
+                resume_only(name)
+                run_serve(warmup, base_url=servers[name].url, model=SERVED_NAME,
+                          request_rate=float("inf"))
             runs: dict[str, list[dict]] = {name: [] for name in SERVERS}
-            for r in range(rounds):
+            for r, requests in enumerate(rounds):
                 for name in SERVERS if r % 2 == 0 else SERVERS[::-1]:
-                    for other in SERVERS:
-                        pause[other](signal.SIGCONT if other == name else signal.SIGSTOP)
-                    time.sleep(1.0)  # the resumed server's threads settle
+                    resume_only(name)
                     res = run_serve(requests, base_url=servers[name].url, model=SERVED_NAME,
                                     request_rate=request_rate, seed=r)
                     runs[name].append(_summary(res))
@@ -111,7 +117,7 @@ def run_serving_bench(model_dir: Path, requests: Sequence[BenchRequest],
                         raise RuntimeError(f"{name}: {res.metrics.failed} requests failed: "
                                            + "; ".join(sorted({x.error for x in res.records
                                                                if x.error})[:3]))
-                log(f"  round {r + 1} of {rounds}: P99 TPOT kvserve "
+                log(f"  round {r + 1} of {len(rounds)}: P99 TPOT kvserve "
                     f"{runs['kvserve'][-1]['tpot_p99_ms']:.1f} ms, vLLM "
                     f"{runs['vllm'][-1]['tpot_p99_ms']:.1f}; P99 TTFT "
                     f"{runs['kvserve'][-1]['ttft_p99_ms']:.0f} vs "
@@ -124,7 +130,8 @@ def run_serving_bench(model_dir: Path, requests: Sequence[BenchRequest],
     ratios = {key: [a[key] / b[key] for a, b in zip(runs["kvserve"], runs["vllm"]) if b[key]]
               for key in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms",
                           "itl_p99_ms")}
-    return {"request_rate": request_rate, "requests": len(requests), "rounds": runs,
+    return {"request_rate": request_rate, "requests_per_round": len(rounds[0]),
+            "warmup_requests": len(warmup), "rounds": runs,
             "kvserve_over_vllm_by_round": ratios,
             "kvserve_over_vllm": {k: statistics.median(v) for k, v in ratios.items() if v}}
 
@@ -139,12 +146,20 @@ def cmd_serving(args) -> int:
         raise SystemExit("kvserve bench serving needs --vllm-python VENV/bin/python")
     model_dir = resolve_model_dir(args.model)
     engine_args = engine_args_from(args)
+    per_round = args.num_prompts
+    args.num_prompts = WARMUP_REQUESTS + per_round * args.rounds  # fresh prompts a round
     wl = workload_from_args(args, model_dir)
+    reqs = wl.requests
+    rounds = [reqs[WARMUP_REQUESTS + r * per_round:WARMUP_REQUESTS + (r + 1) * per_round]
+              for r in range(args.rounds)]
     info = _header("kvserve serving", {"model": model_dir.name, **_wl_settings(wl),
                                        "request_rate": args.request_rate,
                                        "engine_args": engine_args, "rounds": args.rounds})
-    result = run_serving_bench(model_dir, wl.requests, engine_args, args.vllm_python,
-                               args.request_rate, args.rounds, args.vllm_kv_cache_gib)
+    try:
+        result = run_serving_bench(model_dir, reqs[:WARMUP_REQUESTS], rounds, engine_args,
+                                   args.vllm_python, args.request_rate, args.vllm_kv_cache_gib)
+    except (ValueError, RuntimeError) as exc:
+        raise SystemExit(f"kvserve: error: {exc}") from None
     rows = []
     for name in SERVERS:
         rounds = result["rounds"][name]

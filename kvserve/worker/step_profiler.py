@@ -42,6 +42,10 @@ class StepProfiler:
         self._totals = [0.0, 0.0, 0.0]
         self.active = False  # a profiled step is running
 
+    def set_interval(self, interval: int) -> None:
+        """Profile one step in ``interval`` from the next one on (0: none)."""
+        self.interval = self._countdown = interval
+
     def due(self) -> bool:
         """Whether the coming step is profiled (counts steps)."""
         if self.interval <= 0:

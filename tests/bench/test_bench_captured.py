@@ -15,9 +15,18 @@ def _requests(n: int) -> list[BenchRequest]:
     return [BenchRequest([3 + (i * 7 + j) % 60 for j in range(20 + i)], 8) for i in range(n)]
 
 
-def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path) -> None:
+def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path, monkeypatch) -> None:
+    from kvserve.bench.captured import NEW_TOKENS
+    from kvserve.worker.captured_step import CapturedStep
+
+    calls = []
+    real = CapturedStep.__call__
+    monkeypatch.setattr(CapturedStep, "__call__", lambda self, i: calls.append(1) or real(self, i))
     lines: list[str] = []
     result = run_captured_bench(str(tiny_model_dir), _requests(8), {}, rounds=2, log=lines.append)
+    # captured steps only in captured mode: a warm-up and two timed rounds at each batch
+    # size, then the profiled pass; every other step eager
+    assert len(calls) == (3 * len(CONCURRENCY) + 1) * (NEW_TOKENS - 1)
     assert sum("round" in line for line in lines) == 2
     for mode in MODES:
         for c in CONCURRENCY:

@@ -27,8 +27,15 @@ os.execv(sys.executable, [sys.executable, "-m", "kvserve.entrypoints.cli", "serv
 '''
 
 
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvserve.bench import serve, serving
+
     pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
     pkg.mkdir(parents=True)
     for d in (pkg, pkg.parent, pkg.parent.parent):
@@ -36,15 +43,43 @@ def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
     (pkg / "api_server.py").write_text(FAKE_API_SERVER)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
     monkeypatch.setenv("FAKE_VLLM_STATE", str(tmp_path / "vllm-state"))
-    requests = [BenchRequest([3 + i, 4, 5, 6], 8) for i in range(4)]
+    started: dict[str, object] = {}
+    for name, cls in (("kvserve", serving.ServerProcess), ("vllm", serving.VllmServer)):
+        def make(*args, _cls=cls, _name=name, **kwargs):
+            started[_name] = server = _cls(*args, **kwargs)
+            return server
+        monkeypatch.setattr(serving, cls.__name__, make)
+    served: list[tuple[str, int]] = []  # (server hit, requests), checked against the pauses
+    real_run = serve.run_serve
+
+    def run(requests, base_url, **kwargs):
+        hit = next(n for n, s in started.items() if s.url == base_url)
+        other = next(n for n in started if n != hit)
+        assert _state(started[hit].proc.pid) != "T" and _state(started[other].proc.pid) == "T"
+        served.append((hit, len(requests)))
+        return real_run(requests, base_url=base_url, **kwargs)
+    monkeypatch.setattr(serve, "run_serve", run)
+
+    warmup = [BenchRequest([3, 4, 5], 2)] * 2
+    rounds = [[BenchRequest([3 + i + 10 * r, 4, 5, 6], 8) for i in range(4)] for r in range(2)]
     lines: list[str] = []
-    result = run_serving_bench(tiny_model_dir, requests, {"max_num_seqs": 4}, sys.executable,
-                               float("inf"), rounds=2, kv_cache_gib=1, log=lines.append)
+    result = run_serving_bench(tiny_model_dir, warmup, rounds, {"max_num_seqs": 4},
+                               sys.executable, float("inf"), kv_cache_gib=1, log=lines.append)
+    # warm-up on each, then round 0 kvserve first, round 1 vLLM first
+    assert served == [("kvserve", 2), ("vllm", 2), ("kvserve", 4), ("vllm", 4), ("vllm", 4),
+                      ("kvserve", 4)]
     assert sum("round" in line for line in lines) == 2
     for name in SERVERS:
         assert len(result["rounds"][name]) == 2
         for r in result["rounds"][name]:
             assert r["completed"] == 4 and r["failed"] == 0 and r["tpot_p99_ms"] > 0
+        assert started[name].proc.poll() is not None  # both stopped, none left paused
     by_round = result["kvserve_over_vllm_by_round"]["tpot_p99_ms"]
     assert by_round == pytest.approx([a["tpot_p99_ms"] / b["tpot_p99_ms"] for a, b in zip(
         result["rounds"]["kvserve"], result["rounds"]["vllm"])])
+
+
+def test_tensor_parallel_is_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="without tensor parallelism"):
+        run_serving_bench(tiny_model_dir, [], [[]], {"tensor_parallel_size": 2},
+                          sys.executable, 1.0)
