@@ -177,16 +177,20 @@ def _add_structured(sub: Any) -> None:
     p.set_defaults(func=decoding_commands.cmd_structured)
 
 
-def _add_rounds_bench(sub: Any, name: str, func: Any, help: str, description: str) -> None:
-    """A bench of one engine setting against another in alternating rounds over a
-    workload: --model, --rounds, the workload, engine and output flags."""
+def _add_rounds_bench(sub: Any, name: str, func: Any, help: str, description: str,
+                      workload: bool = True) -> argparse.ArgumentParser:
+    """A bench of one setting against another in alternating rounds (over a workload):
+    --model, --rounds, the workload, engine and output flags. Returns the parser, for a
+    bench's own flags."""
     p = sub.add_parser(name, help=help, description=description)
     p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    add_workload_args(p)
+    if workload:
+        add_workload_args(p)
     add_engine_args(p)
     add_output_args(p, plot=False)
     p.set_defaults(func=func)
+    return p
 
 
 def _add_metrics(sub: Any) -> None:
@@ -210,36 +214,27 @@ def _add_captured(sub: Any) -> None:
 
 def _add_overlap(sub: Any) -> None:
     from kvserve.bench.overlap import cmd_overlap
-    p = sub.add_parser("overlap", help="what async scheduling could gain: the engine's host "
-                                       "work beside a step vs after it",
-                       description="Measure the engine's host work per decode step at 1, 16 "
-                                   "and 64 requests, then a step of that many rows followed "
-                                   "by that much Python work and with it on a second thread.")
-    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
-    add_engine_args(p)
-    add_output_args(p, plot=False)
-    p.set_defaults(func=cmd_overlap)
+    _add_rounds_bench(sub, "overlap", cmd_overlap,
+                      "what async scheduling could gain: the engine's host work beside a step "
+                      "vs after it",
+                      "Measure the engine's host work per decode step at 1, 16 and 64 "
+                      "requests, then a step of that many rows followed by that much Python "
+                      "work and with it on a second thread.", workload=False)
 
 
 def _add_serving(sub: Any) -> None:
     from kvserve.bench.serving import cmd_serving
-    p = sub.add_parser("serving", help="kvserve's server vs vLLM's OpenAI server at a "
-                                       "request rate, in alternating rounds",
-                       description="Start kvserve's and vLLM's servers on loopback; stream "
-                                   "the same requests at the same Poisson rate to each in "
-                                   "turn (the other paused); report TTFT, TPOT and ITL.")
-    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p = _add_rounds_bench(sub, "serving", cmd_serving,
+                          "kvserve's server vs vLLM's OpenAI server at a request rate, in "
+                          "alternating rounds",
+                          "Start kvserve's and vLLM's servers on loopback; stream the same "
+                          "requests at the same Poisson rate to each in turn (the other "
+                          "paused); report TTFT, TPOT and ITL.")
     p.add_argument("--vllm-python", default=None, help="python of a venv with vLLM's CPU build")
     p.add_argument("--vllm-kv-cache-gib", type=float, default=4.0,
                    help="VLLM_CPU_KVCACHE_SPACE (GiB)")
     p.add_argument("--request-rate", type=parse_rate, default=1.0,
                    help="Poisson arrivals per second (default 1)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    add_workload_args(p)
-    add_engine_args(p)
-    add_output_args(p, plot=False)
-    p.set_defaults(func=cmd_serving)
 
 
 def _add_tp(sub: Any) -> None:

@@ -174,7 +174,7 @@ class CPUWorker(Worker):
     def _captured_step(self, runner: ModelRunner, which: str) -> CapturedStep | None:
         """The runner's captured step, or None (eager enforced, or a model it cannot
         run: the reason is logged)."""
-        if self.config.worker.enforce_eager or self.tp is not None:
+        if self.config.worker.enforce_eager:
             return None
         reason = unsupported_reason(runner.model, runner.caches, runner.native_attention)
         if reason:
