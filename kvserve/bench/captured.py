@@ -9,43 +9,22 @@ outside them. Warm-up rounds of both modes go first, and the timed ones run with
 off. A pass with the step profiler on every step splits a step of each mode
 into linear layers, attention and the rest (eager's parts are timed by module hooks,
 which add to them and to the step). The
-streaming-read floor is the weights' bytes over the bandwidth of a large ``sum``,
-measured in every round: the best of them, since a floor is the least a step can take
+streaming-read floor is the weights' bytes over the bandwidth of a large ``sum`` (on
+huge pages and off, the faster), measured in every round: the best of them, since a floor is the least a step can take
 and a busy neighbour only makes a measurement slower. The engine's start is timed too.
 """
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Callable, Sequence
 
+from kvserve.bench.decode import concurrent_decode_steps
 from kvserve.bench.workloads import BenchRequest
-from kvserve.sampling_params import SamplingParams
 
 CONCURRENCY = (1, 2, 4, 8)
 PROMPT_TOKENS = 128
 NEW_TOKENS = 64
 MODES = ("eager", "captured")
-
-
-def _decode_steps(engine, prompts: Sequence[list[int]], tag: str,
-                  on_decode=None) -> list[float]:
-    """Seconds of each engine step once every request has its first token (the
-    prefills done; ``on_decode()`` is called then) until all have finished."""
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompt}, params)
-    started: set[str] = set()
-    while len(started) < len(prompts):
-        started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
-    if on_decode is not None:
-        on_decode()
-    steps = []
-    while engine.has_unfinished_requests():
-        begin = time.perf_counter()
-        engine.step()
-        steps.append(time.perf_counter() - begin)
-    return steps
 
 
 class _PartTimes:
@@ -68,8 +47,8 @@ def _profiled_split(engine, prompt: list[int], tag: str) -> dict[str, float]:
     marks = []
     worker.profiler.set_interval(1)
     try:
-        steps = _decode_steps(engine, [prompt], tag,
-                              lambda: marks.append(worker.step_time_stats()))
+        steps = concurrent_decode_steps(engine, [prompt], tag, NEW_TOKENS,
+                                        lambda: marks.append(worker.step_time_stats()))
     finally:
         worker.profiler.set_interval(0)
     before, after = marks[0], worker.step_time_stats()
@@ -97,7 +76,8 @@ def _timed_rounds(engine, captured, chosen: int, prompts, rounds: int, tag: str,
             for c in CONCURRENCY:
                 engine.reset_prefix_cache()
                 parts = captured.profiler = _PartTimes()
-                steps = _decode_steps(engine, prompts[:c], f"{tag}-{mode}-{r}-{c}")
+                steps = concurrent_decode_steps(engine, prompts[:c], f"{tag}-{mode}-{r}-{c}",
+                                                NEW_TOKENS)
                 runs[mode][c].append(statistics.median(steps))
                 if mode == "captured" and c == 1:
                     outside.append(1000 * (sum(steps) - sum(parts.seconds.values()))
@@ -113,7 +93,7 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
                        engine_args: dict[str, Any], rounds: int,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
     from kvserve.bench.decode import matmul_weight_bytes
-    from kvserve.bench.roofline import measure_sum_bandwidth
+    from kvserve.bench.roofline import measure_stream_bandwidth
     from kvserve.bench.throughput import load_llm
 
     if engine_args.get("enforce_eager") or engine_args.get("speculative_config"):
@@ -136,7 +116,7 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
     try:
         _timed_rounds(engine, captured, chosen, prompts, 1, "warm")  # both modes, all sizes
         runs, outside, bandwidths = _timed_rounds(engine, captured, chosen, prompts, rounds,
-                                                  "run", log, measure_sum_bandwidth)
+                                                  "run", log, measure_stream_bandwidth)
         captured.profiler = profiler  # the profiled pass reports through the profiler
         split = {}
         for mode in MODES:

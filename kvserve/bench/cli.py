@@ -212,6 +212,16 @@ def _add_captured(sub: Any) -> None:
                       "where a step's time goes.")
 
 
+def _add_huge_pages(sub: Any) -> None:
+    from kvserve.bench.huge_pages import cmd_huge_pages
+    _add_rounds_bench(sub, "huge-pages", cmd_huge_pages,
+                      "weights and KV pools on huge pages vs torch's pages, in alternating "
+                      "rounds",
+                      "Two engines, --huge-pages and --no-huge-pages: decode 1, 8 and 32 "
+                      "requests at once on each and report the step times and the "
+                      "streaming read of each kind of memory.")
+
+
 def _add_overlap(sub: Any) -> None:
     from kvserve.bench.overlap import cmd_overlap
     _add_rounds_bench(sub, "overlap", cmd_overlap,
@@ -281,7 +291,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
-                _add_overlap, _add_serving, _add_tp,
+                _add_huge_pages, _add_overlap, _add_serving, _add_tp,
                 _add_batch, _add_replicas):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
 
 @dataclass
@@ -64,3 +64,25 @@ def measure_decode(llm, prompt_token_ids: list[int], new_tokens: int = 64,
             times.append(time.perf_counter() - start)
     return DecodeResult(len(times), statistics.median(times),
                         matmul_weight_bytes(engine.worker.runner.model))
+
+
+def concurrent_decode_steps(engine, prompts: Sequence[list[int]], tag: str, new_tokens: int,
+                            on_decode=None) -> list[float]:
+    """Seconds of each engine step once every request of ``prompts`` (all added at
+    once, ``new_tokens`` each) has its first token (the prefills done;
+    ``on_decode()`` is called then) until all have finished."""
+    from kvserve import SamplingParams
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompt}, params)
+    started: set[str] = set()
+    while len(started) < len(prompts):
+        started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
+    if on_decode is not None:
+        on_decode()
+    steps = []
+    while engine.has_unfinished_requests():
+        begin = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - begin)
+    return steps

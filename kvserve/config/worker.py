@@ -20,6 +20,7 @@ class WorkerConfig:
     omp_threads_bind: str = "auto"        # auto | nobind | a CPU list
     step_profile_interval: int = 16       # one step in N timed by part; 0: off
     enforce_eager: bool = False           # no captured steps: every step layer by layer
+    huge_pages: bool = True               # weights and KV pools on transparent huge pages
 
     def __post_init__(self) -> None:
         choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)

@@ -69,10 +69,12 @@ class KVCache:
     """
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, zeros=torch.zeros) -> None:
+        """``zeros(shape, dtype)``: allocates a zeroed pool (worker/huge_pages.py's, or
+        torch's)."""
         # Zeros, not empty: masked-out keys are multiplied by 0, which must not meet NaN.
-        self.k = torch.zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype=dtype)
-        self.v = torch.zeros((num_blocks, num_kv_heads, block_size, head_dim), dtype=dtype)
+        self.k = zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype=dtype)
+        self.v = zeros((num_blocks, num_kv_heads, block_size, head_dim), dtype=dtype)
 
     @property
     def block_size(self) -> int:

@@ -3,8 +3,9 @@
 Start-up, in order: torch's thread count and the compute threads bound one to a CPU
 (from the thread that will step the engine: its OpenMP team is the one bound), glibc
 told to keep freed memory, the model loaded and its layers configured (native kernels
-and oneDNN packed linears where they build and the dtype allows), the KV pool sized
-from the settings or the memory free and allocated, then the warm-up: a dummy step,
+and oneDNN packed linears where they build and the dtype allows) and its large tensors
+copied onto huge pages, the KV pool sized from the settings or the memory free and
+allocated (on huge pages too), then the warm-up: a dummy step,
 the small-GEMM row padding measured, every decode batch size's GEMM kernels generated,
 the captured step (one native call for a few-row step) timed against the eager one.
 Once the engine is ready, the objects alive are frozen out of the garbage collector's
@@ -30,6 +31,7 @@ from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import CapturedStep, choose_captured_rows, \
     unsupported_reason
 from kvserve.worker.gemm_warmup import warm_gemm_kernels
+from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
     freeze_startup_objects, keep_freed_memory, physical_cores
@@ -64,6 +66,8 @@ class CPUWorker(Worker):
         self.mode = ExecutionMode(kernels=self.kernels, packed_linear=worker_cfg.native_kernels,
                                   linear_min_rows=worker_cfg.linear_min_rows or 1)
         configure_layers(self.model, self.mode)
+        self.huge_pages = worker_cfg.huge_pages and self._huge_pages_offered()
+        self._place_weights(self.model, "")
         self.profiler = StepProfiler(self.model, worker_cfg.step_profile_interval)
         cache = config.cache
         self.kv_dtype = (model_cfg.dtype if cache.kv_cache_dtype == "auto"
@@ -98,6 +102,27 @@ class CPUWorker(Worker):
                                f"{cpus}")
         logger.info("compute threads bound to CPUs %s", ",".join(map(str, cpus)))
         return cpus
+
+    # -- memory ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _huge_pages_offered() -> bool:
+        setting = huge_pages_setting()
+        if setting in ("always", "madvise"):
+            return True
+        logger.info("huge pages off: the kernel's transparent huge pages are %s", setting)
+        return False
+
+    def _place_weights(self, model, which: str) -> None:
+        """The model's tensors onto huge pages (before anything keeps their
+        addresses: the captured step's plan does)."""
+        if self.huge_pages:
+            moved = move_to_huge_pages(model)
+            logger.info("%sweights: %.1f MiB on transparent huge pages", which, moved / 2**20)
+
+    @property
+    def _pool_zeros(self):
+        return huge_page_zeros if self.huge_pages else torch.zeros
 
     # -- the KV pool -----------------------------------------------------------------------
 
@@ -151,7 +176,7 @@ class CPUWorker(Worker):
         # attention math is float32 whatever the compute dtype (see paged_attention)
         attention = self.kernels if self.kv_dtype in NATIVE_KV_DTYPES else None
         self.runner = ModelRunner(self.model, self.arch, layout, self.kv_dtype,
-                                  self.config.model.seed, attention, disk_path)
+                                  self.config.model.seed, attention, disk_path, self._pool_zeros)
         self.runner.captured = self._captured_step(self.runner, "")
 
     # -- warm-up -----------------------------------------------------------------------------
@@ -239,11 +264,13 @@ class CPUWorker(Worker):
         arch = ArchConfig.from_dir(Path(model_dir))
         model = load_model(model_dir, arch, self.config.model.dtype)
         configure_layers(model, self.mode)
+        self._place_weights(model, "draft model: ")
         self._dense_small_gemms(model, self.kernels)
         dtype = self.config.model.dtype
         layout = self.kv_layout_for(arch, dtype)
         attention = self.kernels if dtype in NATIVE_KV_DTYPES else None
-        runner = ModelRunner(model, arch, layout, dtype, self.config.model.seed, attention)
+        runner = ModelRunner(model, arch, layout, dtype, self.config.model.seed, attention,
+                             zeros=self._pool_zeros)
         runner.warm_up(min(self.config.warmup_tokens, arch.max_position_embeddings - 1))
         if self.config.worker.gemm_warmup_rows:
             warm_gemm_kernels(model, self.config.worker.gemm_warmup_rows)

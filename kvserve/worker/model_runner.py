@@ -34,14 +34,14 @@ def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch: ArchConfig, layout: KVCacheLayout,
                  kv_dtype: torch.dtype, seed: int, attention_kernels=None,
-                 disk_path: Path | None = None) -> None:
+                 disk_path: Path | None = None, zeros=torch.zeros) -> None:
         """``attention_kernels``: native kernels that read this pool's dtype, or None
-        for torch attention."""
+        for torch attention; ``zeros`` allocates the pools (see KVCache)."""
         self.model = model
         self.config = arch
         self.block_size = layout.block_size
         self.caches = [KVCache(layout.num_blocks, layout.block_size, arch.num_kv_heads,
-                               arch.head_dim, kv_dtype)
+                               arch.head_dim, kv_dtype, zeros)
                        for _ in range(arch.num_layers)]
         self.sampler = Sampler(seed)
         self.verifier = RejectionSampler(self.sampler)

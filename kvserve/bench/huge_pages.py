@@ -1,0 +1,116 @@
+"""``kvserve bench huge-pages``: weights and KV pools on huge pages against torch's pages.
+
+Two engines of the same settings, one with ``--huge-pages`` (the default) and one with
+``--no-huge-pages``, in alternating rounds. Each round decodes 1, 8 and 32 requests at
+once on each engine and times the engine's decode steps, the prompts the workload's
+first ones of 256 tokens or more, cut to 256; 32 such requests read about as many bytes of KV a step as of weights. Every round also measures a
+large ``sum`` over each kind of memory, the streaming read each engine's weights can at
+best be read at.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Sequence
+
+from kvserve.bench.decode import concurrent_decode_steps
+from kvserve.bench.workloads import BenchRequest
+
+CONCURRENCY = (1, 8, 32)
+PROMPT_TOKENS = 256
+NEW_TOKENS = 64
+MODES = ("huge", "torch")  # huge pages, torch's allocations
+MODE_ARGS = {"huge": True, "torch": False}
+
+
+def _round(engines, prompts, r: int, order, runs, tag: str) -> None:
+    for mode in order:
+        for c in CONCURRENCY:
+            engines[mode].reset_prefix_cache()
+            steps = concurrent_decode_steps(engines[mode], prompts[:c],
+                                            f"{tag}-{mode}-{r}-{c}", NEW_TOKENS)
+            runs[mode][c].append(statistics.median(steps))
+
+
+def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
+                         engine_args: dict[str, Any], rounds: int,
+                         log: Callable[[str], None] = print) -> dict[str, Any]:
+    from kvserve.bench.roofline import measure_sum_bandwidth
+    from kvserve.bench.throughput import load_llm
+    from kvserve.worker.huge_pages import huge_pages_available, huge_pages_setting
+
+    if not huge_pages_available():
+        raise ValueError(f"the kernel offers no transparent huge pages here "
+                         f"({huge_pages_setting()}): there is nothing to compare")
+    if "huge_pages" in engine_args:
+        raise ValueError("kvserve bench huge-pages sets --huge-pages itself, one engine "
+                         "each way")
+    prompts = [list(r.prompt_token_ids[:PROMPT_TOKENS]) for r in requests
+               if r.prompt_len >= PROMPT_TOKENS][:max(CONCURRENCY)]
+    if len(prompts) < max(CONCURRENCY):
+        raise ValueError(f"the workload needs {max(CONCURRENCY)} requests of at least "
+                         f"{PROMPT_TOKENS} prompt tokens; it has {len(prompts)}")
+    engines, start_s = {}, {}
+    try:
+        for mode in MODES:
+            llm, start_s[mode] = load_llm(model_dir, {**engine_args,
+                                                      "huge_pages": MODE_ARGS[mode]})
+            engines[mode] = llm.engine
+            if engines[mode].worker.huge_pages != MODE_ARGS[mode]:
+                raise ValueError(f"the {mode} engine did not start as asked")
+        log("engines ready in " + ", ".join(f"{m} {s:.1f}s" for m, s in start_s.items()))
+        warm = {m: {c: [] for c in CONCURRENCY} for m in MODES}
+        _round(engines, prompts, 0, MODES, warm, "warm")
+        runs: dict[str, dict[int, list[float]]] = {m: {c: [] for c in CONCURRENCY}
+                                                   for m in MODES}
+        bandwidth: dict[str, list[float]] = {m: [] for m in MODES}
+        for r in range(rounds):
+            order = MODES if r % 2 == 0 else MODES[::-1]
+            for mode in order:
+                bandwidth[mode].append(measure_sum_bandwidth(huge_pages=mode == "huge"))
+            _round(engines, prompts, r, order, runs, "run")
+            log(f"  round {r + 1} of {rounds}: " + "; ".join(
+                f"{c} at once {1000 * runs['torch'][c][-1]:.2f} -> "
+                f"{1000 * runs['huge'][c][-1]:.2f} ms" for c in CONCURRENCY)
+                + "; sum " + " -> ".join(f"{bandwidth[m][-1]:.1f}" for m in MODES[::-1])
+                + " GB/s")
+    finally:
+        for engine in engines.values():
+            engine.close()
+    step_ms = {m: {c: 1000 * statistics.median(runs[m][c]) for c in CONCURRENCY} for m in MODES}
+    return {
+        "engine_start_s": start_s, "rounds": rounds, "prompt_tokens": PROMPT_TOKENS,
+        "new_tokens": NEW_TOKENS, "step_ms": step_ms,
+        "round_step_ms": {m: {c: [1000 * s for s in runs[m][c]] for c in CONCURRENCY}
+                          for m in MODES},
+        "speedup": {c: step_ms["torch"][c] / step_ms["huge"][c] for c in CONCURRENCY},
+        "round_speedup": {c: [t / h for t, h in zip(runs["torch"][c], runs["huge"][c])]
+                          for c in CONCURRENCY},
+        "round_sum_bandwidth_gbs": bandwidth,
+        "sum_bandwidth_ratio": statistics.median(
+            h / t for h, t in zip(bandwidth["huge"], bandwidth["torch"])),
+    }
+
+
+def cmd_huge_pages(args) -> int:
+    """``kvserve bench huge-pages``: decode steps on huge pages against torch's pages."""
+    from kvserve.bench import report
+    from kvserve.bench.commands import _wl_settings, rounds_bench_setup
+
+    model_dir, engine_args, wl, info = rounds_bench_setup(args, "kvserve huge-pages")
+    try:
+        result = run_huge_pages_bench(str(model_dir), wl.requests, engine_args, args.rounds)
+    except ValueError as exc:
+        raise SystemExit(f"kvserve: error: {exc}") from None
+    print(report.format_table(
+        ["requests at once", "torch pages ms/step", "huge pages ms/step", "speed-up",
+         "by round"],
+        [(c, result["step_ms"]["torch"][c], result["step_ms"]["huge"][c],
+          f"{result['speedup'][c]:.3f}x",
+          ", ".join(f"{v:.2f}" for v in result["round_speedup"][c])) for c in CONCURRENCY]))
+    print(f"streaming read, huge pages over torch's: {result['sum_bandwidth_ratio']:.3f}x "
+          "(median of rounds)")
+    if args.json:
+        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
+               "engine_args": engine_args, "result": result}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0

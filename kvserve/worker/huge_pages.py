@@ -1,0 +1,132 @@
+"""Weights and KV pools on transparent huge pages.
+
+A decode step streams every weight and each running request's keys and values from
+memory. On 4 KiB pages that stream crosses a page, and needs a TLB entry, every 64
+cache lines; the TLB holds far fewer entries than a model has pages, so the stream
+keeps stopping for page walks, most of all in attention over KV blocks scattered
+through the pool. On 2 MiB pages it crosses one every 32768 lines.
+
+Linux hands out huge pages for anonymous memory when its transparent-huge-page setting
+(``/sys/kernel/mm/transparent_hugepage/enabled``) is ``always``, or ``madvise`` and the
+range was marked with ``madvise(MADV_HUGEPAGE)``; torch's allocator marks nothing. So
+the worker copies the model's tensors into one marked, 2 MiB-aligned mapping, and
+allocates each KV pool as one. Fresh anonymous memory reads as zeros, which the pools
+need (see KVCache), and is only backed where first written. ``--no-huge-pages`` keeps
+torch's allocations.
+"""
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kvserve.logger import init_logger
+
+logger = init_logger(__name__)
+
+HUGE_PAGE = 2 * 2**20
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+ALIGN = 64  # each tensor starts on a cache line
+
+
+def huge_pages_setting() -> str:
+    """The kernel's transparent-huge-page mode (always, madvise or never), or
+    "unavailable" where the kernel or Python offers none."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return "unavailable"
+    try:
+        text = THP_SETTING.read_text()
+    except OSError:
+        return "unavailable"
+    chosen = [w.strip("[]") for w in text.split() if w.startswith("[")]
+    return chosen[0] if chosen else "unavailable"
+
+
+def huge_pages_available() -> bool:
+    return huge_pages_setting() in ("always", "madvise")
+
+
+class HugePageBuffer:
+    """One anonymous mapping marked for huge pages, handed out as tensors from its
+    first 2 MiB boundary on. The tensors keep the mapping alive."""
+
+    def __init__(self, nbytes: int) -> None:
+        size = -(-(nbytes + HUGE_PAGE) // HUGE_PAGE) * HUGE_PAGE  # room to align the start
+        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._map.madvise(mmap.MADV_HUGEPAGE)
+        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._next = -self._bytes.data_ptr() % HUGE_PAGE
+        self._end = self._next + nbytes
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed contiguous tensor of the next free bytes."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        start = -(-self._next // ALIGN) * ALIGN
+        if start + nbytes > self._end:
+            raise ValueError(f"the huge-page buffer has {self._end - start} bytes left; "
+                             f"a {tuple(shape)} {dtype} tensor needs {nbytes}")
+        self._next = start + nbytes
+        return self._bytes[start:start + nbytes].view(dtype).view(shape)
+
+
+def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """torch.zeros(shape, dtype) on huge pages of its own."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    return HugePageBuffer(numel * torch.empty((), dtype=dtype).element_size()).take(
+        tuple(shape), dtype)
+
+
+def _tensors(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:
+    """(owner, attribute, tensor) for every distinct contiguous tensor of the model: parameters, buffers and packed linear weights held as plain tensors (a tied
+    weight once). oneDNN's packed float32 weights are its own opaque tensors, which
+    stay in its memory."""
+    found, seen = [], set()
+    for module in model.modules():
+        slots = [*module._parameters.items(), *module._buffers.items()]
+        if getattr(module, "packed_weight", None) is not None:
+            slots.append(("packed_weight", module.packed_weight))
+        for name, t in slots:
+            if (t is None or t.layout != torch.strided or t.device.type != "cpu"
+                    or not t.is_contiguous() or t.numel() == 0):
+                continue
+            key = t.data_ptr()
+            if key not in seen:
+                seen.add(key)
+                found.append((module, name, t))
+    return found
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@torch.no_grad()  # not inference_mode: the moved parameters stay usable with autograd on
+def move_to_huge_pages(model: nn.Module) -> int:
+    """Copy the model's tensors into one huge-page buffer, in module order (the order a
+    step reads them); returns the bytes moved (0 when they already were: a model shared
+    by engines one after another). A tied weight stays tied: its Parameter object is
+    the one moved."""
+    tensors = _tensors(model)
+    if not tensors or getattr(model, "_huge_page_buffer", None) is not None:
+        return 0
+    buffer = HugePageBuffer(sum(_align(t.numel() * t.element_size()) for *_, t in tensors))
+    moved = 0
+    for module, name, t in tensors:
+        copy = buffer.take(tuple(t.shape), t.dtype)
+        copy.copy_(t)
+        if name in module._parameters:
+            module._parameters[name].data = copy
+        elif name in module._buffers:
+            module._buffers[name] = copy
+        else:
+            setattr(module, name, copy)
+        moved += t.numel() * t.element_size()
+    model._huge_page_buffer = buffer
+    return moved

@@ -1,0 +1,84 @@
+"""``kvserve bench huge-pages`` on a tiny model: one engine each way, both timed and
+their memory's streaming read measured in every round, figures derived from what was
+measured, and what it cannot compare refused."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvserve.bench import huge_pages as bench
+from kvserve.bench.workloads import BenchRequest
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.worker.huge_pages import huge_pages_available, huge_pages_setting
+
+needs_thp = pytest.mark.skipif(
+    not huge_pages_available(),
+    reason=f"the kernel offers no transparent huge pages here ({huge_pages_setting()})")
+
+
+def _requests(n: int, length: int) -> list[BenchRequest]:
+    return [BenchRequest([3 + (i * 7 + j) % 60 for j in range(length + i % 3)], 8)
+            for i in range(n)]
+
+
+@pytest.fixture
+def short_runs(monkeypatch):
+    monkeypatch.setattr(bench, "PROMPT_TOKENS", 24)
+    monkeypatch.setattr(bench, "NEW_TOKENS", 5)
+
+
+@needs_thp
+def test_both_engines_are_timed_and_the_figures_follow(tiny_model_dir: Path, monkeypatch,
+                                                       short_runs) -> None:
+    steps_by_engine: dict[bool, int] = {True: 0, False: 0}
+    real_step = LLMEngine.step
+
+    def counted(self):
+        steps_by_engine[self.worker.huge_pages] += 1
+        return real_step(self)
+    monkeypatch.setattr(LLMEngine, "step", counted)
+    kinds = []
+    import kvserve.bench.roofline as roofline
+    monkeypatch.setattr(roofline, "measure_sum_bandwidth",
+                        lambda huge_pages=False: kinds.append(huge_pages) or
+                        (20.0 if huge_pages else 10.0))
+    lines: list[str] = []
+    result = bench.run_huge_pages_bench(str(tiny_model_dir), _requests(40, 24), {}, rounds=2,
+                                        log=lines.append)
+    assert steps_by_engine[True] == steps_by_engine[False] > 0  # the same work each way
+    assert sorted(kinds) == [False, False, True, True]  # each kind once a round
+    assert result["round_sum_bandwidth_gbs"] == {"huge": [20.0, 20.0], "torch": [10.0, 10.0]}
+    assert result["sum_bandwidth_ratio"] == 2.0
+    assert sum("round" in line for line in lines) == 2
+    for c in bench.CONCURRENCY:
+        for mode in bench.MODES:
+            assert len(result["round_step_ms"][mode][c]) == 2
+        assert result["speedup"][c] == pytest.approx(
+            result["step_ms"]["torch"][c] / result["step_ms"]["huge"][c])
+        assert result["round_speedup"][c] == pytest.approx(
+            [t / h for t, h in zip(result["round_step_ms"]["torch"][c],
+                                   result["round_step_ms"]["huge"][c])])
+
+
+def test_huge_pages_in_the_engine_args_are_refused(tiny_model_dir: Path, short_runs) -> None:
+    if not huge_pages_available():
+        pytest.skip(f"no transparent huge pages here ({huge_pages_setting()})")
+    with pytest.raises(ValueError, match="sets --huge-pages itself"):
+        bench.run_huge_pages_bench(str(tiny_model_dir), _requests(40, 24),
+                                   {"huge_pages": False}, rounds=1)
+
+
+def test_a_kernel_without_huge_pages_is_refused(tiny_model_dir: Path, monkeypatch) -> None:
+    import kvserve.worker.huge_pages as hp
+    monkeypatch.setattr(hp, "huge_pages_setting", lambda: "never")
+    monkeypatch.setattr(hp, "huge_pages_available", lambda: False)
+    with pytest.raises(ValueError, match=r"no transparent huge pages here \(never\)"):
+        bench.run_huge_pages_bench(str(tiny_model_dir), _requests(40, 24), {}, rounds=1)
+
+
+@needs_thp
+def test_too_few_long_prompts_are_refused(tiny_model_dir: Path, short_runs) -> None:
+    with pytest.raises(ValueError, match="32 requests of at least 24 prompt tokens; it has 5"):
+        bench.run_huge_pages_bench(str(tiny_model_dir), _requests(5, 24) + _requests(40, 10),
+                                   {}, rounds=1)
