@@ -2,10 +2,11 @@
 
 Two engines of the same settings, one with ``--huge-pages`` (the default) and one with
 ``--no-huge-pages``, in alternating rounds. Each round decodes 1, 8 and 32 requests at
-once on each engine and times the engine's decode steps, the prompts the workload's
-first ones of 256 tokens or more, cut to 256; 32 such requests read about as many bytes of KV a step as of weights. Every round also measures a
-large ``sum`` over each kind of memory, the streaming read each engine's weights can at
-best be read at.
+once on each engine and times the engine's decode steps; both engines capture the same
+row counts. The prompts are the workload's first ones of 256 tokens or more, cut to
+256: 32 of them read about as many bytes of KV a step as of weights. Every round also
+measures a large ``sum`` over each kind of memory, the streaming read each engine's
+weights can at best be read at.
 """
 from __future__ import annotations
 
@@ -23,12 +24,26 @@ MODE_ARGS = {"huge": True, "torch": False}
 
 
 def _round(engines, prompts, r: int, order, runs, tag: str) -> None:
-    for mode in order:
-        for c in CONCURRENCY:
+    """Each concurrency on both engines back to back (the pair close in time: this
+    machine's speed drifts within seconds)."""
+    for c in CONCURRENCY:
+        for mode in order:
             engines[mode].reset_prefix_cache()
             steps = concurrent_decode_steps(engines[mode], prompts[:c],
                                             f"{tag}-{mode}-{r}-{c}", NEW_TOKENS)
             runs[mode][c].append(statistics.median(steps))
+
+
+def _same_captured_rows(engines) -> int:
+    """Both engines' captured steps cover the row counts either chose at start: each
+    engine times its own, and a row count captured on one side only would be
+    measured instead of the pages."""
+    steps = [e.worker.runner.captured for e in engines.values()]
+    rows = min(0 if s is None else s.max_rows for s in steps)
+    for step in steps:
+        if step is not None:
+            step.max_rows = rows
+    return rows
 
 
 def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
@@ -57,7 +72,10 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
             engines[mode] = llm.engine
             if engines[mode].worker.huge_pages != MODE_ARGS[mode]:
                 raise ValueError(f"the {mode} engine did not start as asked")
-        log("engines ready in " + ", ".join(f"{m} {s:.1f}s" for m, s in start_s.items()))
+        captured_rows = _same_captured_rows(engines)
+        log("engines ready in " + ", ".join(f"{m} {s:.1f}s" for m, s in start_s.items())
+            + (f"; both capture steps of 1-{captured_rows} rows" if captured_rows
+               else "; no captured steps"))
         warm = {m: {c: [] for c in CONCURRENCY} for m in MODES}
         _round(engines, prompts, 0, MODES, warm, "warm")
         runs: dict[str, dict[int, list[float]]] = {m: {c: [] for c in CONCURRENCY}
@@ -78,7 +96,7 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
             engine.close()
     step_ms = {m: {c: 1000 * statistics.median(runs[m][c]) for c in CONCURRENCY} for m in MODES}
     return {
-        "engine_start_s": start_s, "rounds": rounds, "prompt_tokens": PROMPT_TOKENS,
+        "engine_start_s": start_s, "captured_rows": captured_rows, "rounds": rounds, "prompt_tokens": PROMPT_TOKENS,
         "new_tokens": NEW_TOKENS, "step_ms": step_ms,
         "round_step_ms": {m: {c: [1000 * s for s in runs[m][c]] for c in CONCURRENCY}
                           for m in MODES},

@@ -82,3 +82,24 @@ def test_too_few_long_prompts_are_refused(tiny_model_dir: Path, short_runs) -> N
     with pytest.raises(ValueError, match="32 requests of at least 24 prompt tokens; it has 5"):
         bench.run_huge_pages_bench(str(tiny_model_dir), _requests(5, 24) + _requests(40, 10),
                                    {}, rounds=1)
+
+
+@needs_thp
+def test_both_engines_capture_the_same_rows(tiny_model_dir: Path, monkeypatch,
+                                            short_runs) -> None:
+    from kvserve.worker import captured_step, cpu_worker
+    chosen = iter([5, 3])  # what each engine's start-up timing would have chosen
+
+    def choose(runner, captured, rounds=5):
+        captured.max_rows = next(chosen)
+        return {}
+    monkeypatch.setattr(cpu_worker, "choose_captured_rows", choose)
+    seen = []
+    real = captured_step.CapturedStep.covers
+    monkeypatch.setattr(captured_step.CapturedStep, "covers",
+                        lambda self, i: seen.append(self.max_rows) or real(self, i))
+    # from the engines' start on (the log line), every step sees the common rows
+    result = bench.run_huge_pages_bench(str(tiny_model_dir), _requests(40, 24), {}, rounds=1,
+                                        log=lambda line: "ready" in line and seen.clear())
+    assert result["captured_rows"] == 3
+    assert seen and set(seen) == {3}
