@@ -5,17 +5,22 @@ start) and eager (the captured step switched off, every step run layer by layer 
 ``--enforce-eager``). Each round decodes 1, 2, 4 and 8 requests at once and times the
 engine's decode steps. A captured single-stream step's linear layers and attention are
 timed by the step itself, in the timed steps; what remains of those steps is the time
-outside them. Warm-up rounds of both modes go first, and the timed ones run with the step profiler
-off. A pass with the step profiler on every step splits a step of each mode
-into linear layers, attention and the rest (eager's parts are timed by module hooks,
-which add to them and to the step). The
-streaming-read floor is the weights' bytes over the bandwidth of a large ``sum`` (on
-huge pages and off, the faster), measured in every round: the best of them, since a floor is the least a step can take
-and a busy neighbour only makes a measurement slower. The engine's start is timed too.
+outside them. Warm-up rounds of both modes go first, and the timed ones run with the
+step profiler off. A pass with the step profiler on every step splits a step of each
+mode into linear layers, attention and the rest (eager's parts are timed by module
+hooks, which add to them and to the step).
+
+The streaming-read floor is the weights' bytes over the bandwidth of a large ``sum`` (on
+huge pages and off, the faster), measured in every round: the best of them, since a
+floor is the least a step can take and a busy neighbour only makes a measurement
+slower. Right after it, each round times the native GEMV's pass over all the linear
+weights at 1, 2, 4 and 8 rows, as a share of that round's streaming read. The engine's
+start is timed too.
 """
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any, Callable, Sequence
 
 from kvserve.bench.decode import concurrent_decode_steps
@@ -60,17 +65,47 @@ def _profiled_split(engine, prompt: list[int], tag: str) -> dict[str, float]:
     return {**split, "step": 1000 * sum(steps) / len(steps)}
 
 
+GEMV_ROWS = (1, 2, 4, 8)
+
+
+def gemv_pass_bandwidth(model, kernels, passes: int = 5) -> dict[int, float]:
+    """GB/s of the native GEMV's passes over every linear layer of the model (in step
+    order, each weight cold as in a step) at each of GEMV_ROWS rows: the median pass."""
+    import torch
+
+    from kvserve.worker.row_padding import packed_linears
+
+    weights = [m.weight for m in packed_linears(model) if m.weight.dtype == torch.float32]
+    total = sum(w.numel() * w.element_size() for w in weights)
+    out = {}
+    with torch.inference_mode():
+        for rows in GEMV_ROWS:
+            xs = {k: torch.randn(rows, k) for k in {w.shape[1] for w in weights}}
+            times = []
+            for _ in range(passes + 1):  # the first only warms up
+                begin = time.perf_counter()
+                for w in weights:
+                    kernels.gemv_rows(xs[w.shape[1]], w)
+                times.append(time.perf_counter() - begin)
+            out[rows] = total / statistics.median(times[1:]) / 1e9
+    return out
+
+
 def _timed_rounds(engine, captured, chosen: int, prompts, rounds: int, tag: str,
-                  log: Callable[[str], None] | None = None, bandwidth=None):
+                  log: Callable[[str], None] | None = None, bandwidth=None, gemv=None):
     """``rounds`` alternating rounds of both modes at every concurrency: the median step
     of each run, a captured single stream's ms a step outside its linear layers and
-    attention (timed by the step itself), and each round's streaming bandwidth."""
+    attention (timed by the step itself), each round's streaming bandwidth and, right
+    after it, the GEMV's over the model's weights (``gemv()``)."""
     runs: dict[str, dict[int, list[float]]] = {m: {c: [] for c in CONCURRENCY} for m in MODES}
     outside: list[float] = []
     bandwidths: list[float] = []
+    gemvs: list[dict[int, float]] = []
     for r in range(rounds):
         if bandwidth is not None:
             bandwidths.append(bandwidth())
+        if gemv is not None:
+            gemvs.append(gemv())
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
             captured.max_rows = chosen if mode == "captured" else 0
             for c in CONCURRENCY:
@@ -86,7 +121,7 @@ def _timed_rounds(engine, captured, chosen: int, prompts, rounds: int, tag: str,
             log(f"  round {r + 1} of {rounds}: " + "; ".join(
                 f"{c} at once {1000 * runs['eager'][c][-1]:.2f} -> "
                 f"{1000 * runs['captured'][c][-1]:.2f} ms" for c in CONCURRENCY))
-    return runs, outside, bandwidths
+    return runs, outside, bandwidths, gemvs
 
 
 def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
@@ -115,8 +150,9 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
     engine.worker.profiler.set_interval(0)  # no profiled step among the timed ones
     try:
         _timed_rounds(engine, captured, chosen, prompts, 1, "warm")  # both modes, all sizes
-        runs, outside, bandwidths = _timed_rounds(engine, captured, chosen, prompts, rounds,
-                                                  "run", log, measure_stream_bandwidth)
+        runs, outside, bandwidths, gemvs = _timed_rounds(
+            engine, captured, chosen, prompts, rounds, "run", log, measure_stream_bandwidth,
+            lambda: gemv_pass_bandwidth(engine.worker.runner.model, engine.worker.kernels))
         captured.profiler = profiler  # the profiled pass reports through the profiler
         split = {}
         for mode in MODES:
@@ -142,6 +178,10 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
                           for m in MODES},
         "speedup": {c: step_ms["eager"][c] / step_ms["captured"][c] for c in CONCURRENCY},
         "single_stream_vs_floor": {m: step_ms[m][1] / (1000 * floor_s) for m in MODES},
+        # the native GEMV's pass over the weights, and over the same round's streaming read
+        "round_gemv_bandwidth_gbs": {n: [g[n] for g in gemvs] for n in GEMV_ROWS},
+        "gemv_vs_stream": {n: statistics.median(g[n] / b for g, b in zip(gemvs, bandwidths))
+                           for n in GEMV_ROWS},
         "profiled_step_ms": split,
         # a captured single-stream step less its linear layers and attention, by round
         "captured_outside_gemm_and_attention_ms": outside,
@@ -174,6 +214,8 @@ def cmd_captured(args) -> int:
         print(f"{mode} profiled step, ms: " + ", ".join(f"{p} {v:.2f}" for p, v in parts.items())
               + "; outside linear and attention "
               + f"{result['profiled_outside_gemm_and_attention_ms'][mode]:.2f}")
+    print("native GEMV pass over the weights, share of the round's streaming read: "
+          + ", ".join(f"{n} rows {v:.0%}" for n, v in result["gemv_vs_stream"].items()))
     print("captured single-stream step outside linear and attention, ms by round: "
           + ", ".join(f"{v:.2f}" for v in result["captured_outside_gemm_and_attention_ms"]))
     if args.json:

@@ -2,11 +2,13 @@
 derived from what was measured, and the settings it cannot compare refused."""
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
 
-from kvserve.bench.captured import CONCURRENCY, MODES, run_captured_bench
+from kvserve.bench.captured import CONCURRENCY, GEMV_ROWS, MODES, gemv_pass_bandwidth, \
+    run_captured_bench
 from kvserve.bench.workloads import BenchRequest
 from kvserve.worker.captured_step import MAX_ROWS
 
@@ -36,6 +38,11 @@ def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path, monke
         assert result["speedup"][c] == pytest.approx(
             result["step_ms"]["eager"][c] / result["step_ms"]["captured"][c])
     assert result["stream_bandwidth_gbs"] == max(result["round_bandwidth_gbs"])
+    for rows in GEMV_ROWS:  # the GEMV measured every round, over the same round's read
+        gemv = result["round_gemv_bandwidth_gbs"][rows]
+        assert len(gemv) == 2 and all(g > 0 for g in gemv)
+        assert result["gemv_vs_stream"][rows] == pytest.approx(statistics.median(
+            g / b for g, b in zip(gemv, result["round_bandwidth_gbs"])))
     assert result["single_stream_vs_floor"]["captured"] == pytest.approx(
         result["step_ms"]["captured"][1] / result["stream_floor_ms"])
     split = result["profiled_step_ms"]["captured"]
@@ -61,3 +68,19 @@ def test_settings_it_cannot_compare_are_refused(tiny_model_dir: Path, engine_arg
 def test_too_few_requests_are_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="at least 8 requests"):
         run_captured_bench(str(tiny_model_dir), _requests(3), {}, rounds=1)
+
+
+def test_gemv_pass_reads_every_float32_linear_weight(tiny_model_dir: Path, monkeypatch) -> None:
+    from kvserve import LLM
+    from kvserve.worker.row_padding import packed_linears
+    engine = LLM(str(tiny_model_dir), num_threads=1).engine
+    kernels, model = engine.worker.kernels, engine.worker.runner.model
+    read = []
+    monkeypatch.setattr(kernels, "gemv_rows", lambda x, w: read.append((x.shape[0], w)))
+    rates = gemv_pass_bandwidth(model, kernels, passes=3)
+    assert list(rates) == list(GEMV_ROWS) and all(r > 0 for r in rates.values())
+    weights = [m.weight for m in packed_linears(model)]
+    for rows in GEMV_ROWS:  # a warm-up pass and three timed ones, each over every weight
+        passes = [w for n, w in read if n == rows]
+        assert len(passes) == 4 * len(weights)
+        assert all(a is b for a, b in zip(passes, weights * 4))
