@@ -13,9 +13,11 @@ hooks, which add to them and to the step).
 The streaming-read floor is the weights' bytes over the bandwidth of a large ``sum`` (on
 huge pages and off, the faster), measured in every round: the best of them, since a
 floor is the least a step can take and a busy neighbour only makes a measurement
-slower. Right after it, each round times the native GEMV's pass over all the linear
-weights at 1, 2, 4 and 8 rows, as a share of that round's streaming read. The engine's
-start is timed too.
+slower. After it, each round times the native GEMV's pass over all the linear weights
+at 1, 2, 4 and 8 rows, as a share of that round's streaming read. So that a step and
+its floor are also measured at one moment, a last pass decodes a single stream in each
+mode with every step followed by a timed streaming read of the weights' bytes, from the
+memory the weights are on. The engine's start is timed too.
 """
 from __future__ import annotations
 
@@ -91,6 +93,34 @@ def gemv_pass_bandwidth(model, kernels, passes: int = 5) -> dict[int, float]:
     return out
 
 
+def _paired_reads(engine, prompt: list[int], tag: str, weight_bytes: int
+                  ) -> list[tuple[float, float]]:
+    """One request's decode, each step followed by a timed streaming read (``sum``) of
+    as many bytes as the step's weights, from the memory they are on: (step s, read s)
+    pairs, each of two moments close enough for this machine's speed to be alike."""
+    import torch
+
+    from kvserve import SamplingParams
+    from kvserve.worker.huge_pages import huge_page_zeros
+
+    numel = weight_bytes // 4
+    read = (huge_page_zeros((numel,), torch.float32) if engine.worker.huge_pages
+            else torch.empty(numel))
+    read.fill_(1.0)
+    engine.add_request(tag, {"prompt_token_ids": prompt},
+                       SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    engine.step()  # the prefill
+    pairs = []
+    with torch.inference_mode():
+        while engine.has_unfinished_requests():
+            begin = time.perf_counter()
+            engine.step()
+            middle = time.perf_counter()
+            read.sum()
+            pairs.append((middle - begin, time.perf_counter() - middle))
+    return pairs
+
+
 def _timed_rounds(engine, captured, chosen: int, prompts, rounds: int, tag: str,
                   log: Callable[[str], None] | None = None, bandwidth=None, gemv=None):
     """``rounds`` alternating rounds of both modes at every concurrency: the median step
@@ -153,6 +183,11 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
         runs, outside, bandwidths, gemvs = _timed_rounds(
             engine, captured, chosen, prompts, rounds, "run", log, measure_stream_bandwidth,
             lambda: gemv_pass_bandwidth(engine.worker.runner.model, engine.worker.kernels))
+        paired = {}
+        for mode in MODES:
+            captured.max_rows = chosen if mode == "captured" else 0
+            engine.reset_prefix_cache()
+            paired[mode] = _paired_reads(engine, prompts[0], f"paired-{mode}", weight_bytes)
         captured.profiler = profiler  # the profiled pass reports through the profiler
         split = {}
         for mode in MODES:
@@ -182,6 +217,11 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
         "round_gemv_bandwidth_gbs": {n: [g[n] for g in gemvs] for n in GEMV_ROWS},
         "gemv_vs_stream": {n: statistics.median(g[n] / b for g, b in zip(gemvs, bandwidths))
                            for n in GEMV_ROWS},
+        # each single-stream step over a streaming read of the weights' bytes right after it
+        "single_stream_vs_paired_read": {
+            m: statistics.quantiles([st / rd for st, rd in paired[m]], n=4) for m in MODES},
+        "paired_read_gbs": {m: weight_bytes / statistics.median(rd for _, rd in paired[m]) / 1e9
+                            for m in MODES},
         "profiled_step_ms": split,
         # a captured single-stream step less its linear layers and attention, by round
         "captured_outside_gemm_and_attention_ms": outside,
@@ -214,6 +254,10 @@ def cmd_captured(args) -> int:
         print(f"{mode} profiled step, ms: " + ", ".join(f"{p} {v:.2f}" for p, v in parts.items())
               + "; outside linear and attention "
               + f"{result['profiled_outside_gemm_and_attention_ms'][mode]:.2f}")
+    print("single-stream step over a streaming read of its weights right after it "
+          "(quartiles): " + ", ".join(
+              f"{m} {q[1]:.2f}x ({q[0]:.2f}-{q[2]:.2f})"
+              for m, q in result["single_stream_vs_paired_read"].items()))
     print("native GEMV pass over the weights, share of the round's streaming read: "
           + ", ".join(f"{n} rows {v:.0%}" for n, v in result["gemv_vs_stream"].items()))
     print("captured single-stream step outside linear and attention, ms by round: "

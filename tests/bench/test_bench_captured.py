@@ -27,8 +27,8 @@ def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path, monke
     lines: list[str] = []
     result = run_captured_bench(str(tiny_model_dir), _requests(8), {}, rounds=2, log=lines.append)
     # captured steps only in captured mode: a warm-up and two timed rounds at each batch
-    # size, then the profiled pass; every other step eager
-    assert len(calls) == (3 * len(CONCURRENCY) + 1) * (NEW_TOKENS - 1)
+    # size, then the paired pass and the profiled one; every other step eager
+    assert len(calls) == (3 * len(CONCURRENCY) + 2) * (NEW_TOKENS - 1)
     assert sum("round" in line for line in lines) == 2
     for mode in MODES:
         for c in CONCURRENCY:
@@ -45,6 +45,10 @@ def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path, monke
             g / b for g, b in zip(gemv, result["round_bandwidth_gbs"])))
     assert result["single_stream_vs_floor"]["captured"] == pytest.approx(
         result["step_ms"]["captured"][1] / result["stream_floor_ms"])
+    for mode in MODES:  # quartiles of step / read pairs, and the reads' rate
+        q = result["single_stream_vs_paired_read"][mode]
+        assert len(q) == 3 and 0 < q[0] <= q[1] <= q[2]
+        assert result["paired_read_gbs"][mode] > 0
     split = result["profiled_step_ms"]["captured"]
     assert split["linear"] > 0 and split["attention"] > 0
     assert result["profiled_outside_gemm_and_attention_ms"]["captured"] == pytest.approx(
