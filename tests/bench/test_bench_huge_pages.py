@@ -3,6 +3,7 @@ their memory's streaming read measured in every round, figures derived from what
 measured, and what it cannot compare refused."""
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,8 @@ def test_both_engines_are_timed_and_the_figures_follow(tiny_model_dir: Path, mon
             assert len(result["round_step_ms"][mode][c]) == 2
         assert result["speedup"][c] == pytest.approx(
             result["step_ms"]["torch"][c] / result["step_ms"]["huge"][c])
+        assert result["median_round_speedup"][c] == pytest.approx(
+            statistics.median(result["round_speedup"][c]))
         assert result["round_speedup"][c] == pytest.approx(
             [t / h for t, h in zip(result["round_step_ms"]["torch"][c],
                                    result["round_step_ms"]["huge"][c])])
