@@ -2,8 +2,8 @@
 
 Two engines of the same settings, one with ``--huge-pages`` (the default) and one with
 ``--no-huge-pages``, in alternating rounds. Each round decodes 1, 8 and 32 requests at
-once on each engine and times the engine's decode steps; both engines capture the same
-row counts. The prompts are the workload's first ones of 256 tokens or more, cut to
+once on each engine and times the engine's decode steps (both engines capture the same
+row counts), then runs the whole workload through each engine's ``generate``. The prompts are the workload's first ones of 256 tokens or more, cut to
 256: 32 of them read about as many bytes of KV a step as of weights. Every round also
 measures a large ``sum`` over each kind of memory, the streaming read each engine's
 weights can at best be read at.
@@ -32,6 +32,15 @@ def _round(engines, prompts, r: int, order, runs, tag: str) -> None:
             steps = concurrent_decode_steps(engines[mode], prompts[:c],
                                             f"{tag}-{mode}-{r}-{c}", NEW_TOKENS)
             runs[mode][c].append(statistics.median(steps))
+
+
+def _workload_tok_s(llm, requests) -> float:
+    """Useful output tokens per second of one ``generate`` over the workload."""
+    from kvserve.bench.throughput import count_output_tokens, generate_timed
+
+    llm.engine.reset_prefix_cache()
+    seconds, outputs = generate_timed(llm, requests)
+    return count_output_tokens(requests, outputs)[0] / seconds
 
 
 def _same_captured_rows(engines) -> int:
@@ -64,12 +73,12 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
     if len(prompts) < max(CONCURRENCY):
         raise ValueError(f"the workload needs {max(CONCURRENCY)} requests of at least "
                          f"{PROMPT_TOKENS} prompt tokens; it has {len(prompts)}")
-    engines, start_s = {}, {}
+    llms, engines, start_s = {}, {}, {}
     try:
         for mode in MODES:
-            llm, start_s[mode] = load_llm(model_dir, {**engine_args,
-                                                      "huge_pages": MODE_ARGS[mode]})
-            engines[mode] = llm.engine
+            llms[mode], start_s[mode] = load_llm(model_dir, {**engine_args,
+                                                             "huge_pages": MODE_ARGS[mode]})
+            engines[mode] = llms[mode].engine
             if engines[mode].worker.huge_pages != MODE_ARGS[mode]:
                 raise ValueError(f"the {mode} engine did not start as asked")
         captured_rows = _same_captured_rows(engines)
@@ -78,6 +87,9 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
                else "; no captured steps"))
         warm = {m: {c: [] for c in CONCURRENCY} for m in MODES}
         _round(engines, prompts, 0, MODES, warm, "warm")
+        for mode in MODES:
+            _workload_tok_s(llms[mode], requests[:16])
+        tok_s: dict[str, list[float]] = {m: [] for m in MODES}
         runs: dict[str, dict[int, list[float]]] = {m: {c: [] for c in CONCURRENCY}
                                                    for m in MODES}
         bandwidth: dict[str, list[float]] = {m: [] for m in MODES}
@@ -86,9 +98,12 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
             for mode in order:
                 bandwidth[mode].append(measure_sum_bandwidth(huge_pages=mode == "huge"))
             _round(engines, prompts, r, order, runs, "run")
+            for mode in order:
+                tok_s[mode].append(_workload_tok_s(llms[mode], requests))
             log(f"  round {r + 1} of {rounds}: " + "; ".join(
                 f"{c} at once {1000 * runs['torch'][c][-1]:.2f} -> "
                 f"{1000 * runs['huge'][c][-1]:.2f} ms" for c in CONCURRENCY)
+                + f"; workload {tok_s['torch'][-1]:.1f} -> {tok_s['huge'][-1]:.1f} tok/s"
                 + "; sum " + " -> ".join(f"{bandwidth[m][-1]:.1f}" for m in MODES[::-1])
                 + " GB/s")
     finally:
@@ -106,6 +121,9 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
         # the pairs measured back to back: the steadier figure on a machine that drifts
         "median_round_speedup": {c: statistics.median(
             t / h for t, h in zip(runs["torch"][c], runs["huge"][c])) for c in CONCURRENCY},
+        # the whole workload through generate, useful output tokens a second
+        "round_workload_tok_s": tok_s,
+        "workload_speedup_by_round": [h / t for h, t in zip(tok_s["huge"], tok_s["torch"])],
         "round_sum_bandwidth_gbs": bandwidth,
         "sum_bandwidth_ratio": statistics.median(
             h / t for h, t in zip(bandwidth["huge"], bandwidth["torch"])),
@@ -129,6 +147,10 @@ def cmd_huge_pages(args) -> int:
           f"{result['speedup'][c]:.3f}x",
           ", ".join(f"{v:.2f}" for v in result["round_speedup"][c]),
           f"{result['median_round_speedup'][c]:.3f}x") for c in CONCURRENCY]))
+    tok = result["round_workload_tok_s"]
+    print(f"workload ({len(wl.requests)} requests), useful tok/s: torch's pages "
+          f"{statistics.median(tok['torch']):.1f}, huge pages {statistics.median(tok['huge']):.1f}; "
+          "by round " + ", ".join(f"{v:.2f}" for v in result["workload_speedup_by_round"]))
     print(f"streaming read, huge pages over torch's: {result['sum_bandwidth_ratio']:.3f}x "
           "(median of rounds)")
     if args.json:

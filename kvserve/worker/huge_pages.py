@@ -10,9 +10,8 @@ Linux hands out huge pages for anonymous memory when its transparent-huge-page s
 (``/sys/kernel/mm/transparent_hugepage/enabled``) is ``always``, or ``madvise`` and the
 range was marked with ``madvise(MADV_HUGEPAGE)``; torch's allocator marks nothing. So
 the worker copies the model's tensors into one marked, 2 MiB-aligned mapping, and
-allocates each KV pool as one. Fresh anonymous memory reads as zeros, which the pools
-need (see KVCache), and is only backed where first written. ``--no-huge-pages`` keeps
-torch's allocations.
+allocates each KV pool as one, backed at once (as torch.zeros would). ``--no-huge-pages``
+keeps torch's allocations.
 """
 from __future__ import annotations
 
@@ -75,12 +74,15 @@ class HugePageBuffer:
 
 
 def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """torch.zeros(shape, dtype) on huge pages of its own."""
+    """torch.zeros(shape, dtype) on huge pages of its own, every page backed now: left
+    to the first write, each 2 MiB fault would zero its page (and perhaps compact
+    memory to find one) inside a step."""
     numel = 1
     for d in shape:
         numel *= d
-    return HugePageBuffer(numel * torch.empty((), dtype=dtype).element_size()).take(
+    tensor = HugePageBuffer(numel * torch.empty((), dtype=dtype).element_size()).take(
         tuple(shape), dtype)
+    return tensor.zero_()
 
 
 def _tensors(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:

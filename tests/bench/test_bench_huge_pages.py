@@ -51,6 +51,10 @@ def test_both_engines_are_timed_and_the_figures_follow(tiny_model_dir: Path, mon
     assert sorted(kinds) == [False, False, True, True]  # each kind once a round
     assert result["round_sum_bandwidth_gbs"] == {"huge": [20.0, 20.0], "torch": [10.0, 10.0]}
     assert result["sum_bandwidth_ratio"] == 2.0
+    tok = result["round_workload_tok_s"]
+    assert len(tok["huge"]) == len(tok["torch"]) == 2 and min(tok["huge"] + tok["torch"]) > 0
+    assert result["workload_speedup_by_round"] == pytest.approx(
+        [h / t for h, t in zip(tok["huge"], tok["torch"])])
     assert sum("round" in line for line in lines) == 2
     for c in bench.CONCURRENCY:
         for mode in bench.MODES:
