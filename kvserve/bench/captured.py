@@ -109,7 +109,8 @@ def _paired_reads(engine, prompt: list[int], tag: str, weight_bytes: int
     read.fill_(1.0)
     engine.add_request(tag, {"prompt_token_ids": prompt},
                        SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
-    engine.step()  # the prefill
+    while not any(o.outputs[0].token_ids for o in engine.step()):
+        pass  # the prefill, in as many chunks as the step budget makes it
     pairs = []
     with torch.inference_mode():
         while engine.has_unfinished_requests():

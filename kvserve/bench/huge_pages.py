@@ -65,6 +65,13 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
     if not huge_pages_available():
         raise ValueError(f"the kernel offers no transparent huge pages here "
                          f"({huge_pages_setting()}): there is nothing to compare")
+    if huge_pages_setting() != "madvise":
+        raise ValueError(f"transparent huge pages are '{huge_pages_setting()}' here: torch's "
+                         "large allocations get huge pages too, so there is no baseline "
+                         "on small pages (the bench needs 'madvise')")
+    if engine_args.get("tensor_parallel_size", 1) > 1:
+        raise ValueError("kvserve bench huge-pages compares one process's engines: run it "
+                         "without tensor parallelism")
     if "huge_pages" in engine_args:
         raise ValueError("kvserve bench huge-pages sets --huge-pages itself, one engine "
                          "each way")

@@ -110,7 +110,7 @@ class CapturedStep:
             return 0
         if not t.is_contiguous():
             raise ValueError("the captured step needs contiguous weights and pools")
-        self._tensors.append(t)
+        self._tensors.append(t.detach())  # its storage, kept even if the Parameter is rebound
         return t.data_ptr()
 
     def covers(self, inputs: StepInputs) -> bool:

@@ -120,7 +120,8 @@ def move_to_huge_pages(model: nn.Module) -> int:
         return 0
     buffer = HugePageBuffer(sum(_align(t.numel() * t.element_size()) for *_, t in tensors))
     moved = 0
-    for module, name, t in tensors:
+    while tensors:  # each old tensor let go once copied: peak memory is one tensor more
+        module, name, t = tensors.pop(0)
         copy = buffer.take(tuple(t.shape), t.dtype)
         copy.copy_(t)
         if name in module._parameters:

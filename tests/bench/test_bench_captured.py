@@ -82,6 +82,7 @@ def test_gemv_pass_reads_every_float32_linear_weight(tiny_model_dir: Path, monke
     read = []
     monkeypatch.setattr(kernels, "gemv_rows", lambda x, w: read.append((x.shape[0], w)))
     rates = gemv_pass_bandwidth(model, kernels, passes=3)
+    engine.close()
     assert list(rates) == list(GEMV_ROWS) and all(r > 0 for r in rates.values())
     weights = [m.weight for m in packed_linears(model)]
     for rows in GEMV_ROWS:  # a warm-up pass and three timed ones, each over every weight

@@ -11,11 +11,12 @@ import pytest
 from kvserve.bench import huge_pages as bench
 from kvserve.bench.workloads import BenchRequest
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.worker.huge_pages import huge_pages_available, huge_pages_setting
+from kvserve.worker.huge_pages import huge_pages_setting
 
 needs_thp = pytest.mark.skipif(
-    not huge_pages_available(),
-    reason=f"the kernel offers no transparent huge pages here ({huge_pages_setting()})")
+    huge_pages_setting() != "madvise",
+    reason=f"the bench needs transparent huge pages in 'madvise' mode, here "
+           f"'{huge_pages_setting()}'")
 
 
 def _requests(n: int, length: int) -> list[BenchRequest]:
@@ -68,12 +69,24 @@ def test_both_engines_are_timed_and_the_figures_follow(tiny_model_dir: Path, mon
                                    result["round_step_ms"]["huge"][c])])
 
 
-def test_huge_pages_in_the_engine_args_are_refused(tiny_model_dir: Path, short_runs) -> None:
-    if not huge_pages_available():
-        pytest.skip(f"no transparent huge pages here ({huge_pages_setting()})")
-    with pytest.raises(ValueError, match="sets --huge-pages itself"):
-        bench.run_huge_pages_bench(str(tiny_model_dir), _requests(40, 24),
-                                   {"huge_pages": False}, rounds=1)
+@needs_thp
+@pytest.mark.parametrize("engine_args, match", [
+    ({"huge_pages": False}, "sets --huge-pages itself"),
+    ({"tensor_parallel_size": 2}, "without tensor parallelism"),
+])
+def test_settings_it_cannot_compare_are_refused(tiny_model_dir: Path, short_runs, engine_args,
+                                                match) -> None:
+    with pytest.raises(ValueError, match=match):
+        bench.run_huge_pages_bench(str(tiny_model_dir), _requests(40, 24), engine_args,
+                                   rounds=1)
+
+
+def test_thp_always_leaves_no_baseline(tiny_model_dir: Path, monkeypatch) -> None:
+    import kvserve.worker.huge_pages as hp
+    monkeypatch.setattr(hp, "huge_pages_setting", lambda: "always")
+    monkeypatch.setattr(hp, "huge_pages_available", lambda: True)
+    with pytest.raises(ValueError, match="'always' here: torch's large allocations get huge"):
+        bench.run_huge_pages_bench(str(tiny_model_dir), _requests(40, 24), {}, rounds=1)
 
 
 def test_a_kernel_without_huge_pages_is_refused(tiny_model_dir: Path, monkeypatch) -> None:

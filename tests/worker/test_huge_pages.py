@@ -134,6 +134,7 @@ def test_engine_places_weights_and_pools(llama_dir):
 def test_greedy_tokens_equal_transformers(llama_dir, huge):
     prompts = prompts_of_lengths([3, 17, 40])
     llm = LLM(llama_dir, huge_pages=huge, max_num_seqs=3)
+    assert llm.engine.worker.huge_pages == (huge and huge_pages_available())
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(llama_dir, prompts, 12)
