@@ -15,6 +15,7 @@ keeps torch's allocations.
 """
 from __future__ import annotations
 
+import math
 import mmap
 from pathlib import Path
 
@@ -47,6 +48,10 @@ def huge_pages_available() -> bool:
     return huge_pages_setting() in ("always", "madvise")
 
 
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
 class HugePageBuffer:
     """One anonymous mapping marked for huge pages, handed out as tensors from its
     first 2 MiB boundary on. The tensors keep the mapping alive."""
@@ -61,10 +66,7 @@ class HugePageBuffer:
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A zeroed contiguous tensor of the next free bytes."""
-        numel = 1
-        for d in shape:
-            numel *= d
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = _nbytes(shape, dtype)
         start = -(-self._next // ALIGN) * ALIGN
         if start + nbytes > self._end:
             raise ValueError(f"the huge-page buffer has {self._end - start} bytes left; "
@@ -77,11 +79,7 @@ def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros(shape, dtype) on huge pages of its own, every page backed now: left
     to the first write, each 2 MiB fault would zero its page (and perhaps compact
     memory to find one) inside a step."""
-    numel = 1
-    for d in shape:
-        numel *= d
-    tensor = HugePageBuffer(numel * torch.empty((), dtype=dtype).element_size()).take(
-        tuple(shape), dtype)
+    tensor = HugePageBuffer(_nbytes(shape, dtype)).take(tuple(shape), dtype)
     return tensor.zero_()
 
 
