@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 from pathlib import Path
@@ -198,17 +199,26 @@ def test_16_cut_streams_free_everything(server):
                 if seen >= 3:
                     return  # leaving the block closes the connection mid-stream
 
-    async def give_up(client) -> int:  # a non-streaming request whose client stops waiting
-        try:
-            await client.post(f"{server.url}/v1/completions", timeout=0.2,
-                              json={**body, "stream": False, "max_tokens": 480})
-        except httpx.ReadTimeout:
-            return 1
-        return 0  # a very fast machine: it finished in time
+    async def give_up(client) -> int:
+        """A non-streamed request whose client leaves once the server runs it; 0 if it
+        finished first (a very fast machine)."""
+        post = asyncio.ensure_future(client.post(
+            f"{server.url}/v1/completions", json={**body, "stream": False, "max_tokens": 480}))
+        while not post.done():
+            m = (await client.get(f"{server.url}/metrics")).text
+            if re.search(r"^kvserve:num_requests_running(\{[^}]*\})? [1-9]", m, re.M):
+                break
+            await asyncio.sleep(0.005)
+        if post.done():
+            return 0
+        post.cancel()  # closes its connection
+        await asyncio.gather(post, return_exceptions=True)
+        return 1
 
     async def run_all():
         async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(give_up(client), *(cut(client) for _ in range(16)))
+            first = await give_up(client)
+            return [first, *await asyncio.gather(*(cut(client) for _ in range(16)))]
 
     gave_up = asyncio.run(run_all())[0]
     deadline = time.monotonic() + 10
