@@ -15,8 +15,16 @@ SERVED_NAME = "bench"
 
 
 def server_flags(engine_args: dict) -> list[str]:
-    """``kvserve serve`` flags for engine arguments (snake_case keys)."""
-    return [f"--{k.replace('_', '-')}={v}" for k, v in engine_args.items()]
+    """``kvserve serve`` flags for engine arguments (snake_case keys); a bool is a
+    ``--flag`` or ``--no-flag``."""
+    flags = []
+    for key, value in engine_args.items():
+        name = key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        else:
+            flags.append(f"--{name}={value}")
+    return flags
 
 
 def free_port() -> int:

@@ -72,16 +72,64 @@ def _summary(result) -> dict[str, Any]:
                for stat in ("median", "p99")}}
 
 
+def serve_alternating(servers: dict[str, Any], pause: dict[str, Callable[[int], None]],
+                      warmup: Sequence[BenchRequest], rounds: Sequence[Sequence[BenchRequest]],
+                      request_rate: float, log_round: Callable[[int, dict], None]
+                      ) -> dict[str, list[dict]]:
+    """Warm each server up, then serve each round's requests on each server in turn,
+    the others paused (``pause[name](signal)``), the order alternating by round; returns
+    each server's summaries by round. Raises if a request failed."""
+    from kvserve.bench.serve import run_serve
+
+    names = list(servers)
+
+    def resume_only(name: str) -> None:
+        for other in names:
+            pause[other](signal.SIGCONT if other == name else signal.SIGSTOP)
+        time.sleep(1.0)  # the resumed server's threads settle
+
+    for name in names if warmup else ():
+        resume_only(name)
+        run_serve(warmup, base_url=servers[name].url, model=SERVED_NAME,
+                  request_rate=float("inf"))
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for r, requests in enumerate(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            resume_only(name)
+            res = run_serve(requests, base_url=servers[name].url, model=SERVED_NAME,
+                            request_rate=request_rate, seed=r)
+            runs[name].append(_summary(res))
+            if res.metrics.failed:
+                raise RuntimeError(f"{name}: {res.metrics.failed} requests failed: "
+                                   + "; ".join(sorted({x.error for x in res.records
+                                                       if x.error})[:3]))
+        log_round(r, runs)
+    return runs
+
+
+def ratios_by_round(runs: dict[str, list[dict]], a: str, b: str) -> dict[str, list[float]]:
+    """``a``'s latencies over ``b``'s, round by round (a latency ``b``'s round did not
+    have, such as ITL without a second token, gives no ratio)."""
+    return {key: [x[key] / y[key] for x, y in zip(runs[a], runs[b]) if y[key]]
+            for key in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms",
+                        "itl_p99_ms")}
+
+
 def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                       rounds: Sequence[Sequence[BenchRequest]], engine_args: dict[str, Any],
                       vllm_python: str, request_rate: float, kv_cache_gib: float = 4.0,
                       log: Callable[[str], None] = print) -> dict[str, Any]:
     """``rounds``: each round's requests (both servers serve the same ones)."""
-    from kvserve.bench.serve import run_serve
-
     if int(engine_args.get("tensor_parallel_size") or 1) > 1:
         raise ValueError("kvserve bench serving pauses one server process: run it without "
                          "tensor parallelism")
+
+    def log_round(r: int, runs: dict[str, list[dict]]) -> None:
+        log(f"  round {r + 1} of {len(rounds)}: P99 TPOT kvserve "
+            f"{runs['kvserve'][-1]['tpot_p99_ms']:.1f} ms, vLLM "
+            f"{runs['vllm'][-1]['tpot_p99_ms']:.1f}; P99 TTFT "
+            f"{runs['kvserve'][-1]['ttft_p99_ms']:.0f} vs "
+            f"{runs['vllm'][-1]['ttft_p99_ms']:.0f} ms")
 
     with tempfile.TemporaryDirectory(prefix="kvserve-serving-") as tmp:
         tmp_dir = Path(tmp)
@@ -90,46 +138,18 @@ def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                                 tmp_dir / "kvserve.log")
         pause = {"kvserve": lambda sig: kvserve.proc.send_signal(sig)}
         servers = {"kvserve": kvserve}
-
-        def resume_only(name: str) -> None:
-            for other in servers:
-                pause[other](signal.SIGCONT if other == name else signal.SIGSTOP)
-            time.sleep(1.0)  # the resumed server's threads settle
-
         try:
             pause["kvserve"](signal.SIGSTOP)
             log("starting vLLM's server ...")
             vllm = servers["vllm"] = VllmServer(vllm_python, model_dir, tmp_dir / "vllm.log",
                                                 kv_cache_gib, "0-1")
             pause["vllm"] = vllm.signal
-            for name in SERVERS:
-                resume_only(name)
-                run_serve(warmup, base_url=servers[name].url, model=SERVED_NAME,
-                          request_rate=float("inf"))
-            runs: dict[str, list[dict]] = {name: [] for name in SERVERS}
-            for r, requests in enumerate(rounds):
-                for name in SERVERS if r % 2 == 0 else SERVERS[::-1]:
-                    resume_only(name)
-                    res = run_serve(requests, base_url=servers[name].url, model=SERVED_NAME,
-                                    request_rate=request_rate, seed=r)
-                    runs[name].append(_summary(res))
-                    if res.metrics.failed:
-                        raise RuntimeError(f"{name}: {res.metrics.failed} requests failed: "
-                                           + "; ".join(sorted({x.error for x in res.records
-                                                               if x.error})[:3]))
-                log(f"  round {r + 1} of {len(rounds)}: P99 TPOT kvserve "
-                    f"{runs['kvserve'][-1]['tpot_p99_ms']:.1f} ms, vLLM "
-                    f"{runs['vllm'][-1]['tpot_p99_ms']:.1f}; P99 TTFT "
-                    f"{runs['kvserve'][-1]['ttft_p99_ms']:.0f} vs "
-                    f"{runs['vllm'][-1]['ttft_p99_ms']:.0f} ms")
+            runs = serve_alternating(servers, pause, warmup, rounds, request_rate, log_round)
         finally:
             for name, server in servers.items():
                 pause[name](signal.SIGCONT)
                 server.close()
-    # a latency vLLM's round did not have (no second token: no ITL) gives no ratio
-    ratios = {key: [a[key] / b[key] for a, b in zip(runs["kvserve"], runs["vllm"]) if b[key]]
-              for key in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms",
-                          "itl_p99_ms")}
+    ratios = ratios_by_round(runs, "kvserve", "vllm")
     return {"request_rate": request_rate, "requests_per_round": len(rounds[0]),
             "warmup_requests": len(warmup), "rounds": runs,
             "kvserve_over_vllm_by_round": ratios,

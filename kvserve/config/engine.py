@@ -35,6 +35,10 @@ class EngineConfig:
         if "|" in bind and bind.count("|") + 1 != size:
             raise ValueError(f"omp_threads_bind {bind!r} gives {bind.count('|') + 1} CPU lists "
                              f"(split by '|'), one per rank: tensor_parallel_size is {size}")
+        if self.speculative is not None and self.scheduler.async_scheduling:
+            raise ValueError("async_scheduling does not run with speculative decoding (a "
+                             "step's drafts are proposed from the tokens of the step before "
+                             "it): turn one of them off")
         if self.speculative is not None:
             from kvserve.core.kv import KV_MANAGERS
             if not KV_MANAGERS[self.cache.kv_manager].supports_truncate():

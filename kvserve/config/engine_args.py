@@ -79,6 +79,10 @@ class EngineArgs:
         "while foreground requests are there (and for 5 s after), background ones (batch "
         "API lines) compute at most this many tokens a step, so they never stretch a "
         "realtime decode step; 0: they wait"))
+    async_scheduling: bool = field(default=False, metadata=_help(
+        "as vLLM's: schedule and start the next step as soon as a step's tokens are in, "
+        "and turn the tokens into text and outputs while the model computes it (the model "
+        "runs on a thread of its own); not with speculative decoding"))
     preemption_mode: str = field(default="recompute", metadata=_help(
         "what preemption does with a victim's KV: recompute it later, or swap it to host "
         "memory and back (paged kv_manager)", choices=PREEMPTION_MODES))
@@ -157,7 +161,8 @@ class EngineArgs:
             prefill_join_tokens=self.prefill_join_tokens, batching=self.batching,
             scheduling_policy=self.scheduling_policy, max_batch_size=self.max_batch_size,
             bucket_window_s=self.bucket_window_s, preemption_mode=self.preemption_mode,
-            background_step_tokens=self.background_step_tokens)
+            background_step_tokens=self.background_step_tokens,
+            async_scheduling=self.async_scheduling)
 
     def create_cache_config(self) -> CacheConfig:
         return CacheConfig(

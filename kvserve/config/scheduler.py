@@ -20,6 +20,7 @@ class SchedulerConfig:
     bucket_window_s: float = 0.1
     preemption_mode: str = "recompute"
     background_step_tokens: int = 2      # background tokens a step while foreground runs
+    async_scheduling: bool = False        # the next step starts before this one's outputs
 
     def __post_init__(self) -> None:
         from kvserve.core.batching import BATCHING_POLICIES

@@ -12,12 +12,13 @@ import dataclasses
 import itertools
 import json
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 from kvserve.config import EngineArgs, EngineConfig
 from kvserve.core.kv import create_kv_manager
 from kvserve.core.scheduler import Scheduler
-from kvserve.core.scheduler_output import SchedulerStats
+from kvserve.core.scheduler_output import SchedulerOutput, SchedulerStats
 from kvserve.engine.output_processor import OutputProcessor
 from kvserve.logger import init_logger
 from kvserve.model.tokenizer import Tokenizer
@@ -27,6 +28,7 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.spec_decode.controller import SpecDecodeStats, create_controller
 from kvserve.structured_output.manager import StructuredOutputManager
 from kvserve.worker import KVCacheLayout, TransferStats, WorkerDiedError, create_worker
+from kvserve.worker.worker_base import ModelRunnerOutput
 from kvserve.worker.step_profiler import StepTimeStats
 
 logger = init_logger(__name__)
@@ -94,6 +96,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self.last_step_stats: SchedulerStats | None = None
         self.last_step_preempted: list[str] = []  # request ids (as added) the step preempted
+        self._overlap = config.scheduler.async_scheduling
+        self._in_flight: tuple[SchedulerOutput, Future] | None = None  # async scheduling
         self.structured = StructuredOutputManager(
             config.model.model_dir, self.vocab_size,
             [t for t in [self.eos_token_id, *self.extra_stop_ids] if t is not None])
@@ -225,7 +229,7 @@ class LLMEngine:
             self.outputs.remove(parent)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prompt block (as vLLM's ``reset_prefix_cache``): the next
@@ -239,30 +243,72 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One step; ``last_step_stats`` then holds the scheduler's state as it was
-        scheduled (None when the step had nothing to run)."""
-        constrained = self.structured.has_any()
+        """One step; ``last_step_stats`` then holds the scheduler's state as that step
+        was scheduled (None when it had nothing to run).
+
+        With async scheduling the step whose outputs this returns was started by the
+        call before (or by this one, when none ran); the next starts as soon as its
+        tokens are applied, and its text and outputs are made while that one computes.
+        A stop string is found one step late there: the request is finished then, and
+        the token the next step computed for it is dropped."""
+        if self._overlap:
+            return self._step_overlapped()
+        sched = self._schedule()
+        self._scheduled(sched)
+        try:
+            step = self.worker.execute_model(sched)
+        except Exception as e:  # noqa: BLE001 - _failed decides
+            return self._failed(sched, e)
+        return self._emit(self._apply(sched, step), step)
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        if self._in_flight is None:
+            sched = self._schedule()
+            self._in_flight = (sched, self.worker.submit(sched))
+        sched, future = self._in_flight
+        self._in_flight = None
+        self._scheduled(sched)
+        try:
+            step = future.result()
+        except Exception as e:  # noqa: BLE001 - _failed decides
+            return self._failed(sched, e)
+        progressed = self._apply(sched, step)
+        if self.scheduler.has_unfinished():  # start the next step before the outputs
+            nxt = self._schedule()
+            self._in_flight = (nxt, self.worker.submit(nxt))
+        return self._emit(progressed, step)
+
+    def _schedule(self) -> SchedulerOutput:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
-            if constrained:
+            if self.structured.has_any():
                 self.structured.cut_drafts(self.scheduler.running)
         sched = self.scheduler.schedule()
-        if constrained:
+        if self.structured.has_any():
             sched = dataclasses.replace(
                 sched, token_masks=self.structured.masks_in_background(sched))
+        return sched
+
+    def _scheduled(self, sched: SchedulerOutput) -> None:
         self.last_step_stats = sched.stats
         self.last_step_preempted = list(dict.fromkeys(
             self.outputs.parent_of.get(c, c) for c in sched.preempted))
-        try:
-            step = self.worker.execute_model(sched)
-        except WorkerDiedError:  # no step can run again: the engine stops
-            logger.exception("the worker died; failing every request")
+
+    def _failed(self, sched: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        if isinstance(error, WorkerDiedError):  # no step can run again: the engine stops
+            logger.error("the worker died; failing every request", exc_info=error)
             self._fail(list(self.scheduler.requests))
-            raise
-        except Exception:  # a failing step fails its requests, not the engine
-            logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
-            self.kv.reset_prefix_cache()  # blocks registered for this step were never written
-            return self._fail([s.request_id for s in sched.scheduled])
+            raise error
+        # a failing step fails its requests, not the engine
+        logger.error("model step failed; failing its %d requests", len(sched.scheduled),
+                     exc_info=error)
+        self.kv.reset_prefix_cache()  # blocks registered for this step were never written
+        return self._fail([s.request_id for s in sched.scheduled])
+
+    def _apply(self, sched: SchedulerOutput, step: ModelRunnerOutput
+               ) -> list[tuple[Request, int]]:
+        """The step's tokens into the scheduler (which finishes requests that stop on a
+        token) and the grammars; returns what progressed."""
         results = step.sampled
         if step.prompt_logprobs:
             self.outputs.add_prompt_logprobs(step.prompt_logprobs)
@@ -270,12 +316,17 @@ class LLMEngine:
             self.speculator.record(sched, results)
         progressed = self.scheduler.update(
             sched, {rid: [r.token_id for r in rs] for rid, rs in results.items()})
-        if constrained:
+        if self.structured.has_any():
             self.structured.advance(progressed)
-        self.scheduler.finish_on_stop_strings(self.outputs.process_tokens(progressed, results))
+        return progressed
+
+    def _emit(self, progressed: list[tuple[Request, int]], step: ModelRunnerOutput
+              ) -> list[RequestOutput]:
+        """Text, stop strings and the outputs of what progressed."""
+        self.scheduler.finish_on_stop_strings(
+            self.outputs.process_tokens(progressed, step.sampled))
         finished = [r.request_id for r, _ in progressed if r.is_finished]
-        if constrained:
-            self.structured.remove(finished)
+        self.structured.remove(finished)
         self._forget_drafts(finished)
         parents = dict.fromkeys(self.outputs.parent_of[r.request_id] for r, _ in progressed)
         return [self.outputs.make_output(p) for p in parents]

@@ -9,6 +9,13 @@ def create_worker(config: EngineConfig, model=None) -> Worker:
     """The worker for this machine: the CPU worker, or one per rank behind a
     TensorParallelWorker. ``model``: weights already loaded for ``config.model`` (the
     tuner builds many engines over one; one process only)."""
+    if config.scheduler.async_scheduling:  # the model computes on a thread of its own
+        from kvserve.worker.model_thread import ModelThreadWorker
+        return ModelThreadWorker(lambda: _create(config, model))
+    return _create(config, model)
+
+
+def _create(config: EngineConfig, model) -> Worker:
     if config.parallel.tensor_parallel_size > 1:
         if model is not None:
             raise ValueError("preloaded weights cannot be split across tensor-parallel ranks")

@@ -39,3 +39,27 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir:
 
     spec = BenchModelSpec(32, 2, 4, 2, 64, vocab_size=96, max_position_embeddings=256)
     return make_bench_model(spec, tmp_path_factory.mktemp("model"), tiny_tokenizer_dir)
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def record_served(monkeypatch: pytest.MonkeyPatch, started: dict) -> list[tuple[str, int]]:
+    """Wrap the bench client: each run is checked to hit the one server of ``started``
+    (name -> server) not paused, and recorded as (name, requests) in the list returned."""
+    from kvserve.bench import serve
+
+    served: list[tuple[str, int]] = []
+    real_run = serve.run_serve
+
+    def run(requests, base_url, **kwargs):
+        hit = next(n for n, s in started.items() if s.url == base_url)
+        paused = [n for n in started if n != hit]
+        assert process_state(started[hit].proc.pid) != "T"
+        assert all(process_state(started[n].proc.pid) == "T" for n in paused)
+        served.append((hit, len(requests)))
+        return real_run(requests, base_url=base_url, **kwargs)
+    monkeypatch.setattr(serve, "run_serve", run)
+    return served

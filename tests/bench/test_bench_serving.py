@@ -10,6 +10,7 @@ import pytest
 
 from kvserve.bench.serving import SERVERS, run_serving_bench
 from kvserve.bench.workloads import BenchRequest
+from tests.bench.conftest import record_served
 
 # vllm.entrypoints.openai.api_server: vLLM's flags, a kvserve server underneath
 FAKE_API_SERVER = '''
@@ -27,14 +28,10 @@ os.execv(sys.executable, [sys.executable, "-m", "kvserve.entrypoints.cli", "serv
 '''
 
 
-def _state(pid: int) -> str:
-    """The process's state letter from /proc (T: stopped)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
 
 def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvserve.bench import serve, serving
+    from kvserve.bench import serving
 
     pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
     pkg.mkdir(parents=True)
@@ -49,16 +46,7 @@ def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
             started[_name] = server = _cls(*args, **kwargs)
             return server
         monkeypatch.setattr(serving, cls.__name__, make)
-    served: list[tuple[str, int]] = []  # (server hit, requests), checked against the pauses
-    real_run = serve.run_serve
-
-    def run(requests, base_url, **kwargs):
-        hit = next(n for n, s in started.items() if s.url == base_url)
-        other = next(n for n in started if n != hit)
-        assert _state(started[hit].proc.pid) != "T" and _state(started[other].proc.pid) == "T"
-        served.append((hit, len(requests)))
-        return real_run(requests, base_url=base_url, **kwargs)
-    monkeypatch.setattr(serve, "run_serve", run)
+    served = record_served(monkeypatch, started)
 
     warmup = [BenchRequest([3, 4, 5], 2)] * 2
     rounds = [[BenchRequest([3 + i + 10 * r, 4, 5, 6], 8) for i in range(4)] for r in range(2)]

@@ -47,8 +47,11 @@ def test_parity_default_settings(arch, model_dirs, oracle):
     {"linear_min_rows": 1},
     {"linear_min_rows": 16, "max_num_seqs": 3},      # every decode GEMM padded
     {"enforce_eager": True, "max_num_seqs": 3},      # few-row steps layer by layer
+    {"async_scheduling": True},
+    {"async_scheduling": True, "num_kv_blocks": 14, "block_size": 8,
+     "max_num_batched_tokens": 8},                   # overlapped, preempted and chunked
 ], ids=["block4", "chunked", "preempt", "two-seqs", "torch-attention", "no-row-padding",
-        "row-padding-16", "eager"])
+        "row-padding-16", "eager", "async", "async-preempt-chunked"])
 def test_parity_engine_settings(arch, engine_args, model_dirs, oracle):
     llm_args = dict(engine_args)
     got = _kvserve_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), **llm_args)

@@ -17,9 +17,10 @@ from kvserve.sampling_params import SamplingParams
 from tests.helpers import engine_settled
 
 
-@pytest.fixture(scope="module")
-def llm_engine(llama_dir):
-    return LLMEngine(EngineArgs(model=llama_dir, num_threads=1, max_num_seqs=8))
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def llm_engine(llama_dir, request):
+    return LLMEngine(EngineArgs(model=llama_dir, num_threads=1, max_num_seqs=8,
+                                async_scheduling=request.param))
 
 
 def _run(llm_engine, body):

@@ -1,0 +1,107 @@
+"""``kvserve bench async-scheduling``: two kvserve servers, with and without
+``--async-scheduling``, under the same load at a low and a high concurrency.
+
+Both servers are started once with the same settings but that flag, on loopback, and
+warmed up. For each load, rounds alternate between them as ``bench serving``'s do (the
+one not measured is paused): at ``--request-rate`` (the README's serving rate, few
+requests at once) and with every request of the round sent at once (as many at once
+as the round holds). Each round serves fresh requests. Reported per load: TTFT, TPOT
+and ITL of each server by round, async over sync by round, and their medians.
+"""
+from __future__ import annotations
+
+import signal
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kvserve.bench.server_process import ServerProcess, server_flags
+from kvserve.bench.serving import ratios_by_round, serve_alternating
+from kvserve.bench.workloads import BenchRequest
+
+MODES = ("sync", "async")
+WARMUP_REQUESTS = 8
+
+
+def run_async_scheduling_bench(model_dir: Path, warmup: Sequence[BenchRequest],
+                               loads: dict[str, tuple[float, Sequence[Sequence[BenchRequest]]]],
+                               engine_args: dict[str, Any], log: Callable[[str], None] = print
+                               ) -> dict[str, Any]:
+    """``loads``: name -> (request rate, each round's requests)."""
+    if "async_scheduling" in engine_args:
+        raise ValueError("the bench sets async_scheduling itself: leave the flag out")
+    with tempfile.TemporaryDirectory(prefix="kvserve-async-") as tmp:
+        tmp_dir = Path(tmp)
+        servers: dict[str, ServerProcess] = {}
+        try:
+            for mode in MODES:
+                log(f"starting the {mode} server ...")
+                flags = server_flags({**engine_args, "async_scheduling": mode == "async"})
+                servers[mode] = ServerProcess(model_dir, tmp_dir / f"state-{mode}", flags,
+                                              tmp_dir / f"{mode}.log")
+                servers[mode].proc.send_signal(signal.SIGSTOP)
+            pause = {m: servers[m].proc.send_signal for m in MODES}
+            out: dict[str, Any] = {}
+            for name, (rate, rounds) in loads.items():
+                def log_round(r: int, runs: dict[str, list[dict]], name=name, n=len(rounds)):
+                    log(f"  {name}, round {r + 1} of {n}: median TPOT sync "
+                        f"{runs['sync'][-1]['tpot_median_ms']:.2f} ms, async "
+                        f"{runs['async'][-1]['tpot_median_ms']:.2f}; P99 TPOT "
+                        f"{runs['sync'][-1]['tpot_p99_ms']:.2f} vs "
+                        f"{runs['async'][-1]['tpot_p99_ms']:.2f}")
+                runs = serve_alternating(servers, pause, warmup if not out else [], rounds,
+                                         rate, log_round)
+                ratios = ratios_by_round(runs, "async", "sync")
+                ratios["output_tok_s"] = [a["output_tok_s"] / s["output_tok_s"]
+                                          for a, s in zip(runs["async"], runs["sync"])]
+                out[name] = {"request_rate": rate, "requests_per_round": len(rounds[0]),
+                             "rounds": runs, "async_over_sync_by_round": ratios,
+                             "async_over_sync": {k: statistics.median(v)
+                                                 for k, v in ratios.items() if v}}
+        finally:
+            for server in servers.values():
+                server.proc.send_signal(signal.SIGCONT)
+                server.close()
+    return out
+
+
+def cmd_async_scheduling(args) -> int:
+    """``kvserve bench async-scheduling``."""
+    from kvserve.bench import report
+    from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
+    from kvserve.bench.commands import _header, _wl_settings
+
+    model_dir = resolve_model_dir(args.model)
+    engine_args = engine_args_from(args)
+    per_round, rounds = args.num_prompts, args.rounds
+    args.num_prompts = WARMUP_REQUESTS + 2 * per_round * rounds  # fresh prompts a round
+    wl = workload_from_args(args, model_dir)
+    reqs = wl.requests[WARMUP_REQUESTS:]
+    chunks = [reqs[i * per_round:(i + 1) * per_round] for i in range(2 * rounds)]
+    loads = {f"rate {args.request_rate:g}/s": (args.request_rate, chunks[:rounds]),
+             f"{per_round} at once": (float("inf"), chunks[rounds:])}
+    info = _header("kvserve async-scheduling", {
+        "model": model_dir.name, **_wl_settings(wl), "request_rate": args.request_rate,
+        "engine_args": engine_args, "rounds": rounds})
+    try:
+        result = run_async_scheduling_bench(model_dir, wl.requests[:WARMUP_REQUESTS], loads,
+                                            engine_args)
+    except (ValueError, RuntimeError) as exc:
+        raise SystemExit(f"kvserve: error: {exc}") from None
+    keys = ("ttft_median_ms", "tpot_median_ms", "tpot_p99_ms", "output_tok_s")
+    rows = []
+    for name, res in result.items():
+        for mode in MODES:
+            rows.append((name, mode, *(statistics.median(r[k] for r in res["rounds"][mode])
+                                       for k in keys)))
+    print(report.format_table(["load", "server", "TTFT median", "TPOT median", "TPOT P99",
+                               "output tok/s"], rows))
+    for name, res in result.items():
+        print(f"{name}: async / sync, median of rounds: " + ", ".join(
+            f"{k} {v:.3f}x" for k, v in res["async_over_sync"].items()))
+    if args.json:
+        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
+               "engine_args": engine_args, "result": result}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0
