@@ -18,7 +18,9 @@ the latest one: a slow reader never makes memory grow, it just gets bigger delta
 Overlap: while the engine thread runs a step (torch releases the GIL during compute),
 the event loop parses and validates requests, renders chat templates, tokenizes
 prompts, turns outputs into deltas and serializes the JSON / SSE of the previous step.
-Outputs are posted without waiting, so the next step starts at once.
+Outputs are posted without waiting, so the next step starts at once. With async
+scheduling the model computes on a thread of its own and the next step is already
+running while this thread makes a step's outputs (:meth:`LLMEngine.step`).
 
 An abort (client gone) is applied before the next step, which frees the request's KV
 blocks at once. A failing step fails the requests in it (the engine reports
