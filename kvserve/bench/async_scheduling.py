@@ -10,6 +10,7 @@ and ITL of each server by round, async over sync by round, and their medians.
 """
 from __future__ import annotations
 
+import re
 import signal
 import statistics
 import tempfile
@@ -24,6 +25,16 @@ MODES = ("sync", "async")
 WARMUP_REQUESTS = 8
 
 
+def _kv_blocks(server: ServerProcess) -> int:
+    """The server's KV pool size, from its cache_config_info series (it may be paused)."""
+    server.proc.send_signal(signal.SIGCONT)
+    try:
+        text = server.http.get("/metrics").text
+    finally:
+        server.proc.send_signal(signal.SIGSTOP)
+    return int(re.search(r'cache_config_info\{[^}]*num_kv_blocks="(\d+)"', text).group(1))
+
+
 def run_async_scheduling_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                                loads: dict[str, tuple[float, Sequence[Sequence[BenchRequest]]]],
                                engine_args: dict[str, Any], log: Callable[[str], None] = print
@@ -31,6 +42,9 @@ def run_async_scheduling_bench(model_dir: Path, warmup: Sequence[BenchRequest],
     """``loads``: name -> (request rate, each round's requests)."""
     if "async_scheduling" in engine_args:
         raise ValueError("the bench sets async_scheduling itself: leave the flag out")
+    if int(engine_args.get("tensor_parallel_size") or 1) > 1:
+        raise ValueError("kvserve bench async-scheduling pauses one server process: run it "
+                         "without tensor parallelism")
     with tempfile.TemporaryDirectory(prefix="kvserve-async-") as tmp:
         tmp_dir = Path(tmp)
         servers: dict[str, ServerProcess] = {}
@@ -41,6 +55,10 @@ def run_async_scheduling_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                 servers[mode] = ServerProcess(model_dir, tmp_dir / f"state-{mode}", flags,
                                               tmp_dir / f"{mode}.log")
                 servers[mode].proc.send_signal(signal.SIGSTOP)
+            blocks = {m: _kv_blocks(servers[m]) for m in MODES}
+            if len(set(blocks.values())) > 1:  # sized from the memory free at each start
+                raise RuntimeError(f"the servers' KV pools differ ({blocks} blocks): set "
+                                   "--kv-cache-memory or --num-kv-blocks")
             pause = {m: servers[m].proc.send_signal for m in MODES}
             out: dict[str, Any] = {}
             for name, (rate, rounds) in loads.items():
@@ -50,12 +68,13 @@ def run_async_scheduling_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                         f"{runs['async'][-1]['tpot_median_ms']:.2f}; P99 TPOT "
                         f"{runs['sync'][-1]['tpot_p99_ms']:.2f} vs "
                         f"{runs['async'][-1]['tpot_p99_ms']:.2f}")
-                runs = serve_alternating(servers, pause, warmup if not out else [], rounds,
-                                         rate, log_round)
+                runs = serve_alternating(servers, pause, warmup if not out else [],
+                                         rounds, rate, log_round)
                 ratios = ratios_by_round(runs, "async", "sync")
                 ratios["output_tok_s"] = [a["output_tok_s"] / s["output_tok_s"]
                                           for a, s in zip(runs["async"], runs["sync"])]
                 out[name] = {"request_rate": rate, "requests_per_round": len(rounds[0]),
+                             "kv_blocks": blocks["sync"],
                              "rounds": runs, "async_over_sync_by_round": ratios,
                              "async_over_sync": {k: statistics.median(v)
                                                  for k, v in ratios.items() if v}}

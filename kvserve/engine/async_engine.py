@@ -2,7 +2,8 @@
 
 The engine is not thread-safe, so exactly one thread (``kvserve-engine``) touches it.
 Built with :meth:`AsyncLLMEngine.from_engine_args`, that thread also loads the model, so
-every OpenMP parallel region of the process runs on it. Why it matters: libgomp keeps one
+every OpenMP parallel region of the process runs on it (with async scheduling, on the
+model thread it starts: :mod:`kvserve.worker.model_thread`). Why it matters: libgomp keeps one
 worker team per thread that ever ran a parallel region, and once its teams hold more
 threads than there are cores it stops letting idle workers spin between regions; each of
 a decode step's many small ops then waits for a sleeping worker to wake. Loading on the

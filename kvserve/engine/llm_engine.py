@@ -145,6 +145,9 @@ class LLMEngine:
                     len(ids), pinned)
 
     def close(self) -> None:
+        if self._in_flight is not None:  # its requests are dropped with the engine
+            self._in_flight[1].exception()
+            self._in_flight = None
         self.worker.close()
 
     # -- requests ------------------------------------------------------------------------
@@ -197,6 +200,11 @@ class LLMEngine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.outputs.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if self._in_flight is not None:  # its tokens would be taken for the new one's
+            running = {s.request_id for s in self._in_flight[0].scheduled}
+            if running & {request_id, *(f"{request_id}#{i}" for i in range(params.n))}:
+                raise ValueError(f"request id {request_id!r} is still in the running step; "
+                                 "use another id, or step once more first")
         text, token_ids = self.tokenize_prompt(prompt)
         max_tokens = self.validate_prompt(token_ids, params)
         grammar = self.structured.compile(params) if params.structured_outputs else None
@@ -273,10 +281,13 @@ class LLMEngine:
         except Exception as e:  # noqa: BLE001 - _failed decides
             return self._failed(sched, e)
         progressed = self._apply(sched, step)
-        if self.scheduler.has_unfinished():  # start the next step before the outputs
-            nxt = self._schedule()
-            self._in_flight = (nxt, self.worker.submit(nxt))
-        return self._emit(progressed, step)
+        try:
+            if self.scheduler.has_unfinished():  # start the next step before the outputs
+                nxt = self._schedule()
+                self._in_flight = (nxt, self.worker.submit(nxt))
+        finally:  # the tokens applied reach the text even if the next step did not start
+            outputs = self._emit(progressed, step)
+        return outputs
 
     def _schedule(self) -> SchedulerOutput:
         if self.speculator is not None:

@@ -1,7 +1,7 @@
 """CPUWorker: runs the model on this machine's CPUs.
 
 Start-up, in order: torch's thread count and the compute threads bound one to a CPU
-(from the thread that will step the engine: its OpenMP team is the one bound), glibc
+(from the thread that will run the steps: its OpenMP team is the one bound), glibc
 told to keep freed memory, the model loaded and its layers configured (native kernels
 and oneDNN packed linears where they build and the dtype allows) and its large tensors
 copied onto huge pages, the KV pool sized from the settings or the memory free and

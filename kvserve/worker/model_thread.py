@@ -9,11 +9,14 @@ the worker's statistics does not wait for a step.
 
 Invariant: at most one step is submitted at a time; the engine reads its result before
 it schedules again, so the KV manager never hands out a block while a step that may
-write it still runs.
+write it still runs. The thread is a daemon, as the engine's is: a step that never
+returns does not keep the process from exiting.
 """
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+import threading
+from concurrent.futures import Future
 from typing import Callable
 
 from kvserve.core.scheduler_output import SchedulerOutput
@@ -21,10 +24,35 @@ from kvserve.worker.step_profiler import StepTimeStats
 from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, Worker
 
 
+class _DaemonThread:
+    """One daemon thread running submitted calls in order."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - the caller's to handle
+                    future.set_exception(e)
+
+
 class ModelThreadWorker(Worker):
     def __init__(self, make: Callable[[], Worker]) -> None:
         """``make`` builds the worker; it runs on the model thread."""
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="kvserve-model")
+        self._thread = _DaemonThread("kvserve-model")
         try:
             self.inner = self._call(make)
         except BaseException:

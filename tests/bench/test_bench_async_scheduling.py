@@ -44,6 +44,7 @@ def test_both_servers_every_round_of_both_loads(tiny_model_dir: Path,
     assert sum("round" in line for line in lines) == 4
     for load in ("low", "high"):
         res = result[load]
+        assert res["kv_blocks"] > 0
         for mode in MODES:
             assert [r["completed"] for r in res["rounds"][mode]] == [3, 3]
         by_round = res["async_over_sync_by_round"]["tpot_median_ms"]
@@ -53,6 +54,8 @@ def test_both_servers_every_round_of_both_loads(tiny_model_dir: Path,
         assert server.proc.poll() is not None
 
 
-def test_the_flag_is_the_bench_s_own(tiny_model_dir: Path) -> None:
+def test_the_flag_is_the_bench_s_own_and_one_process_is_paused(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="sets async_scheduling itself"):
         run_async_scheduling_bench(tiny_model_dir, [], {}, {"async_scheduling": True})
+    with pytest.raises(ValueError, match="without tensor parallelism"):
+        run_async_scheduling_bench(tiny_model_dir, [], {}, {"tensor_parallel_size": 2})

@@ -54,7 +54,9 @@ def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path, monke
     assert result["profiled_outside_gemm_and_attention_ms"]["captured"] == pytest.approx(
         split["step"] - split["linear"] - split["attention"])
     outside = result["captured_outside_gemm_and_attention_ms"]
-    assert len(outside) == 2 and all(0 < v < result["step_ms"]["captured"][1] * 2 for v in outside)
+    # a round's mean step less its timed parts (a mean: one slow step can make it exceed
+    # the median step, so only its sign is certain)
+    assert len(outside) == 2 and all(v > 0 for v in outside)
     assert split["step"] >= split["linear"] + split["attention"]
     assert result["captured_rows"] == MAX_ROWS  # the suite captures every step it can
 

@@ -156,3 +156,22 @@ def test_async_scheduling_refuses_speculative_decoding(llama_dir):
                       speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="async_scheduling.*speculative decoding"):
         args.create_engine_config()
+
+
+def test_an_id_still_in_the_running_step_is_refused_and_close_waits_for_it(llama_dir):
+    llm = LLM(llama_dir, async_scheduling=True)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    engine.add_request("a", {"prompt_token_ids": PROMPTS[0]}, params)
+    engine.step()
+    engine.abort_request("a")
+    assert engine.has_unfinished_requests()  # the step computing "a" still runs
+    assert not engine.reset_prefix_cache()
+    with pytest.raises(ValueError, match="still in the running step"):
+        engine.add_request("a", {"prompt_token_ids": PROMPTS[1]}, params)
+    assert engine.step() == []  # the aborted request's token is dropped
+    engine.add_request("a", {"prompt_token_ids": PROMPTS[1]}, params)
+    engine.step()
+    assert engine._in_flight is not None
+    engine.close()  # waits for the running step
+    assert engine._in_flight is None
