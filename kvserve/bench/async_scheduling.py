@@ -89,7 +89,7 @@ def cmd_async_scheduling(args) -> int:
     """``kvserve bench async-scheduling``."""
     from kvserve.bench import report
     from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
-    from kvserve.bench.commands import _header, _wl_settings
+    from kvserve.bench.bench_setup import _header, _wl_settings, write_result_json
 
     model_dir = resolve_model_dir(args.model)
     engine_args = engine_args_from(args)
@@ -120,7 +120,5 @@ def cmd_async_scheduling(args) -> int:
         print(f"{name}: async / sync, median of rounds: " + ", ".join(
             f"{k} {v:.3f}x" for k, v in res["async_over_sync"].items()))
     if args.json:
-        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
-               "engine_args": engine_args, "result": result}
-        print(f"wrote {report.write_json(args.json, out)}")
+        write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0

@@ -207,7 +207,7 @@ def cmd_batch(args) -> int:
     """``kvserve bench batch``."""
     from kvserve.bench import report
     from kvserve.bench.bench_args import engine_args_from, resolve_model_dir
-    from kvserve.bench.commands import _header
+    from kvserve.bench.bench_setup import _header
     from kvserve.bench.models import model_vocab
     from kvserve.bench.workloads import mixed_workload
 

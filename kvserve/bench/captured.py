@@ -236,7 +236,7 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
 def cmd_captured(args) -> int:
     """``kvserve bench captured``: the captured step against eager."""
     from kvserve.bench import report
-    from kvserve.bench.commands import _wl_settings, rounds_bench_setup
+    from kvserve.bench.bench_setup import rounds_bench_setup, write_result_json
 
     model_dir, engine_args, wl, info = rounds_bench_setup(args, "kvserve captured")
     try:
@@ -264,7 +264,5 @@ def cmd_captured(args) -> int:
     print("captured single-stream step outside linear and attention, ms by round: "
           + ", ".join(f"{v:.2f}" for v in result["captured_outside_gemm_and_attention_ms"]))
     if args.json:
-        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
-               "engine_args": engine_args, "result": result}
-        print(f"wrote {report.write_json(args.json, out)}")
+        write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0

@@ -14,32 +14,10 @@ from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
 from kvserve.bench import memory, plots, report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
+from kvserve.bench.bench_setup import _header, _wl_settings
 
 __all__ = ["cmd_make_model", "cmd_roofline", "cmd_throughput", "cmd_serve", "cmd_compare",
            "cmd_memory"]
-
-
-def _header(title: str, settings: dict[str, Any]) -> dict[str, Any]:
-    info = report.machine_info()
-    report.print_settings(title, settings)
-    print(report.machine_line(info))
-    return info
-
-
-def _wl_settings(wl: Any) -> dict[str, Any]:
-    d = wl.describe()
-    return {"workload": d.pop("name"), **d}
-
-
-def rounds_bench_setup(args: argparse.Namespace, title: str):
-    """What an A/B rounds bench starts from: (model dir, engine args, workload, machine
-    info), the settings printed."""
-    model_dir = resolve_model_dir(args.model)
-    engine_args = engine_args_from(args)
-    wl = workload_from_args(args, model_dir)
-    info = _header(title, {"model": model_dir.name, **_wl_settings(wl),
-                           "engine_args": engine_args, "rounds": args.rounds})
-    return model_dir, engine_args, wl, info
 
 
 def _int_list(text: str) -> list[int]:

@@ -7,7 +7,7 @@ import json
 
 from kvserve.bench import report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
-from kvserve.bench.commands import _header, _wl_settings
+from kvserve.bench.bench_setup import _header, _wl_settings
 
 
 DEFAULT_SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 4}

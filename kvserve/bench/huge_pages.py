@@ -140,7 +140,7 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
 def cmd_huge_pages(args) -> int:
     """``kvserve bench huge-pages``: decode steps on huge pages against torch's pages."""
     from kvserve.bench import report
-    from kvserve.bench.commands import _wl_settings, rounds_bench_setup
+    from kvserve.bench.bench_setup import rounds_bench_setup, write_result_json
 
     model_dir, engine_args, wl, info = rounds_bench_setup(args, "kvserve huge-pages")
     try:
@@ -161,7 +161,5 @@ def cmd_huge_pages(args) -> int:
     print(f"streaming read, huge pages over torch's: {result['sum_bandwidth_ratio']:.3f}x "
           "(median of rounds)")
     if args.json:
-        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
-               "engine_args": engine_args, "result": result}
-        print(f"wrote {report.write_json(args.json, out)}")
+        write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0

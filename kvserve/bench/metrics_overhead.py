@@ -104,7 +104,7 @@ def run_metrics_bench(model_dir: str | Path | None, requests: Sequence[BenchRequ
 def cmd_metrics(args) -> int:
     """``kvserve bench metrics``: the recorder on vs off."""
     from kvserve.bench import report
-    from kvserve.bench.commands import _wl_settings, rounds_bench_setup
+    from kvserve.bench.bench_setup import rounds_bench_setup, write_result_json
 
     model_dir, engine_args, wl, info = rounds_bench_setup(args, "kvserve metrics")
     result = run_metrics_bench(model_dir, wl.requests, engine_args, args.rounds)
@@ -115,7 +115,5 @@ def cmd_metrics(args) -> int:
           f"{100 * result['recording_share']:.2f}%", result["peak_running"],
           result["metrics_render_ms"], result["stats_view_ms"])]))
     if args.json:
-        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
-               "engine_args": engine_args, "result": result}
-        print(f"wrote {report.write_json(args.json, out)}")
+        write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0

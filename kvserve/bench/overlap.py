@@ -173,7 +173,7 @@ def cmd_overlap(args) -> int:
     """``kvserve bench overlap``."""
     from kvserve.bench import report
     from kvserve.bench.bench_args import engine_args_from, resolve_model_dir
-    from kvserve.bench.commands import _header
+    from kvserve.bench.bench_setup import _header
 
     model_dir = resolve_model_dir(args.model)
     engine_args = engine_args_from(args)

@@ -93,7 +93,7 @@ def routing(model_dir: Path, work: Path, flags: list[str], requests: Sequence[Be
 
 def cmd_replicas(args: argparse.Namespace) -> int:
     from kvserve.bench.bench_args import engine_args_from, resolve_model_dir
-    from kvserve.bench.commands import _header
+    from kvserve.bench.bench_setup import _header
     from kvserve.bench.models import model_vocab
     from kvserve.bench.workloads import mixed_workload, shared_prefix_workload
 

@@ -160,7 +160,7 @@ def cmd_serving(args) -> int:
     """``kvserve bench serving``."""
     from kvserve.bench import report
     from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
-    from kvserve.bench.commands import _header, _wl_settings
+    from kvserve.bench.bench_setup import _header, _wl_settings, write_result_json
 
     if not args.vllm_python:
         raise SystemExit("kvserve bench serving needs --vllm-python VENV/bin/python")
@@ -190,7 +190,5 @@ def cmd_serving(args) -> int:
     print("kvserve / vLLM, median of rounds: " + ", ".join(
         f"{k} {v:.3f}x" for k, v in result["kvserve_over_vllm"].items()))
     if args.json:
-        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
-               "engine_args": engine_args, "result": result}
-        print(f"wrote {report.write_json(args.json, out)}")
+        write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvserve.bench import report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
-from kvserve.bench.commands import _header, _wl_settings
+from kvserve.bench.bench_setup import _header, _wl_settings, write_result_json
 from kvserve.bench.workloads import BenchRequest
 
 DECODE_PROMPT_TOKENS = 128
@@ -101,9 +101,8 @@ def cmd_tp(args: argparse.Namespace) -> int:
     print(f"tp{size} / tp1: throughput {result['throughput_ratio']:.3f}x, decode step "
           f"{result['decode_step_ratio']:.3f}x")
     if args.json:
-        out = {"machine": info, "model": model_dir.name, "settings": _wl_settings(wl),
-               "tensor_parallel_size": size, "engine_args": engine_args, "result": result}
-        print(f"wrote {report.write_json(args.json, out)}")
+        write_result_json(args.json, info, model_dir, wl, engine_args, result,
+                          tensor_parallel_size=size)
     return 0
 
 

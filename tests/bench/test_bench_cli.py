@@ -360,3 +360,17 @@ def test_compare_command_measures_the_ceilings_twice_and_keeps_the_higher(
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["roofline"]["peak_gflops"] == 50.0
     assert data["gemm_bound_s"] == pytest.approx(data["workload_flops"] / 50e9)
+
+
+def test_a_rounds_bench_writes_its_record(tiny_model_dir, tmp_path):
+    """The JSON an A/B rounds bench writes: machine, model, workload, settings, result."""
+    from kvserve.entrypoints.cli import main
+
+    rc = main(["bench", "metrics", "--model", str(tiny_model_dir), "--rounds", "1",
+               "--workload", "random", "--num-prompts", "2", "--input-len", "8",
+               "--output-len", "3", "--max-num-seqs", "2", "--json", str(tmp_path / "m.json")])
+    assert rc == 0
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert data["model"] == tiny_model_dir.name and data["settings"]["workload"] == "random"
+    assert data["engine_args"]["max_num_seqs"] == 2 and data["machine"]["cpu_model"]
+    assert data["result"]
