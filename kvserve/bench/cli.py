@@ -247,15 +247,17 @@ def _add_serving(sub: Any) -> None:
                    help="Poisson arrivals per second (default 1)")
 
 
-def _add_async_scheduling(sub: Any) -> None:
-    from kvserve.bench.async_scheduling import cmd_async_scheduling
-    p = _add_rounds_bench(sub, "async-scheduling", cmd_async_scheduling,
-                          "kvserve's server with vs without --async-scheduling, at a low and "
-                          "a high concurrency, in alternating rounds",
-                          "Start two kvserve servers that differ only in --async-scheduling; "
-                          "serve the same requests to each in turn (the other paused) at "
-                          "--request-rate and then all of a round at once; report TTFT, "
-                          "TPOT and ITL.")
+def _add_server_ab(sub: Any) -> None:
+    from kvserve.bench.server_ab import cmd_server_ab
+    p = _add_rounds_bench(sub, "server-ab", cmd_server_ab,
+                          "kvserve's server with vs without one boolean setting (--flag), at "
+                          "a low and a high concurrency, in alternating rounds",
+                          "Start two kvserve servers that differ only in --flag (e.g. "
+                          "async-scheduling, huge-pages); serve the same requests to each in "
+                          "turn (the other paused) at --request-rate and then all of a round "
+                          "at once; report TTFT, TPOT and ITL.")
+    p.add_argument("--flag", required=True,
+                   help="the boolean engine setting the two servers differ in")
     p.add_argument("--request-rate", type=parse_rate, default=1.0,
                    help="Poisson arrivals per second of the low-concurrency load (default 1)")
 
@@ -304,7 +306,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
-                _add_huge_pages, _add_overlap, _add_serving, _add_async_scheduling, _add_tp,
+                _add_huge_pages, _add_overlap, _add_serving, _add_server_ab, _add_tp,
                 _add_batch, _add_replicas):
         add(sub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)

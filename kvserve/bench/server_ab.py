@@ -1,12 +1,13 @@
-"""``kvserve bench async-scheduling``: two kvserve servers, with and without
-``--async-scheduling``, under the same load at a low and a high concurrency.
+"""``kvserve bench server-ab --flag NAME``: two kvserve servers, with and without one
+boolean engine setting (``--async-scheduling``, ``--huge-pages``, ...), under the same
+load at a low and a high concurrency.
 
 Both servers are started once with the same settings but that flag, on loopback, and
 warmed up. For each load, rounds alternate between them as ``bench serving``'s do (the
 one not measured is paused): at ``--request-rate`` (the README's serving rate, few
 requests at once) and with every request of the round sent at once (as many at once
 as the round holds). Each round serves fresh requests. Reported per load: TTFT, TPOT
-and ITL of each server by round, async over sync by round, and their medians.
+and ITL of each server by round, on over off by round, and their medians.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import re
 import signal
 import statistics
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -21,7 +23,7 @@ from kvserve.bench.server_process import ServerProcess, server_flags
 from kvserve.bench.serving import ratios_by_round, serve_alternating
 from kvserve.bench.workloads import BenchRequest
 
-MODES = ("sync", "async")
+MODES = ("off", "on")
 WARMUP_REQUESTS = 8
 
 
@@ -35,23 +37,30 @@ def _kv_blocks(server: ServerProcess) -> int:
     return int(re.search(r'cache_config_info\{[^}]*num_kv_blocks="(\d+)"', text).group(1))
 
 
-def run_async_scheduling_bench(model_dir: Path, warmup: Sequence[BenchRequest],
-                               loads: dict[str, tuple[float, Sequence[Sequence[BenchRequest]]]],
-                               engine_args: dict[str, Any], log: Callable[[str], None] = print
-                               ) -> dict[str, Any]:
-    """``loads``: name -> (request rate, each round's requests)."""
-    if "async_scheduling" in engine_args:
-        raise ValueError("the bench sets async_scheduling itself: leave the flag out")
+def run_server_ab_bench(model_dir: Path, warmup: Sequence[BenchRequest],
+                        loads: dict[str, tuple[float, Sequence[Sequence[BenchRequest]]]],
+                        engine_args: dict[str, Any], flag: str,
+                        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """``loads``: name -> (request rate, each round's requests); ``flag``: the boolean
+    engine setting (snake_case) the servers differ in."""
+    from kvserve.config import EngineArgs
+
+    field = next((f for f in fields(EngineArgs) if f.name == flag), None)
+    if field is None or field.type not in (bool, "bool"):
+        names = sorted(f.name for f in fields(EngineArgs) if f.type in (bool, "bool"))
+        raise ValueError(f"--flag {flag!r} is not a boolean engine setting; one of {names}")
+    if flag in engine_args:
+        raise ValueError(f"the bench sets {flag} itself: leave that flag out")
     if int(engine_args.get("tensor_parallel_size") or 1) > 1:
-        raise ValueError("kvserve bench async-scheduling pauses one server process: run it "
+        raise ValueError("kvserve bench server-ab pauses one server process: run it "
                          "without tensor parallelism")
-    with tempfile.TemporaryDirectory(prefix="kvserve-async-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvserve-ab-") as tmp:
         tmp_dir = Path(tmp)
         servers: dict[str, ServerProcess] = {}
         try:
             for mode in MODES:
                 log(f"starting the {mode} server ...")
-                flags = server_flags({**engine_args, "async_scheduling": mode == "async"})
+                flags = server_flags({**engine_args, flag: mode == "on"})
                 servers[mode] = ServerProcess(model_dir, tmp_dir / f"state-{mode}", flags,
                                               tmp_dir / f"{mode}.log")
                 servers[mode].proc.send_signal(signal.SIGSTOP)
@@ -63,21 +72,21 @@ def run_async_scheduling_bench(model_dir: Path, warmup: Sequence[BenchRequest],
             out: dict[str, Any] = {}
             for name, (rate, rounds) in loads.items():
                 def log_round(r: int, runs: dict[str, list[dict]], name=name, n=len(rounds)):
-                    log(f"  {name}, round {r + 1} of {n}: median TPOT sync "
-                        f"{runs['sync'][-1]['tpot_median_ms']:.2f} ms, async "
-                        f"{runs['async'][-1]['tpot_median_ms']:.2f}; P99 TPOT "
-                        f"{runs['sync'][-1]['tpot_p99_ms']:.2f} vs "
-                        f"{runs['async'][-1]['tpot_p99_ms']:.2f}")
+                    log(f"  {name}, round {r + 1} of {n}: median TPOT off "
+                        f"{runs['off'][-1]['tpot_median_ms']:.2f} ms, on "
+                        f"{runs['on'][-1]['tpot_median_ms']:.2f}; P99 TPOT "
+                        f"{runs['off'][-1]['tpot_p99_ms']:.2f} vs "
+                        f"{runs['on'][-1]['tpot_p99_ms']:.2f}")
                 runs = serve_alternating(servers, pause, warmup if not out else [],
                                          rounds, rate, log_round)
-                ratios = ratios_by_round(runs, "async", "sync")
+                ratios = ratios_by_round(runs, "on", "off")
                 ratios["output_tok_s"] = [a["output_tok_s"] / s["output_tok_s"]
-                                          for a, s in zip(runs["async"], runs["sync"])]
+                                          for a, s in zip(runs["on"], runs["off"])]
                 out[name] = {"request_rate": rate, "requests_per_round": len(rounds[0]),
-                             "kv_blocks": blocks["sync"],
-                             "rounds": runs, "async_over_sync_by_round": ratios,
-                             "async_over_sync": {k: statistics.median(v)
-                                                 for k, v in ratios.items() if v}}
+                             "kv_blocks": blocks["off"], "flag": flag,
+                             "rounds": runs, "on_over_off_by_round": ratios,
+                             "on_over_off": {k: statistics.median(v)
+                                             for k, v in ratios.items() if v}}
         finally:
             for server in servers.values():
                 server.proc.send_signal(signal.SIGCONT)
@@ -85,8 +94,8 @@ def run_async_scheduling_bench(model_dir: Path, warmup: Sequence[BenchRequest],
     return out
 
 
-def cmd_async_scheduling(args) -> int:
-    """``kvserve bench async-scheduling``."""
+def cmd_server_ab(args) -> int:
+    """``kvserve bench server-ab``."""
     from kvserve.bench import report
     from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
     from kvserve.bench.bench_setup import _header, _wl_settings, write_result_json
@@ -100,12 +109,13 @@ def cmd_async_scheduling(args) -> int:
     chunks = [reqs[i * per_round:(i + 1) * per_round] for i in range(2 * rounds)]
     loads = {f"rate {args.request_rate:g}/s": (args.request_rate, chunks[:rounds]),
              f"{per_round} at once": (float("inf"), chunks[rounds:])}
-    info = _header("kvserve async-scheduling", {
+    flag = args.flag.replace("-", "_")
+    info = _header(f"kvserve server-ab --flag {flag}", {
         "model": model_dir.name, **_wl_settings(wl), "request_rate": args.request_rate,
-        "engine_args": engine_args, "rounds": rounds})
+        "flag": flag, "engine_args": engine_args, "rounds": rounds})
     try:
-        result = run_async_scheduling_bench(model_dir, wl.requests[:WARMUP_REQUESTS], loads,
-                                            engine_args)
+        result = run_server_ab_bench(model_dir, wl.requests[:WARMUP_REQUESTS], loads,
+                                     engine_args, flag)
     except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"kvserve: error: {exc}") from None
     keys = ("ttft_median_ms", "tpot_median_ms", "tpot_p99_ms", "output_tok_s")
@@ -114,11 +124,11 @@ def cmd_async_scheduling(args) -> int:
         for mode in MODES:
             rows.append((name, mode, *(statistics.median(r[k] for r in res["rounds"][mode])
                                        for k in keys)))
-    print(report.format_table(["load", "server", "TTFT median", "TPOT median", "TPOT P99",
+    print(report.format_table(["load", flag, "TTFT median", "TPOT median", "TPOT P99",
                                "output tok/s"], rows))
     for name, res in result.items():
-        print(f"{name}: async / sync, median of rounds: " + ", ".join(
-            f"{k} {v:.3f}x" for k, v in res["async_over_sync"].items()))
+        print(f"{name}: {flag} on / off, median of rounds: " + ", ".join(
+            f"{k} {v:.3f}x" for k, v in res["on_over_off"].items()))
     if args.json:
         write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0
