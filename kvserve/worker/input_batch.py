@@ -43,6 +43,15 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
                  sliding_window: int | None, native: Kernels | None = None) -> StepInputs:
     """``native``: attention by the native kernel, every row in one call (no gathered
     copy, no mask)."""
+    if native is not None and all(len(s.token_ids) == 1 and s.sample
+                                  and s.prompt_logprobs is None for s in scheduled):
+        return _decode_inputs(scheduled, block_size, sliding_window, native)
+    return _flat_inputs(scheduled, block_size, sliding_window, native)
+
+
+def _flat_inputs(scheduled: list[ScheduledRequest], block_size: int,
+                 sliding_window: int | None, native: Kernels | None) -> StepInputs:
+    """Any step: decodes, prefill chunks, drafts, prompt logprobs, either attention."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     prefills = [s for s in scheduled if len(s.token_ids) > 1]
     order = decodes + prefills
@@ -85,6 +94,27 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
     if any(s.prompt_logprobs is not None for s in order):
         _add_prompt_rows(inputs, order, ends)
     return inputs
+
+
+def _decode_inputs(scheduled: list[ScheduledRequest], block_size: int,
+                   sliding_window: int | None, native: Kernels) -> StepInputs:
+    """A step of decodes only, for the native kernel: the same tensors as the general
+    path, from a few small lists. Decode steps are the ones whose host work is most of
+    what is not streaming weights, and this runs right after a step evicted the caches,
+    where each torch call costs many times its warm price: the fewer, the better."""
+    positions = [s.start_pos for s in scheduled]
+    width = max(positions) // block_size + 1
+    tables = [(s.block_table + [0] * width)[:width] for s in scheduled]
+    slots = [t[p // block_size] * block_size + p % block_size
+             for t, p in zip(tables, positions)]
+    rows = torch.arange(len(scheduled))
+    meta = AttentionMetadata(
+        torch.tensor(slots), len(scheduled), native=native,
+        sliding_window=sliding_window or 0, row_block_tables=torch.tensor(tables),
+        row_seq_lens=torch.tensor([p + 1 for p in positions]))
+    return StepInputs(tokens=torch.tensor([s.token_ids[0] for s in scheduled]),
+                      positions=torch.tensor(positions), meta=meta, order=list(scheduled),
+                      sample_rows=rows, sample_order=list(scheduled))
 
 
 def _add_prompt_rows(inputs: StepInputs, order: list[ScheduledRequest], ends: np.ndarray

@@ -157,7 +157,8 @@ class ModelRunner:
             result.prompt_logprobs = self._prompt_logprobs(logits[num_sample:], inputs)
         if not inputs.sample_order:
             return result
-        logits = logits[:num_sample]
+        if num_sample < logits.shape[0]:
+            logits = logits[:num_sample]
         ids = [s.request_id for s in inputs.sample_order]
         infos = [s.sampling for s in inputs.sample_order]
         masks = [token_masks.get(rid) for rid in ids] if token_masks else None

@@ -36,7 +36,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, request_ids: list[str],
                  infos: list[SamplingInfo], masks: list | None = None) -> list[SampleResult]:
         """``masks``: per row, the allowed tokens (bool [vocab]) or None: unconstrained."""
-        raw = logits.float()
+        raw = logits if logits.dtype == torch.float32 else logits.float()
         logits = self.process(raw, infos, masks)
         greedy = [i.params.greedy for i in infos]
         if all(greedy):
