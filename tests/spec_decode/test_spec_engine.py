@@ -13,7 +13,7 @@ import pytest
 
 from kvserve import LLM, EngineArgs, SamplingParams
 from kvserve.spec_decode import PROPOSERS
-from tests.helpers import hf_greedy, prompts_of_lengths
+from tests.helpers import flat_step_cost, hf_greedy, prompts_of_lengths
 from tests.spec_decode.oracle_proposer import OracleProposer
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
@@ -41,12 +41,8 @@ def oracle(llama_dir, prompts):
 
 
 @pytest.fixture(autouse=True)
-def flat_step_cost(monkeypatch):
-    """Steps as cheap at any row count (as a tiny model's are, up to noise): the drafts
-    each test makes do not depend on how busy the machine was at start."""
-    from kvserve.worker.cpu_worker import CPUWorker
-    monkeypatch.setattr(CPUWorker, "time_step_rows",
-                        lambda self, rows: {r: 1e-3 * (1 + r / 1000) for r in rows})
+def flat_cost(monkeypatch):
+    flat_step_cost(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.structured_output import StructuredOutputsParams as Constraint
+from tests.helpers import flat_step_cost
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
@@ -109,10 +110,7 @@ def test_the_same_schema_compiles_once(llm):
                             "prompt_lookup_min": 1}},
 ], ids=["preempted", "speculative"])
 def test_greedy_constrained_output_is_unchanged_by_engine_modes(llm, settings, monkeypatch):
-    from kvserve.worker.cpu_worker import CPUWorker
-    # rows as cheap at any count: the drafts made do not depend on the machine's load
-    monkeypatch.setattr(CPUWorker, "time_step_rows",
-                        lambda self, rows: {r: 1e-3 * (1 + r / 1000) for r in rows})
+    flat_step_cost(monkeypatch)
     schema = SCHEMAS[5]
     params = SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=Constraint(
         json=schema))
