@@ -21,7 +21,7 @@ def captured_steps_whenever_possible(monkeypatch):
     same way on every machine (tests/worker/test_captured_step.py covers the choice)."""
     from kvserve.worker import captured_step, cpu_worker
 
-    def everywhere(runner, captured, rounds=5):
+    def everywhere(runner, captured, rounds=3):
         captured.max_rows = captured_step.MAX_ROWS
         return {}
     monkeypatch.setattr(cpu_worker, "choose_captured_rows", everywhere)

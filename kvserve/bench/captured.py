@@ -175,6 +175,9 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
     if captured is None or captured.max_rows == 0:
         raise ValueError("this engine runs no captured step (see its start-up log)")
     chosen = captured.max_rows
+    # eager as under --enforce-eager: its few-row GEMMs tuned (the engine skips that when
+    # the captured step takes every few-row decode step)
+    engine.worker.tune_eager_few_rows()
     log(f"engine ready in {start_s:.1f}s; captured step for 1-{chosen} rows")
     weight_bytes = matmul_weight_bytes(engine.worker.runner.model)
     profiler, interval = captured.profiler, engine.worker.profiler.interval

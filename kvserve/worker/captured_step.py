@@ -138,7 +138,7 @@ class CapturedStep:
         return logits
 
 
-def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 5) -> dict[int, tuple]:
+def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 3) -> dict[int, tuple]:
     """Time decode steps of 1..MAX_ROWS requests eager and captured, in alternating
     rounds (a drifting machine then slows both alike); ``max_rows`` becomes the largest
     count up to which the captured step's median was faster at every count by
@@ -149,7 +149,9 @@ def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 5) -> dic
         for r in range(rounds):
             for max_rows in ((0, MAX_ROWS) if r % 2 == 0 else (MAX_ROWS, 0)):
                 captured.max_rows = max_rows
-                for n, t in runner.time_decodes(counts, rounds=1).items():
+                # one step each, no warm-up step: a slow first call of a path is one
+                # sample of a count's median over the rounds
+                for n, t in runner.time_decodes(counts, rounds=1, warm=False).items():
                     samples[max_rows].setdefault(n, []).append(t)
     finally:
         captured.max_rows = 0  # eager unless the measurement below completes

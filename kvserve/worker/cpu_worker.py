@@ -5,9 +5,10 @@ Start-up, in order: torch's thread count and the compute threads bound one to a 
 told to keep freed memory, the model loaded and its layers configured (native kernels
 and oneDNN packed linears where they build and the dtype allows) and its large tensors
 copied onto huge pages, the KV pool sized from the settings or the memory free and
-allocated (on huge pages too), then the warm-up: a dummy step,
-the small-GEMM row padding measured, every decode batch size's GEMM kernels generated,
-the captured step (one native call for a few-row step) timed against the eager one.
+allocated (on huge pages too), then the warm-up: a dummy step, every decode batch
+size's GEMM kernels generated, the captured step (one native call for a few-row step)
+timed against the eager one, and, unless the captured step took every few-row decode
+step, the eager few-row GEMMs tuned (row padding, the native or dense path by layer).
 Once the engine is ready, the objects alive are frozen out of the garbage collector's
 reach. The reasons for each step are in the modules that implement them.
 """
@@ -28,6 +29,7 @@ from kvserve.logger import init_logger
 from kvserve.model.execution import ExecutionMode, configure_layers
 from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
+from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS
 from kvserve.worker.captured_step import CapturedStep, choose_captured_rows, \
     unsupported_reason
 from kvserve.worker.gemm_warmup import warm_gemm_kernels
@@ -73,6 +75,7 @@ class CPUWorker(Worker):
         self.kv_dtype = (model_cfg.dtype if cache.kv_cache_dtype == "auto"
                          else getattr(torch, cache.kv_cache_dtype))
         self.runner: ModelRunner | None = None
+        self._few_rows_tuned = False
         logger.info("loaded %s (%s, %s, %d threads) in %.1fs; max_model_len %d",
                     model_cfg.model_dir, model_cfg.arch.architecture, model_cfg.dtype,
                     torch.get_num_threads(), time.perf_counter() - start,
@@ -190,11 +193,27 @@ class CPUWorker(Worker):
                             ", ".join(f"{1e6 * t:.0f} us by {n}" for n, t in times.items()),
                             "shared memory" if self.tp.use_shm else "gloo")
         self.runner.warm_up(self.config.warmup_tokens)
+        self._warm_gemm_kernels()
+        self._choose_captured_rows(self.runner, "")
+        captured = self.runner.captured
+        if captured is not None and captured.max_rows == CAPTURED_MAX_ROWS:
+            # row padding and the few-row paths tune eager steps of up to eight rows;
+            # every decode step of so few rows now runs captured, on its own GEMV
+            logger.info("few-row GEMMs not tuned: steps of 1-%d decoding rows run captured",
+                        CAPTURED_MAX_ROWS)
+            return
+        self.tune_eager_few_rows()
+
+    def tune_eager_few_rows(self) -> None:
+        """Measure and set how eager steps run their few-row GEMMs: the row padding
+        (unless ``linear_min_rows`` is set) and each layer's native or dense path. Once
+        per worker (padding is measured on unpadded layers)."""
+        if self._few_rows_tuned:
+            return
+        self._few_rows_tuned = True
         if self.config.worker.linear_min_rows is None:
             self._pad_small_gemms()
         self._dense_small_gemms(self.model, self.kernels)
-        self._warm_gemm_kernels()
-        self._choose_captured_rows(self.runner, "")
 
     def _captured_step(self, runner: ModelRunner, which: str) -> CapturedStep | None:
         """The runner's captured step, or None (eager enforced, or a model it cannot

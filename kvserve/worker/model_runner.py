@@ -97,24 +97,26 @@ class ModelRunner:
             times[rows] = self._median_step(step, rounds)
         return times
 
-    def _median_step(self, scheduled: list[ScheduledRequest], rounds: int) -> float:
+    def _median_step(self, scheduled: list[ScheduledRequest], rounds: int,
+                     warm: bool = True) -> float:
         """Median seconds of the model on ``scheduled`` over ``rounds`` runs, after one
-        that only warms up."""
+        that only warms up (``warm``)."""
         inputs = build_inputs(scheduled, self.block_size, self.config.sliding_window,
                               self.native_attention)
         samples = []
-        for _ in range(rounds + 1):
+        for _ in range(rounds + warm):
             start = time.perf_counter()
             self.forward(inputs)
             samples.append(time.perf_counter() - start)
-        return statistics.median(samples[1:])
+        return statistics.median(samples[warm:])
 
     @torch.inference_mode()
-    def time_decodes(self, counts: list[int], context: int = 128, rounds: int = 3
-                     ) -> dict[int, float]:
+    def time_decodes(self, counts: list[int], context: int = 128, rounds: int = 3,
+                     warm: bool = True) -> dict[int, float]:
         """Median seconds of a step of ``n`` requests decoding one token each after
-        ``context`` tokens (a draft model's pass), for each ``n``; every request reads
-        and writes the same blocks, which no request holds yet."""
+        ``context`` tokens (a draft model's pass), for each ``n``, each after a step
+        that only warms up (``warm``); every request reads and writes the same blocks,
+        which no request holds yet."""
         bs = self.block_size
         if context + 1 > min(self.caches[0].k.shape[0] * bs, self.config.max_position_embeddings):
             return {}
@@ -123,7 +125,7 @@ class ModelRunner:
         times = {}
         for n in sorted(set(counts)):
             step = [ScheduledRequest(f"cost-{i}", [0], context, table, info) for i in range(n)]
-            times[n] = self._median_step(step, rounds)
+            times[n] = self._median_step(step, rounds, warm)
         return times
 
     def close(self) -> None:

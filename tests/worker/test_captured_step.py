@@ -142,7 +142,7 @@ class _TimedRunner:
         self.captured, self.eager, self.fast = captured, eager, fast
         self.calls: list[str] = []
 
-    def time_decodes(self, counts, rounds=5):
+    def time_decodes(self, counts, rounds=3, warm=True):
         mode = "captured" if self.captured.max_rows else "eager"
         self.calls.append(mode)
         table = self.fast if mode == "captured" else self.eager
