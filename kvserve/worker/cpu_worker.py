@@ -29,9 +29,8 @@ from kvserve.logger import init_logger
 from kvserve.model.execution import ExecutionMode, configure_layers
 from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
-from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS
-from kvserve.worker.captured_step import CapturedStep, choose_captured_rows, \
-    unsupported_reason
+from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
+    choose_captured_rows, unsupported_reason
 from kvserve.worker.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block

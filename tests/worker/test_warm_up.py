@@ -23,13 +23,9 @@ def test_engine_starts_warm_with_every_block_free_and_exact(llama_dir):
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(llama_dir, prompts, 8)
 
 
-def _few_row_paths(worker):
-    from kvserve.worker.row_padding import packed_linears
-    return [(m.native_max_rows, m.dense_max_rows) for m in packed_linears(worker.model)]
-
-
 def test_few_row_gemms_are_tuned_only_for_eager_few_row_steps(llama_dir, monkeypatch):
     from kvserve.worker import cpu_worker
+    from kvserve.worker.row_padding import packed_linears
     calls = []
     real = cpu_worker.CPUWorker._dense_small_gemms
     monkeypatch.setattr(cpu_worker.CPUWorker, "_dense_small_gemms", staticmethod(
@@ -37,7 +33,8 @@ def test_few_row_gemms_are_tuned_only_for_eager_few_row_steps(llama_dir, monkeyp
     # the suite captures steps of 1-8 rows: such decode steps never run eager
     captured = LLM(llama_dir, num_kv_blocks=64).engine.worker
     assert captured.runner.captured.max_rows == 8 and not calls
-    assert all(paths == (0, 0) for paths in _few_row_paths(captured))
+    assert all((m.native_max_rows, m.dense_max_rows) == (0, 0)
+               for m in packed_linears(captured.model))
     captured.tune_eager_few_rows()  # what bench captured does for its eager rounds
     captured.tune_eager_few_rows()  # once only: padding is measured on unpadded layers
     assert len(calls) == 1
