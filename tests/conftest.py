@@ -27,6 +27,19 @@ def captured_steps_whenever_possible(monkeypatch):
     monkeypatch.setattr(cpu_worker, "choose_captured_rows", everywhere)
 
 
+@pytest.fixture(autouse=True)
+def short_gemm_warm_up(monkeypatch):
+    """Engines warm their GEMM kernels for at most 8 rows instead of max_num_seqs: the
+    warm-up only saves later steps the kernels' generation, never changes a result, and
+    the suite builds hundreds of engines (tests/worker/test_gemm_warmup.py covers the
+    setting and the full warm-up)."""
+    from kvserve.worker import cpu_worker
+
+    warm = cpu_worker.warm_gemm_kernels
+    monkeypatch.setattr(cpu_worker, "warm_gemm_kernels",
+                        lambda model, max_rows: warm(model, min(max_rows, 8)))
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     from tests.helpers import build_tokenizer

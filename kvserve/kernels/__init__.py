@@ -165,20 +165,20 @@ class Kernels:
                                 cos_table=cos.data_ptr(), sin_table=sin.data_ptr(),
                                 num_q=num_q, num_k=num_k, head_dim=head_dim)
 
-    def captured_step(self, plan, tokens, positions, slots, tables, seq_lens, eps: float,
-                      scale: float, logits, timings=None) -> None:
-        """A Llama-family step of float32 weights and pool (kernels/decode_step.c) for the
-        int64 ``plan``: logits [rows, vocab] (float32, contiguous) of tokens [rows];
-        positions, slots, seq_lens [rows] and tables [rows, B] (rows contiguous) are
-        int64; ``timings``: None, or a float64 [2] that the GEMVs' and attention's
-        seconds add to."""
+    def captured_step(self, plan: int, tokens: int, positions: int, slots: int, tables: int,
+                      table_stride: int, seq_lens: int, rows: int, eps: float, scale: float,
+                      logits: int, timings: int) -> None:
+        """A Llama-family step of float32 weights and pool (kernels/decode_step.c), its
+        arguments addresses: the int64 ``plan``; logits [rows, vocab] (float32,
+        contiguous) of tokens [rows]; positions, slots, seq_lens [rows] and tables [rows,
+        table_stride] are int64; ``timings``: 0, or a float64 [2] that the GEMVs' and
+        attention's seconds add to. The caller keeps what they point to alive."""
         status = self._captured_step(
-            plan=plan.data_ptr(), tokens=tokens.data_ptr(), positions=positions.data_ptr(),
-            slots=slots.data_ptr(), tables=tables.data_ptr(), table_stride=tables.stride(0),
-            seq_lens=seq_lens.data_ptr(), rows=tokens.shape[0], eps=eps, scale=scale,
-            logits=logits.data_ptr(), timings=None if timings is None else timings.data_ptr())
+            plan=plan, tokens=tokens, positions=positions, slots=slots, tables=tables,
+            table_stride=table_stride, seq_lens=seq_lens, rows=rows, eps=eps, scale=scale,
+            logits=logits, timings=timings or None)
         if status != 0:
-            raise MemoryError(f"captured step of {tokens.shape[0]} rows: no scratch memory")
+            raise MemoryError(f"captured step of {rows} rows: no scratch memory")
 
     def bind_threads(self, cpus: list[int]) -> int:
         """Bind the calling thread's OpenMP team of len(cpus) threads (torch's intra-op

@@ -26,7 +26,8 @@ import torch
 from kvserve.model.attention import KVCache
 from kvserve.model.layers import Linear
 from kvserve.model.llama import LlamaForCausalLM
-from kvserve.worker.input_batch import StepInputs
+from kvserve.core.scheduler_output import ScheduledRequest
+from kvserve.worker.input_batch import StepInputs, decodes_only
 
 MAX_ROWS = 8     # the native GEMV reads the weights once for up to eight rows
 REQUIRED_GAIN = 0.02  # a row count is captured where it measured this much faster
@@ -77,6 +78,7 @@ class CapturedStep:
         self.start_times: dict[int, tuple[float, float]] = {}  # rows: (eager, captured) s
         self.profiler = None  # a StepProfiler, told the parts of the steps it times
         self.vocab = cfg.vocab_size
+        self.block_size = caches[0].block_size
         self.eps = float(cfg.norm_eps)
         self.scale = float(model.model.layers[0].self_attn.scale)
         # the plan holds addresses: keep every tensor it names alive and in place
@@ -104,6 +106,16 @@ class CapturedStep:
             plan += [self._address(fields[name]) for name in self.LAYER]
         self.plan = torch.tensor(plan, dtype=torch.int64)
         self._timings = torch.zeros(2, dtype=torch.float64)
+        # A decode step's inputs, written in place (tokens, positions, slots, seq_lens,
+        # one per row each, then the rows' block tables), and its logits, a view per row
+        # count: right after a step, each torch call costs many times its warm price.
+        self._max_blocks = -(-cfg.max_position_embeddings // header["block"])
+        self._ints = torch.zeros(MAX_ROWS * (4 + self._max_blocks), dtype=torch.int64)
+        self._ints_view = self._ints.numpy()
+        logits = torch.empty(MAX_ROWS, self.vocab, dtype=torch.float32)
+        self._logits = [logits[:n] for n in range(MAX_ROWS + 1)]
+        self._addresses = (self.plan.data_ptr(), self._ints.data_ptr(), logits.data_ptr(),
+                           self._timings.data_ptr())
 
     def _address(self, t: torch.Tensor | None) -> int:
         if t is None:
@@ -123,19 +135,55 @@ class CapturedStep:
         """The step's logits [rows, vocab], rows in the flat batch's order (which, for a
         covered step, is the order of ``inputs.sample_rows``)."""
         meta = inputs.meta
-        logits = torch.empty((inputs.tokens.shape[0], self.vocab), dtype=torch.float32)
+        rows = inputs.tokens.shape[0]
+        logits = torch.empty((rows, self.vocab), dtype=torch.float32)
+        tables = meta.row_block_tables
+        self._run(rows, inputs.tokens.data_ptr(), inputs.positions.data_ptr(),
+                  meta.slot_mapping.data_ptr(), tables.data_ptr(), tables.stride(0),
+                  meta.row_seq_lens.data_ptr(), logits.data_ptr())
+        return logits
+
+    def decode(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
+        """The logits [rows, vocab] of a step of requests each decoding one token, rows
+        in ``scheduled``'s order, with no StepInputs built; None when this step does not
+        cover it. The logits are this object's, overwritten by the next call."""
+        rows = len(scheduled)
+        if rows > self.max_rows or not decodes_only(scheduled):
+            return None
+        bs = self.block_size
+        positions = [s.start_pos for s in scheduled]
+        width = max(positions) // bs + 1
+        if width > self._max_blocks:
+            return None
+        ints = [s.token_ids[0] for s in scheduled] + positions
+        ints += [s.block_table[p // bs] * bs + p % bs for s, p in zip(scheduled, positions)]
+        ints += [p + 1 for p in positions]
+        for s in scheduled:
+            table = s.block_table[:width]
+            ints += table + [0] * (width - len(table))
+        # one write in place; the kernel reads the fields at their offsets
+        self._ints_view[:len(ints)] = ints
+        first = self._addresses[1]
+        tokens, positions, slots, seq_lens = (first + 8 * rows * i for i in range(4))
+        self._run(rows, tokens, positions, slots, first + 8 * 4 * rows, width, seq_lens,
+                  self._addresses[2])
+        return self._logits[rows]
+
+    def _run(self, rows: int, tokens: int, positions: int, slots: int, tables: int,
+             table_stride: int, seq_lens: int, logits: int) -> None:
+        """The native step on inputs at these addresses (int64, tables' rows
+        ``table_stride`` apart), its linear and attention seconds to the profiler when
+        it times this step."""
         timed = self.profiler is not None and self.profiler.active
         if timed:
             self._timings.zero_()
         self.kernels.captured_step(
-            self.plan, inputs.tokens, inputs.positions, meta.slot_mapping,
-            meta.row_block_tables, meta.row_seq_lens, self.eps, self.scale, logits,
-            self._timings if timed else None)
+            self._addresses[0], tokens, positions, slots, tables, table_stride, seq_lens,
+            rows, self.eps, self.scale, logits, self._addresses[3] if timed else 0)
         if timed:
             linear, attention = self._timings.tolist()
             self.profiler.add("linear", linear)
             self.profiler.add("attention", attention)
-        return logits
 
 
 def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 3) -> dict[int, tuple]:

@@ -43,10 +43,15 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
                  sliding_window: int | None, native: Kernels | None = None) -> StepInputs:
     """``native``: attention by the native kernel, every row in one call (no gathered
     copy, no mask)."""
-    if native is not None and all(len(s.token_ids) == 1 and s.sample
-                                  and s.prompt_logprobs is None for s in scheduled):
+    if native is not None and decodes_only(scheduled):
         return _decode_inputs(scheduled, block_size, sliding_window, native)
     return _flat_inputs(scheduled, block_size, sliding_window, native)
+
+
+def decodes_only(scheduled: list[ScheduledRequest]) -> bool:
+    """Whether every request decodes one token, sampled, with no prompt logprobs."""
+    return all(len(s.token_ids) == 1 and s.sampling is not None
+               and s.prompt_logprobs is None for s in scheduled)
 
 
 def _flat_inputs(scheduled: list[ScheduledRequest], block_size: int,

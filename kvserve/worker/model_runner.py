@@ -146,27 +146,32 @@ class ModelRunner:
         result = ModelRunnerOutput()
         if not out.scheduled:
             return result
-        inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
-                              self.native_attention)
-        logits = self.forward(inputs)
+        # a decode step the captured step covers needs no StepInputs
+        logits = self.captured.decode(out.scheduled) if self.captured is not None else None
+        if logits is not None:
+            order, num_draft_rows = out.scheduled, 0
+        else:
+            inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
+                                  self.native_attention)
+            logits = self.forward(inputs)
+            num_sample = len(inputs.sample_rows)
+            if inputs.prompt_spans:
+                result.prompt_logprobs = self._prompt_logprobs(logits[num_sample:], inputs)
+            if num_sample < logits.shape[0]:
+                logits = logits[:num_sample]
+            order, num_draft_rows = inputs.sample_order, inputs.num_draft_rows
         token_masks = out.token_masks
         if hasattr(token_masks, "result"):  # computed while the model ran
             start = time.perf_counter()
             token_masks = token_masks.result()
             self.mask_wait_seconds += time.perf_counter() - start
-        num_sample = len(inputs.sample_rows)
-        if inputs.prompt_spans:
-            result.prompt_logprobs = self._prompt_logprobs(logits[num_sample:], inputs)
-        if not inputs.sample_order:
+        if not order:
             return result
-        if num_sample < logits.shape[0]:
-            logits = logits[:num_sample]
-        ids = [s.request_id for s in inputs.sample_order]
-        infos = [s.sampling for s in inputs.sample_order]
+        ids = [s.request_id for s in order]
+        infos = [s.sampling for s in order]
         masks = [token_masks.get(rid) for rid in ids] if token_masks else None
-        if inputs.num_draft_rows:
-            drafts = [s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
-                      for s in inputs.sample_order]
+        if num_draft_rows:
+            drafts = [s.token_ids[len(s.token_ids) - s.num_draft_tokens:] for s in order]
             result.sampled = dict(zip(ids, self.verifier(logits, ids, infos, drafts, masks)))
         else:
             row_masks = None if masks is None else [None if m is None else m[0] for m in masks]

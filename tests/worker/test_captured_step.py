@@ -30,6 +30,11 @@ def _runner(model_dir, **engine_args):
 def _decode_step(runner, contexts: list[int], drafts: int = 0):
     """A step of one row per context (each request's tokens after ``context`` tokens),
     plus ``drafts`` draft rows on the first request; each its own blocks."""
+    return build_inputs(_scheduled(runner, contexts, drafts), runner.block_size,
+                        runner.config.sliding_window, runner.native_attention)
+
+
+def _scheduled(runner, contexts: list[int], drafts: int = 0) -> list[ScheduledRequest]:
     bs, info = runner.block_size, SamplingInfo(SamplingParams(), (), (), None)
     scheduled, first = [], 0
     for i, ctx in enumerate(contexts):
@@ -39,7 +44,7 @@ def _decode_step(runner, contexts: list[int], drafts: int = 0):
         scheduled.append(ScheduledRequest(f"r{i}", tokens, ctx, list(range(first, first + blocks)),
                                           info, n - 1))
         first += blocks
-    return build_inputs(scheduled, bs, runner.config.sliding_window, runner.native_attention)
+    return scheduled
 
 
 @pytest.mark.parametrize("build", ["native", "avx2"])
@@ -74,14 +79,35 @@ def test_greedy_tokens_are_transformers_with_captured_steps(arch, model_dirs, mo
     captured = llm.engine.worker.runner.captured
     assert captured is not None and captured.max_rows == MAX_ROWS
     calls = []
-    real = captured.__call__
-    monkeypatch.setattr(CapturedStep, "__call__", lambda self, i: calls.append(
-        i.tokens.shape[0]) or real(i))
+    real = CapturedStep._run
+    monkeypatch.setattr(CapturedStep, "_run", lambda self, rows, *a: calls.append(
+        rows) or real(self, rows, *a))
     prompts = prompts_of_lengths([1, 7, 17, 40, 3, 9, 2, 25, 11, 4])
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(model_dirs(arch), prompts, 12)
     assert calls and set(calls) <= set(range(1, MAX_ROWS + 1)) and max(calls) > 4
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])  # mistral: a sliding window
+def test_a_decode_step_without_step_inputs_gives_the_same_logits(arch, model_dirs):
+    runner = _runner(model_dirs(arch))
+    captured = runner.captured
+    for contexts in [[5], [3, 40], [70, 1, 17], [9, 2, 64, 30, 5, 6, 7, 8]]:
+        scheduled = _scheduled(runner, contexts)
+        with torch.inference_mode():
+            expected = captured(build_inputs(scheduled, runner.block_size,
+                                             runner.config.sliding_window, kernels))
+            got = captured.decode(scheduled)
+        assert torch.equal(got, expected), contexts
+    too_many = _scheduled(runner, list(range(3, 4 + MAX_ROWS)))
+    drafted = _scheduled(runner, [20], drafts=2)
+    info = SamplingInfo(SamplingParams(), (), (), None)
+    chunk = [ScheduledRequest("p", [5, 6, 7], 0, [0], info)]
+    unsampled = [ScheduledRequest("p", [5], 3, [0], None)]
+    assert all(captured.decode(s) is None for s in (too_many, drafted, chunk, unsampled))
+    captured.max_rows = 0
+    assert captured.decode(_scheduled(runner, [3])) is None
 
 
 def test_steps_it_does_not_cover_run_eager(llama_dir):
