@@ -24,6 +24,8 @@ from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput
 # SamplingParams that ask for k top logprobs, one per k (prompt logprobs reuse the
 # sampler's logprob code)
 _LOGPROBS = {k: SamplingParams(temperature=0.0, logprobs=k) for k in range(21)}
+# the warm-up's layers: one with every row, then a last (a model runs one per pool given)
+WARM_UP_LAYERS = 2
 
 
 def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -59,8 +61,11 @@ class ModelRunner:
         once on one decode token per prompt, writing their K/V into blocks no request
         holds yet (any later owner writes a slot before reading it). The first real step
         then finds the heap grown, oneDNN's kernels generated and the threads started,
-        instead of paying for them in a user's first request. Returns the number of
-        prompt tokens run (0 when the pool is too small)."""
+        instead of paying for them in a user's first request. Only the first
+        WARM_UP_LAYERS layers run: every layer has the same shapes, and a step's last
+        one takes only the rows that give logits (none here), so the layers before it
+        grow the heap and generate the kernels as the whole model would, at a fraction
+        of its cost. Returns the number of prompt tokens run (0 when the pool is too small)."""
         bs, num_blocks = self.block_size, self.caches[0].k.shape[0]
         prompt_len = min(num_tokens, max_prompt_len, num_blocks * bs - 1)  # + a decode slot
         if prompt_len < 1:
@@ -74,7 +79,7 @@ class ModelRunner:
                   for i, t in enumerate(tables)]]
         for scheduled in steps:
             self.forward(build_inputs(scheduled, bs, self.config.sliding_window,
-                                       self.native_attention))
+                                      self.native_attention), self.caches[:WARM_UP_LAYERS])
         return num_prompts * prompt_len
 
     @torch.inference_mode()
@@ -191,18 +196,20 @@ class ModelRunner:
             first += len(tokens)
         return out
 
-    def forward(self, inputs: StepInputs) -> torch.Tensor:
+    def forward(self, inputs: StepInputs, caches: list[KVCache] | None = None
+                ) -> torch.Tensor:
         """The logits of the step's sampling rows, then of its prompt-scoring rows. Only
         those rows go through the last layer's attention output, o_proj and MLP (the
         other rows' K/V are all a later step needs): a prompt chunk skips most of one
-        layer's work. A step the captured step covers runs there, as one native call."""
-        if self.captured is not None and self.captured.covers(inputs):
+        layer's work. A step the captured step covers runs there, as one native call.
+        ``caches``: the first layers' pools, to run only those layers (the warm-up)."""
+        if caches is None and self.captured is not None and self.captured.covers(inputs):
             return self.captured(inputs)
         rows = inputs.sample_rows
         if inputs.prompt_rows is not None:
             rows = torch.cat([rows, inputs.prompt_rows])
         out_rows = None if len(rows) == len(inputs.tokens) and inputs.prompt_rows is None \
             else rows
-        hidden = self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta,
-                            out_rows)
+        hidden = self.model(inputs.tokens, inputs.positions,
+                            self.caches if caches is None else caches, inputs.meta, out_rows)
         return self.model.compute_logits(hidden)

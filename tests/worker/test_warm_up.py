@@ -40,3 +40,19 @@ def test_few_row_gemms_are_tuned_only_for_eager_few_row_steps(llama_dir, monkeyp
     assert len(calls) == 1
     eager = LLM(llama_dir, num_kv_blocks=64, enforce_eager=True).engine.worker
     assert eager.runner.captured is None and len(calls) == 2
+
+
+def test_warm_up_runs_a_layer_with_every_row_and_a_last_one(llama_dir, monkeypatch):
+    from kvserve.worker import model_runner
+    runner = LLM(llama_dir, num_kv_blocks=64, block_size=8).engine.worker.runner
+    rows: dict[int, list[int]] = {}
+    for i, layer in enumerate(runner.model.model.layers):
+        layer.mlp.register_forward_hook(
+            lambda module, args, out, i=i: rows.setdefault(i, []).append(args[0].shape[0]))
+    assert model_runner.WARM_UP_LAYERS == 2 == len(runner.model.model.layers)
+    runner.warm_up(80, max_prompt_len=40)  # two prompts of 40, then a decode step of two
+    assert rows == {0: [80, 2], 1: [0, 0]}  # the last layer: only rows giving logits
+    rows.clear()
+    monkeypatch.setattr(model_runner, "WARM_UP_LAYERS", 1)
+    runner.warm_up(80, max_prompt_len=40)
+    assert rows == {0: [0, 0]}  # the first layer is then the last: the second never runs
