@@ -13,9 +13,11 @@ addresses stay valid for the runner's life; the plan keeps every tensor it names
 
 It covers a step when every row gives logits (decodes and draft verification; no
 prefill chunk, no prompt logprobs) and the rows are at most ``max_rows``, which the
-worker sets by timing both paths at start (:func:`choose_captured_rows`). The model it
-takes: LlamaForCausalLM (Llama, Mistral, Qwen2) in float32 with a float32 KV pool and
-SiLU MLPs, on one rank, unquantized. ``--enforce-eager`` (vLLM's flag) turns it off.
+worker sets by timing both paths at start (:func:`choose_captured_rows`). A step of
+decodes alone skips the StepInputs too (:meth:`CapturedStep.decode`): its inputs go
+straight into a buffer kept from start. The model it takes: LlamaForCausalLM (Llama,
+Mistral, Qwen2) in float32 with a float32 KV pool and SiLU MLPs, on one rank,
+unquantized. ``--enforce-eager`` (vLLM's flag) turns it off.
 """
 from __future__ import annotations
 
@@ -148,7 +150,7 @@ class CapturedStep:
         in ``scheduled``'s order, with no StepInputs built; None when this step does not
         cover it. The logits are this object's, overwritten by the next call."""
         rows = len(scheduled)
-        if rows > self.max_rows or not decodes_only(scheduled):
+        if not 0 < rows <= self.max_rows or not decodes_only(scheduled):
             return None
         bs = self.block_size
         positions = [s.start_pos for s in scheduled]

@@ -105,7 +105,8 @@ def test_a_decode_step_without_step_inputs_gives_the_same_logits(arch, model_dir
     info = SamplingInfo(SamplingParams(), (), (), None)
     chunk = [ScheduledRequest("p", [5, 6, 7], 0, [0], info)]
     unsampled = [ScheduledRequest("p", [5], 3, [0], None)]
-    assert all(captured.decode(s) is None for s in (too_many, drafted, chunk, unsampled))
+    assert all(captured.decode(s) is None
+               for s in (too_many, drafted, chunk, unsampled, []))
     captured.max_rows = 0
     assert captured.decode(_scheduled(runner, [3])) is None
 
