@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
 import torch
 
 from kvserve.model.attention import KVCache
 from kvserve.model.layers import Linear
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.core.scheduler_output import ScheduledRequest
-from kvserve.worker.input_batch import StepInputs, decodes_only
+from kvserve.worker.input_batch import StepInputs, decode_fields, decodes_only
 
 MAX_ROWS = 8     # the native GEMV reads the weights once for up to eight rows
 REQUIRED_GAIN = 0.02  # a row count is captured where it measured this much faster
@@ -108,16 +109,15 @@ class CapturedStep:
             plan += [self._address(fields[name]) for name in self.LAYER]
         self.plan = torch.tensor(plan, dtype=torch.int64)
         self._timings = torch.zeros(2, dtype=torch.float64)
-        # A decode step's inputs, written in place (tokens, positions, slots, seq_lens,
-        # one per row each, then the rows' block tables), and its logits, a view per row
-        # count: right after a step, each torch call costs many times its warm price.
+        # A decode step's inputs, written in place, and its logits, a view per row count:
+        # right after a step, each torch call costs many times its warm price.
         self._max_blocks = -(-cfg.max_position_embeddings // header["block"])
-        self._ints = torch.zeros(MAX_ROWS * (4 + self._max_blocks), dtype=torch.int64)
-        self._ints_view = self._ints.numpy()
+        self._ints = np.zeros(MAX_ROWS * (4 + self._max_blocks), dtype=np.int64)
         logits = torch.empty(MAX_ROWS, self.vocab, dtype=torch.float32)
         self._logits = [logits[:n] for n in range(MAX_ROWS + 1)]
-        self._addresses = (self.plan.data_ptr(), self._ints.data_ptr(), logits.data_ptr(),
-                           self._timings.data_ptr())
+        # addresses taken once: each data_ptr() is a torch call
+        self._plan_at, self._ints_at = self.plan.data_ptr(), self._ints.ctypes.data
+        self._logits_at, self._timings_at = logits.data_ptr(), self._timings.data_ptr()
 
     def _address(self, t: torch.Tensor | None) -> int:
         if t is None:
@@ -152,23 +152,18 @@ class CapturedStep:
         rows = len(scheduled)
         if not 0 < rows <= self.max_rows or not decodes_only(scheduled):
             return None
-        bs = self.block_size
-        positions = [s.start_pos for s in scheduled]
-        width = max(positions) // bs + 1
-        if width > self._max_blocks:
+        f = decode_fields(scheduled, self.block_size)
+        if f.width > self._max_blocks:
             return None
-        ints = [s.token_ids[0] for s in scheduled] + positions
-        ints += [s.block_table[p // bs] * bs + p % bs for s, p in zip(scheduled, positions)]
-        ints += [p + 1 for p in positions]
-        for s in scheduled:
-            table = s.block_table[:width]
-            ints += table + [0] * (width - len(table))
-        # one write in place; the kernel reads the fields at their offsets
-        self._ints_view[:len(ints)] = ints
-        first = self._addresses[1]
-        tokens, positions, slots, seq_lens = (first + 8 * rows * i for i in range(4))
-        self._run(rows, tokens, positions, slots, first + 8 * 4 * rows, width, seq_lens,
-                  self._addresses[2])
+        # one write in place: tokens, positions, slots, seq_lens (one per row each), then
+        # the tables; the kernel reads each at its offset
+        ints = f.tokens + f.positions + f.slots + f.seq_lens
+        for table in f.tables:
+            ints += table
+        self._ints[:len(ints)] = ints
+        tokens, positions, slots, seq_lens, tables = (
+            self._ints_at + 8 * rows * i for i in range(5))
+        self._run(rows, tokens, positions, slots, tables, f.width, seq_lens, self._logits_at)
         return self._logits[rows]
 
     def _run(self, rows: int, tokens: int, positions: int, slots: int, tables: int,
@@ -180,8 +175,8 @@ class CapturedStep:
         if timed:
             self._timings.zero_()
         self.kernels.captured_step(
-            self._addresses[0], tokens, positions, slots, tables, table_stride, seq_lens,
-            rows, self.eps, self.scale, logits, self._addresses[3] if timed else 0)
+            self._plan_at, tokens, positions, slots, tables, table_stride, seq_lens, rows,
+            self.eps, self.scale, logits, self._timings_at if timed else 0)
         if timed:
             linear, attention = self._timings.tolist()
             self.profiler.add("linear", linear)

@@ -101,25 +101,44 @@ def _flat_inputs(scheduled: list[ScheduledRequest], block_size: int,
     return inputs
 
 
+@dataclass
+class DecodeFields:
+    """A step of decodes only as plain lists, one entry per request: what the native
+    kernels read of it (the tables padded with block 0 to a common width)."""
+
+    tokens: list[int]
+    positions: list[int]
+    slots: list[int]
+    seq_lens: list[int]
+    tables: list[list[int]]
+    width: int
+
+
+def decode_fields(scheduled: list[ScheduledRequest], block_size: int) -> DecodeFields:
+    positions = [s.start_pos for s in scheduled]
+    width = max(positions) // block_size + 1
+    tables = [(s.block_table + [0] * width)[:width] for s in scheduled]
+    return DecodeFields(
+        tokens=[s.token_ids[0] for s in scheduled], positions=positions,
+        slots=[t[p // block_size] * block_size + p % block_size
+               for t, p in zip(tables, positions)],
+        seq_lens=[p + 1 for p in positions], tables=tables, width=width)
+
+
 def _decode_inputs(scheduled: list[ScheduledRequest], block_size: int,
                    sliding_window: int | None, native: Kernels) -> StepInputs:
     """A step of decodes only, for the native kernel: the same tensors as the general
     path, from a few small lists. Decode steps are the ones whose host work is most of
     what is not streaming weights, and this runs right after a step evicted the caches,
     where each torch call costs many times its warm price: the fewer, the better."""
-    positions = [s.start_pos for s in scheduled]
-    width = max(positions) // block_size + 1
-    tables = [(s.block_table + [0] * width)[:width] for s in scheduled]
-    slots = [t[p // block_size] * block_size + p % block_size
-             for t, p in zip(tables, positions)]
-    rows = torch.arange(len(scheduled))
+    f = decode_fields(scheduled, block_size)
     meta = AttentionMetadata(
-        torch.tensor(slots), len(scheduled), native=native,
-        sliding_window=sliding_window or 0, row_block_tables=torch.tensor(tables),
-        row_seq_lens=torch.tensor([p + 1 for p in positions]))
-    return StepInputs(tokens=torch.tensor([s.token_ids[0] for s in scheduled]),
-                      positions=torch.tensor(positions), meta=meta, order=list(scheduled),
-                      sample_rows=rows, sample_order=list(scheduled))
+        torch.tensor(f.slots), len(scheduled), native=native,
+        sliding_window=sliding_window or 0, row_block_tables=torch.tensor(f.tables),
+        row_seq_lens=torch.tensor(f.seq_lens))
+    return StepInputs(tokens=torch.tensor(f.tokens), positions=torch.tensor(f.positions),
+                      meta=meta, order=list(scheduled), sample_rows=torch.arange(len(scheduled)),
+                      sample_order=list(scheduled))
 
 
 def _add_prompt_rows(inputs: StepInputs, order: list[ScheduledRequest], ends: np.ndarray
