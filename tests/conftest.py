@@ -28,6 +28,20 @@ def captured_steps_whenever_possible(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def panel_gemm_whenever_possible(monkeypatch):
+    """Engines run every GEMM of 9 rows or more that the native panel GEMM can take on
+    it, instead of where start-up timing of decode steps finds it faster: the suite then
+    covers it in every mode it runs, the same way on every machine, without timing steps
+    at every engine start (tests/worker/test_panel_gemm.py covers the choice, and an
+    engine on oneDNN's path)."""
+    from kvserve.worker import panel_gemm
+
+    monkeypatch.setattr(panel_gemm, "measure_panel_rows",
+                        lambda linears, time_steps, **kw: {n: (1.0, 0.5)
+                                                           for n in panel_gemm.ROW_LADDER})
+
+
+@pytest.fixture(autouse=True)
 def short_gemm_warm_up(monkeypatch):
     """Engines warm their GEMM kernels for at most 8 rows instead of max_num_seqs: the
     warm-up only saves later steps the kernels' generation, never changes a result, and

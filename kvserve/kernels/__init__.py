@@ -24,12 +24,14 @@ logger = init_logger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
                                                           "int8_linear.c", "threads.c",
-                                                          "gemv.c", "decode_step.c"))
+                                                          "gemv.c", "gemm.c",
+                                                          "decode_step.c"))
 _HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_rows.h"))
 # KV pool element types the attention kernel reads (queries and sums are float32)
 NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # activation dtypes of the RMSNorm and rotary kernels (SiLU-and-multiply: float32)
 NATIVE_ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
+PANEL_COLUMNS = 16  # output columns of one panel of gemm_panels' weight layout
 
 
 def _cache_dir() -> Path:
@@ -85,6 +87,7 @@ class Kernels:
                               torch.bfloat16: bind(lib, "add_rms_norm_bf16")}
         self._silu_mul = bind(lib, "silu_mul")
         self._gemv_rows = bind(lib, "gemv_rows")
+        self._gemm_panels = bind(lib, "gemm_panels")
         self._rotary = {torch.float32: bind(lib, "rotary"),
                         torch.bfloat16: bind(lib, "rotary_bf16")}
         self._quantize_rows = bind(lib, "quantize_rows_int8")
@@ -155,6 +158,33 @@ class Kernels:
         self._gemv_rows(x=x.data_ptr(), m=m, k=k, w=weight.data_ptr(), n=weight.shape[0],
                         bias=bias.data_ptr() if bias is not None else None,
                         y=out.data_ptr())
+        return out
+
+    @staticmethod
+    def pack_panels(weight):
+        """A float32 weight [N, K] (N a multiple of PANEL_COLUMNS) as gemm_panels reads
+        it: panels [N / 16, K, 16] of 16 output columns each."""
+        n, k = weight.shape
+        if weight.dtype != torch.float32 or n % PANEL_COLUMNS:
+            raise ValueError(f"pack_panels takes a float32 weight [N, K] with N a multiple of "
+                             f"{PANEL_COLUMNS}; got {weight.dtype} {tuple(weight.shape)}")
+        return weight.detach().reshape(n // PANEL_COLUMNS, PANEL_COLUMNS, k) \
+            .transpose(1, 2).contiguous()
+
+    def gemm_panels(self, x, panels, bias=None):
+        """x [M, K] @ weight.T (+ bias) for float32 x and the weight's ``pack_panels``."""
+        num, k, cols = panels.shape
+        if not (x.dtype == panels.dtype == torch.float32 and x.dim() == 2
+                and x.shape[1] == k and cols == PANEL_COLUMNS):
+            raise ValueError(f"gemm_panels takes float32 x [M, {k}] and panels [N/16, K, 16]; "
+                             f"got {x.dtype} {tuple(x.shape)} and {tuple(panels.shape)}")
+        x = x.contiguous()
+        out = x.new_empty((x.shape[0], num * cols))
+        status = self._gemm_panels(x=x.data_ptr(), m=x.shape[0], k=k, panels=panels.data_ptr(),
+                                   n=num * cols, bias=bias.data_ptr() if bias is not None else None,
+                                   y=out.data_ptr())
+        if status != 0:
+            raise MemoryError(f"gemm_panels of {x.shape[0]} rows: no memory for its input copy")
         return out
 
     def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):

@@ -31,6 +31,13 @@ class Linear(nn.Linear):
     # ...or through the native few-row kernel (kernels.gemv_rows), when measured faster
     native_max_rows: int = 0
     native_gemv = None
+    # ...and GEMMs of panel_min_rows (more than the few-row paths take) to panel_max_rows
+    # rows through the native panel GEMM, on its own copy of the weight, where measured
+    # faster (worker/panel_gemm.py)
+    panel_weight: torch.Tensor | None = None
+    panel_min_rows: int = 9
+    panel_max_rows: int = 0
+    panel_gemm = None
     _padded: torch.Tensor | None = None
 
     def configure(self, mode: ExecutionMode) -> None:
@@ -54,6 +61,8 @@ class Linear(nn.Linear):
         if self.packed_weight is None or x.dim() != 2 or x.shape[0] <= self.dense_max_rows:
             return F.linear(x, self.weight, self.bias)
         rows = x.shape[0]
+        if self.panel_min_rows <= rows <= self.panel_max_rows and x.dtype == torch.float32:
+            return self.panel_gemm(x, self.panel_weight, self.bias)
         if rows < self.min_rows:
             # GEMM rows are independent: the padding rows (left from earlier calls)
             # change nothing in the real ones, whose results are sliced out

@@ -27,6 +27,7 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.logger import init_logger
 from kvserve.model.execution import ExecutionMode, configure_layers
+from kvserve.model.layers import Linear
 from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
@@ -36,6 +37,7 @@ from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
     freeze_startup_objects, keep_freed_memory, physical_cores
+from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, choose_panel_rows
 from kvserve.worker.row_padding import measure_min_rows
 from kvserve.worker.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
@@ -192,6 +194,7 @@ class CPUWorker(Worker):
                             ", ".join(f"{1e6 * t:.0f} us by {n}" for n, t in times.items()),
                             "shared memory" if self.tp.use_shm else "gloo")
         self.runner.warm_up(self.config.warmup_tokens)
+        self._panel_gemms()
         self._warm_gemm_kernels()
         self._choose_captured_rows(self.runner, "")
         captured = self.runner.captured
@@ -256,6 +259,27 @@ class CPUWorker(Worker):
             logger.info("few-row GEMMs off oneDNN's packed path (faster, measured): %s of "
                         "%d layers", ", ".join(f"{n} {k}" for k, n in sorted(chosen.items())),
                         sum(counts.values()))
+
+    def _panel_gemms(self) -> None:
+        """Give the native panel GEMM the row counts where it beats oneDNN (measured),
+        before the warm-up generates oneDNN's kernels for the rest."""
+        if self.kernels is None or not self.mode.packed_linear:
+            return
+        if self.tp is not None:
+            # each rank would time its own steps, whose all-reduces need every rank in
+            # the same step; the ranks keep oneDNN's GEMMs
+            logger.info("panel GEMM not measured under tensor parallelism: oneDNN's GEMMs")
+            return
+        runner = self.runner
+        rows, times = choose_panel_rows(
+            self.model, self.kernels, lambda n: runner.time_decodes(n, rounds=1, warm=False))
+        if times:
+            timed = ", ".join(f"{n}: {1000 * o:.2f} -> {1000 * p:.2f}"
+                              for n, (o, p) in times.items())
+            taken = (f"from {Linear.panel_min_rows} rows" if rows == ALL_PANEL_ROWS else
+                     f"for {Linear.panel_min_rows}-{rows} rows" if rows else "not taken")
+            logger.info("panel GEMM %s (decode steps by rows, oneDNN -> panel, ms: %s)",
+                        taken, timed)
 
     def _warm_gemm_kernels(self) -> None:
         rows = self.config.worker.gemm_warmup_rows

@@ -73,5 +73,6 @@ def warm_gemm_kernels(model: nn.Module, max_rows: int) -> tuple[int, int]:
         pairs.append((linear, zeros[key]))
     for count in range(1, rows + 1):
         for linear, x in pairs:
-            linear(x[:count])
+            if not linear.panel_min_rows <= count <= linear.panel_max_rows:
+                linear(x[:count])  # the native panel GEMM has no kernel to generate
     return len(linears), rows

@@ -37,6 +37,7 @@ def test_every_distinct_shape_runs_at_every_row_count(llama_dir):
     assert len(shapes) == 5
     seen = {id(linear): [] for linear in shapes}
     for linear in shapes:
+        linear.panel_max_rows = 0  # all on oneDNN, whatever the start measured
         forward = linear.forward
 
         def spy(x, forward=forward, rows=seen[id(linear)]):
@@ -45,6 +46,12 @@ def test_every_distinct_shape_runs_at_every_row_count(llama_dir):
         linear.forward = spy
     assert warm_gemm_kernels(model, 12) == (5, 12)
     assert all(rows == list(range(1, 13)) for rows in seen.values())
+    for linear in shapes:  # counts on the native panel GEMM have no kernel to generate
+        linear.panel_max_rows = 10
+    for rows in seen.values():
+        rows.clear()
+    warm_gemm_kernels(model, 12)
+    assert all(rows == [1, 2, 3, 4, 5, 6, 7, 8, 11, 12] for rows in seen.values())
 
 
 @needs_onednn

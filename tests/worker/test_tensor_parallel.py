@@ -66,6 +66,16 @@ def test_tp2_keeps_the_engine_modes_exact(settings, llama_dir, tp_llm):
     assert llm.engine.kv.stats().num_used_blocks == 0
 
 
+def test_ranks_keep_onednns_gemms_instead_of_timing_steps_alone(llama_dir, tp_llm):
+    # a rank timing steps by itself would wait in their all-reduces for the others
+    from kvserve.worker.panel_gemm import panel_linears
+
+    llm = tp_llm(llama_dir)
+    layers = panel_linears(llm.engine.worker.local.runner.model)
+    assert layers and all(m.panel_max_rows == 0 and m.panel_weight is None for m in layers)
+    assert _greedy(llm, PROMPTS[:2], 4) == _greedy(llm, PROMPTS[:2], 4)
+
+
 def test_each_rank_gets_its_own_cpus_and_threads(llama_dir):
     from kvserve.worker.tensor_parallel_worker import rank_config
 

@@ -1,0 +1,125 @@
+/* Linear layers of a few dozen to a few hundred rows: y[m, n] = x[m, :] . w[n, :] (+ bias)
+ * over a copy of the float32 weight packed into panels of 16 output columns,
+ * panels [n / 16][k][16] (worker/panel_gemm.py packs it once).
+ *
+ * From about a dozen rows on a linear layer is bound by the FMAs, not by streaming its
+ * weight. The sums are then computed in register tiles of 6 rows by 16 columns: at each
+ * k, two vector loads of the panel's 16 weights and six broadcasts of the rows' inputs
+ * feed twelve FMAs into twelve accumulators, the classic AVX2 GEMM micro-kernel (the
+ * tile fills the 16 registers). The inputs are first copied into blocks of 6 rows
+ * interleaved along k ([m / 6][k][6], the last block's missing rows zero), so that the
+ * broadcasts read one contiguous stream.
+ *
+ * Blocking: k in slices of GEMM_KC (a whole layer's k, for most models: each output tile
+ * is then written once), and rows in groups of GEMM_MC, whose inputs stay in L2 while
+ * each panel's slice (at most 64 KiB, also from L2) passes over all of the group's row
+ * blocks. The threads split the panels; a thread's panels are contiguous in memory, so
+ * it streams its part of the weight once per row group. The sizes were chosen by
+ * measurement on AVX2 Zen 3 (docs/performance-avx2.md).
+ *
+ * Whether this beats oneDNN's packed GEMM, and up to how many rows, depends on the CPU:
+ * it is measured at start (worker/panel_gemm.py). The tile is AVX2's; built without AVX2
+ * and FMA, the same loops run in plain C. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <omp.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#define GEMM_MR 6    /* rows of a register tile */
+#define GEMM_NR 16   /* columns of a panel and of a tile */
+#define GEMM_KC 1024 /* k of one slice */
+#define GEMM_MC 96   /* rows of one group (a multiple of GEMM_MR) */
+
+/* The R (1-6, a constant at each call) rows of a tile over one k slice: c = a . b over
+ * kc, plus c's own values (add) or the bias (first slice). a: the block's slice [kc][6];
+ * b: the panel's slice [kc][16]. */
+static inline __attribute__((always_inline)) void tile(
+        const float *a, const float *b, int64_t kc, float *c, int64_t ldc, const int R,
+        int add, const float *bias) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 lo[GEMM_MR], hi[GEMM_MR];
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+    const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+    _Pragma("GCC unroll 6") for (int i = 0; i < R; i++) {
+        lo[i] = add ? _mm256_loadu_ps(c + i * ldc) : b0;
+        hi[i] = add ? _mm256_loadu_ps(c + i * ldc + 8) : b1;
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 w0 = _mm256_loadu_ps(b + GEMM_NR * k);
+        const __m256 w1 = _mm256_loadu_ps(b + GEMM_NR * k + 8);
+        _Pragma("GCC unroll 6") for (int i = 0; i < R; i++) {
+            const __m256 xi = _mm256_broadcast_ss(a + GEMM_MR * k + i);
+            lo[i] = _mm256_fmadd_ps(xi, w0, lo[i]);
+            hi[i] = _mm256_fmadd_ps(xi, w1, hi[i]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int i = 0; i < R; i++) {
+        _mm256_storeu_ps(c + i * ldc, lo[i]);
+        _mm256_storeu_ps(c + i * ldc + 8, hi[i]);
+    }
+#else
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < GEMM_NR; j++) {
+            float s = add ? c[i * ldc + j] : (bias ? bias[j] : 0.f);
+            for (int64_t k = 0; k < kc; k++) s += a[GEMM_MR * k + i] * b[GEMM_NR * k + j];
+            c[i * ldc + j] = s;
+        }
+#endif
+}
+
+static void tile_rows(const float *a, const float *b, int64_t kc, float *c, int64_t ldc,
+                      int rows, int add, const float *bias) {
+    switch (rows) {
+    case 6: tile(a, b, kc, c, ldc, 6, add, bias); break;
+    case 5: tile(a, b, kc, c, ldc, 5, add, bias); break;
+    case 4: tile(a, b, kc, c, ldc, 4, add, bias); break;
+    case 3: tile(a, b, kc, c, ldc, 3, add, bias); break;
+    case 2: tile(a, b, kc, c, ldc, 2, add, bias); break;
+    default: tile(a, b, kc, c, ldc, 1, add, bias);
+    }
+}
+
+/* x [m, k] contiguous; panels as above (n a multiple of 16); bias [n] or NULL; y [m, n].
+ * Returns 0, or -1 when the interleaved copy of x could not be allocated. */
+int64_t gemm_panels(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+                    const float *bias, float *y) {
+    const int64_t blocks = (m + GEMM_MR - 1) / GEMM_MR, num_panels = n / GEMM_NR;
+    const int64_t group = GEMM_MC / GEMM_MR;
+    float *xi = aligned_alloc(64, sizeof(float) * (size_t)((blocks * GEMM_MR * k + 15) / 16 * 16));
+    if (!xi) return -1;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++) {
+            float *dst = xi + blk * GEMM_MR * k;
+            for (int64_t i = 0; i < GEMM_MR; i++) {
+                const int64_t row = blk * GEMM_MR + i;
+                for (int64_t kk = 0; kk < k; kk++)
+                    dst[kk * GEMM_MR + i] = row < m ? x[row * k + kk] : 0.f;
+            }
+        }
+        /* the implicit barrier above: every block is written before any is read */
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t first = num_panels * t / threads, last = num_panels * (t + 1) / threads;
+        for (int64_t k0 = 0; k0 < k; k0 += GEMM_KC) {
+            const int64_t kc = k - k0 < GEMM_KC ? k - k0 : GEMM_KC;
+            for (int64_t g0 = 0; g0 < blocks; g0 += group) {
+                const int64_t g1 = g0 + group < blocks ? g0 + group : blocks;
+                for (int64_t p = first; p < last; p++) {
+                    const float *slice = panels + (p * k + k0) * GEMM_NR;
+                    for (int64_t blk = g0; blk < g1; blk++) {
+                        const int64_t left = m - blk * GEMM_MR;
+                        tile_rows(xi + blk * GEMM_MR * k + k0 * GEMM_MR, slice, kc,
+                                  y + blk * GEMM_MR * n + p * GEMM_NR, n,
+                                  left < GEMM_MR ? (int)left : GEMM_MR, k0 > 0,
+                                  bias ? bias + p * GEMM_NR : 0);
+                    }
+                }
+            }
+        }
+    }
+    free(xi);
+    return 0;
+}

@@ -1,0 +1,119 @@
+"""Linear layers of more than a few rows on the native panel GEMM (``kernels/gemm.c``)
+where it makes steps faster than oneDNN's packed GEMM does, as measured at start.
+
+A decode step of many requests, or a step with prompt chunks, runs its GEMMs at tens to
+thousands of rows: bound by the FMAs, not by streaming the weight. How close oneDNN's
+kernels come to the FMA peak there, and whether the native 6 x 16 register tile comes
+closer, is the CPU's business, so the worker measures. It times whole decode steps up a
+ladder of row counts with the layers on each path, not the GEMMs alone: in a step the
+GEMMs alternate with the native kernels (norms, rotary, attention), and on the machine
+the kernel was built on the two tied as lone GEMMs from 128 rows up while whole steps
+ran clearly faster on the panel GEMM (docs/performance-avx2.md). The panel GEMM gets
+the rows up to the largest count at which its steps were clearly faster, at every count
+below too; where it won the whole ladder it takes every larger count as well (a prompt
+chunk's thousands of rows: both kernels are bound by the FMAs there, and a step that
+large would cost seconds of start-up to time). Where it wins nowhere, its copy of the
+weights is dropped.
+
+The layers' ``forward`` applies ``panel_max_rows``; rows below ``panel_min_rows`` stay
+with the few-row paths (``small_gemm``, ``row_padding``, the captured step).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from kvserve.kernels import PANEL_COLUMNS
+from kvserve.worker.row_padding import packed_linears
+
+ROW_LADDER = (16, 64, 128)  # decode steps of this many requests are timed
+REQUIRED_GAIN = 0.05  # the panel GEMM's step must be at least this much faster at each
+ROUNDS = 2
+ALL_ROWS = 2**62  # panel_max_rows when the panel GEMM won the whole ladder
+
+StepTimer = Callable[[list[int]], dict[int, float]]  # row counts -> seconds of one step each
+
+
+def panel_linears(model: nn.Module) -> list:
+    """The packed float32 layers whose output columns fill whole panels."""
+    return [m for m in packed_linears(model)
+            if m.weight.dtype == torch.float32 and m.out_features % PANEL_COLUMNS == 0]
+
+
+def measure_panel_rows(linears: list, time_steps: StepTimer, rounds: int = ROUNDS,
+                       ladder: tuple[int, ...] = ROW_LADDER) -> dict[int, tuple[float, float]]:
+    """{rows: (oneDNN s, panel s)}: the fastest of ``rounds`` decode steps at each ladder
+    count with the layers on each path, the paths alternating first. The fastest, not the
+    median: a machine shared with others slows some steps, never speeds one. Counts go up
+    the ladder until one where the panel GEMM was not clearly faster. oneDNN's kernels
+    for the counts are generated first, outside the timing. The layers carry their
+    panels; they are left on oneDNN."""
+    _warm_onednn(linears, ladder)
+    times: dict[int, tuple[float, float]] = {}
+    try:
+        for n in ladder:
+            samples: dict[bool, list[float]] = {False: [], True: []}
+            for r in range(rounds):
+                for panel in ((False, True) if r % 2 == 0 else (True, False)):
+                    for m in linears:
+                        m.panel_max_rows = ALL_ROWS if panel else 0
+                    step = time_steps([n])
+                    if n not in step:
+                        return times  # no room for such a step
+                    samples[panel].append(step[n])
+            times[n] = (min(samples[False]), min(samples[True]))
+            if not clearly_faster(*times[n]):
+                break
+    finally:
+        for m in linears:
+            m.panel_max_rows = 0
+    return times
+
+
+@torch.inference_mode()
+def _warm_onednn(linears: list, counts: tuple[int, ...]) -> None:
+    """One oneDNN GEMM of each distinct layer shape at each count (it generates a
+    kernel the first time it meets a shape)."""
+    shapes = {(m.in_features, m.out_features, m.bias is not None): m for m in linears}
+    for m in shapes.values():
+        m.panel_max_rows = 0
+        for n in counts:
+            m(torch.zeros(n, m.in_features))
+
+
+def clearly_faster(onednn: float, panel: float, gain: float = REQUIRED_GAIN) -> bool:
+    return panel <= (1 - gain) * onednn
+
+
+def chosen_rows(times: dict[int, tuple[float, float]], gain: float = REQUIRED_GAIN,
+                ladder: tuple[int, ...] = ROW_LADDER) -> int:
+    """The largest measured row count at which, and at every one below, the panel GEMM
+    was faster than oneDNN by ``gain``; 0 when the smallest was not; ALL_ROWS when it
+    was at every count of the whole ladder."""
+    chosen = 0
+    for rows in sorted(times):
+        if not clearly_faster(*times[rows], gain):
+            return chosen
+        chosen = rows
+    return ALL_ROWS if set(ladder) <= set(times) else chosen
+
+
+def choose_panel_rows(model: nn.Module, kernels, time_steps: StepTimer
+                      ) -> tuple[int, dict[int, tuple[float, float]]]:
+    """Pack, measure and set the panel GEMM's rows on every eligible layer (or drop the
+    panels when it wins nowhere). Returns (panel_max_rows, the measured times)."""
+    linears = panel_linears(model)
+    if not linears:
+        return 0, {}
+    for m in linears:
+        m.panel_weight = kernels.pack_panels(m.weight)
+        m.panel_gemm = kernels.gemm_panels
+    times = measure_panel_rows(linears, time_steps)
+    rows = chosen_rows(times)
+    for m in linears:
+        m.panel_max_rows = rows
+        if not rows:
+            m.panel_weight = m.panel_gemm = None
+    return rows, times

@@ -1,0 +1,84 @@
+"""The native panel GEMM (gemm.c): torch's answer on its AVX2 tile and on its plain-C
+build, at row counts that fill and leave partial tiles and row groups, and at a k that
+takes two slices; the engine's greedy tokens unchanged when every layer takes it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.kernels import Kernels, load_kernels
+
+kernels = load_kernels()
+pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
+
+
+@pytest.fixture(scope="module", params=["native", "plain-c"])
+def build(request):
+    if request.param == "native":
+        return kernels
+    built = Kernels(("-mno-avx512f", "-mno-avx2", "-mno-fma"))
+    assert built.available, built.reason
+    return built
+
+
+# 6: one whole tile; 7, 13: a partial one; 97, 200: more than one group of 96 rows
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 97, 200])
+@pytest.mark.parametrize("n, k", [(16, 7), (48, 100), (64, 768), (32, 1100)])  # 1100: two k slices
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_panels_matches_torch(build, m, n, k, bias):
+    g = torch.Generator().manual_seed(m * 1000 + n * 10 + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    got = build.gemm_panels(x, build.pack_panels(w), b)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def test_gemm_panels_reads_non_contiguous_rows():
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(20, 64, generator=g)[:, :32], torch.randn(32, 32, generator=g)
+    torch.testing.assert_close(kernels.gemm_panels(x, kernels.pack_panels(w)), x @ w.T,
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_pack_panels_lays_out_sixteen_columns_a_panel():
+    w = torch.arange(32 * 3, dtype=torch.float32).reshape(32, 3)
+    panels = kernels.pack_panels(w)
+    assert panels.shape == (2, 3, 16)
+    assert panels[1, 2, 5] == w[16 + 5, 2]
+
+
+@pytest.mark.parametrize("weight, match", [
+    (torch.zeros(20, 8), "multiple of 16"),
+    (torch.zeros(16, 8, dtype=torch.float64), "float32"),
+])
+def test_pack_panels_refuses_what_it_cannot_lay_out(weight, match):
+    with pytest.raises(ValueError, match=match):
+        kernels.pack_panels(weight)
+
+
+def test_gemm_panels_refuses_a_mismatched_input():
+    panels = kernels.pack_panels(torch.zeros(16, 8))
+    with pytest.raises(ValueError, match=r"x \[M, 8\]"):
+        kernels.gemm_panels(torch.zeros(4, 9), panels)
+
+
+def test_every_layer_on_the_panel_gemm_keeps_transformers_tokens(llama_dir):
+    from kvserve import LLM, SamplingParams
+    from kvserve.worker.panel_gemm import panel_linears
+    from tests.helpers import hf_greedy, prompts_of_lengths
+
+    llm = LLM(llama_dir, num_threads=1)
+    layers = panel_linears(llm.engine.worker.runner.model)
+    assert layers
+    for m in layers:
+        m.panel_weight, m.panel_gemm = kernels.pack_panels(m.weight), kernels.gemm_panels
+        m.panel_min_rows, m.panel_max_rows = 1, 4096  # every GEMM the steps run
+    calls = []
+    gemm = kernels.gemm_panels
+    for m in layers:
+        m.panel_gemm = lambda *a, **kw: calls.append(1) or gemm(*a, **kw)
+    prompts = prompts_of_lengths([1, 7, 17, 40])
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(llama_dir, prompts, 12)
+    assert calls

@@ -1,0 +1,132 @@
+"""Choosing the panel GEMM's rows at start (worker/panel_gemm.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.kernels import load_kernels
+from kvserve.model.layers import Linear
+from kvserve.worker import panel_gemm
+from kvserve.worker.panel_gemm import ALL_ROWS, chosen_rows, choose_panel_rows, \
+    measure_panel_rows, panel_linears  # the real one: the suite's engines get a stand-in
+
+kernels = load_kernels()
+pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
+
+
+def test_chosen_rows_stops_at_the_first_count_not_clearly_faster():
+    times = {16: (10.0, 8.0), 32: (10.0, 9.6), 64: (10.0, 5.0)}
+    assert chosen_rows(times) == 16          # 32 gained 4 %, under the 5 % asked
+    assert chosen_rows({16: (10.0, 9.9)}) == 0
+    assert chosen_rows({16: (10.0, 9.0), 32: (10.0, 9.0)}) == 32  # the ladder goes on
+    assert chosen_rows({}) == 0
+
+
+def test_winning_the_whole_ladder_takes_every_larger_count_too():
+    ladder = (16, 32)
+    assert chosen_rows({16: (10.0, 9.0), 32: (10.0, 9.0)}, ladder=ladder) == ALL_ROWS
+    assert chosen_rows({16: (10.0, 9.0), 32: (10.0, 9.6)}, ladder=ladder) == 16
+
+
+def _model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Linear(32, 48), Linear(48, 32), Linear(32, 20))  # 20: no panels
+    for m in model:
+        m.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
+    return model
+
+
+def test_only_layers_of_whole_panels_take_part():
+    model = _model()
+    assert panel_linears(model) == [model[0], model[1]]
+
+
+@pytest.mark.parametrize("wins", [True, False])
+def test_choose_sets_the_rows_or_drops_the_panels(monkeypatch, wins):
+    model = _model()
+    faster = {16: (2.0, 1.0), 32: (2.0, 1.0), 64: (2.0, 3.0)}
+    slower = {16: (1.0, 2.0)}
+    monkeypatch.setattr(panel_gemm, "measure_panel_rows",
+                        lambda layers, time_steps, **kw: faster if wins else slower)
+    rows, times = choose_panel_rows(model, kernels, time_steps=None)
+    assert rows == (32 if wins else 0)
+    for m in panel_linears(model):
+        assert m.panel_max_rows == rows
+        assert (m.panel_weight is not None) == wins
+    assert model[2].panel_weight is None
+
+
+def test_the_layer_runs_its_panels_only_within_its_rows():
+    model = _model()
+    m = model[0]
+    m.panel_weight = kernels.pack_panels(m.weight)
+    calls = []
+    m.panel_gemm = lambda x, w, b: calls.append(x.shape[0]) or kernels.gemm_panels(x, w, b)
+    m.panel_max_rows = 32
+    with torch.inference_mode():
+        for rows in (4, 9, 32, 33):
+            x = torch.randn(rows, 32)
+            torch.testing.assert_close(m(x), torch.nn.functional.linear(x, m.weight, m.bias),
+                                       rtol=1e-5, atol=1e-5)
+    assert calls == [9, 32]
+
+
+def _timer(layers, panel_speed):
+    """A step timer whose steps take n seconds on oneDNN and n * panel_speed[n] on the
+    panel GEMM; it checks that every layer is on one path and records which."""
+    calls = []
+
+    def time_steps(counts):
+        panel = layers[0].panel_max_rows > 0
+        assert all(m.panel_max_rows == layers[0].panel_max_rows for m in layers)
+        calls.append((counts, panel))
+        return {n: n * (panel_speed[n] if panel else 1.0) for n in counts}
+
+    return time_steps, calls
+
+
+def _panel_layers():
+    layers = panel_linears(_model())
+    for m in layers:
+        m.panel_weight, m.panel_gemm = kernels.pack_panels(m.weight), kernels.gemm_panels
+    return layers
+
+
+def test_measure_times_steps_on_both_paths_and_leaves_the_layers_on_onednn():
+    layers = _panel_layers()
+    time_steps, calls = _timer(layers, {16: 0.5, 32: 0.5})
+    times = measure_panel_rows(layers, time_steps, rounds=2, ladder=(16, 32))
+    assert times == {16: (16.0, 8.0), 32: (32.0, 16.0)}
+    assert calls == [([16], False), ([16], True), ([16], True), ([16], False),
+                     ([32], False), ([32], True), ([32], True), ([32], False)]
+    assert all(m.panel_max_rows == 0 for m in layers)
+    assert chosen_rows(times, ladder=(16, 32)) == ALL_ROWS
+
+
+def test_measure_stops_up_the_ladder_at_the_first_count_lost():
+    layers = _panel_layers()
+    time_steps, calls = _timer(layers, {16: 1.0, 32: 0.5})
+    times = measure_panel_rows(layers, time_steps, rounds=1, ladder=(16, 32))
+    assert times == {16: (16.0, 16.0)}
+    assert chosen_rows(times, ladder=(16, 32)) == 0
+
+
+def test_start_up_times_decode_steps_and_an_engine_on_onednn_keeps_transformers_tokens(
+        llama_dir, monkeypatch):
+    from kvserve import LLM, SamplingParams
+    from tests.helpers import hf_greedy, prompts_of_lengths
+
+    measured = []
+
+    def onednn_wins(linears, time_steps, **kw):  # real steps timed, the choice forced
+        measured.append(time_steps([16]))
+        return {16: (1.0, 1.0)}
+    monkeypatch.setattr(panel_gemm, "measure_panel_rows", onednn_wins)
+    llm = LLM(llama_dir, num_threads=1)
+    assert measured and measured[0][16] > 0
+    layers = panel_linears(llm.engine.worker.runner.model)
+    assert layers and all(m.panel_max_rows == 0 and m.panel_weight is None for m in layers)
+    prompts = prompts_of_lengths([1, 7, 17, 40])
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(llama_dir, prompts, 12)
