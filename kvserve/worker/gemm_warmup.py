@@ -41,8 +41,14 @@ def kernel_cache_capacity(environ: dict[str, str] | None = None) -> int:
 
 def distinct_shapes(model: nn.Module) -> list[nn.Module]:
     """One packed linear layer per distinct GEMM (in/out features, dtype, bias or not)."""
+    return one_per_shape(packed_linears(model))
+
+
+def one_per_shape(linears: list) -> list:
+    """The first of the packed ``linears`` with each GEMM shape (in/out features, dtype,
+    bias or not)."""
     shapes: dict[tuple, nn.Module] = {}
-    for linear in packed_linears(model):
+    for linear in linears:
         key = (linear.in_features, linear.out_features, linear.packed_weight.dtype,
                linear.bias is not None)
         shapes.setdefault(key, linear)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from kvserve.kernels import PANEL_COLUMNS
+from kvserve.worker.gemm_warmup import one_per_shape
 from kvserve.worker.row_padding import packed_linears
 
 ROW_LADDER = (16, 64, 128)  # decode steps of this many requests are timed
@@ -76,8 +77,7 @@ def measure_panel_rows(linears: list, time_steps: StepTimer, rounds: int = ROUND
 def _warm_onednn(linears: list, counts: tuple[int, ...]) -> None:
     """One oneDNN GEMM of each distinct layer shape at each count (it generates a
     kernel the first time it meets a shape)."""
-    shapes = {(m.in_features, m.out_features, m.bias is not None): m for m in linears}
-    for m in shapes.values():
+    for m in one_per_shape(linears):
         m.panel_max_rows = 0
         for n in counts:
             m(torch.zeros(n, m.in_features))
