@@ -88,6 +88,7 @@ class Kernels:
         self._silu_mul = bind(lib, "silu_mul")
         self._gemv_rows = bind(lib, "gemv_rows")
         self._gemm_panels = bind(lib, "gemm_panels")
+        self._gemv_panels = bind(lib, "gemv_panels")
         self._rotary = {torch.float32: bind(lib, "rotary"),
                         torch.bfloat16: bind(lib, "rotary_bf16")}
         self._quantize_rows = bind(lib, "quantize_rows_int8")
@@ -171,20 +172,39 @@ class Kernels:
         return weight.detach().reshape(n // PANEL_COLUMNS, PANEL_COLUMNS, k) \
             .transpose(1, 2).contiguous()
 
-    def gemm_panels(self, x, panels, bias=None):
-        """x [M, K] @ weight.T (+ bias) for float32 x and the weight's ``pack_panels``."""
-        num, k, cols = panels.shape
+    @staticmethod
+    def _panel_input(x, panels):
+        """x as the panel kernels read it (contiguous), after checking it fits the panels."""
+        _, k, cols = panels.shape
         if not (x.dtype == panels.dtype == torch.float32 and x.dim() == 2
                 and x.shape[1] == k and cols == PANEL_COLUMNS):
-            raise ValueError(f"gemm_panels takes float32 x [M, {k}] and panels [N/16, K, 16]; "
-                             f"got {x.dtype} {tuple(x.shape)} and {tuple(panels.shape)}")
-        x = x.contiguous()
-        out = x.new_empty((x.shape[0], num * cols))
-        status = self._gemm_panels(x=x.data_ptr(), m=x.shape[0], k=k, panels=panels.data_ptr(),
-                                   n=num * cols, bias=bias.data_ptr() if bias is not None else None,
+            raise ValueError(f"the panel kernels take float32 x [M, {k}] and panels "
+                             f"[N/16, K, 16]; got {x.dtype} {tuple(x.shape)} and "
+                             f"{tuple(panels.shape)}")
+        return x.contiguous()
+
+    def gemm_panels(self, x, panels, bias=None):
+        """x [M, K] @ weight.T (+ bias) for float32 x and the weight's ``pack_panels``."""
+        x = self._panel_input(x, panels)
+        n = panels.shape[0] * PANEL_COLUMNS
+        out = x.new_empty((x.shape[0], n))
+        status = self._gemm_panels(x=x.data_ptr(), m=x.shape[0], k=x.shape[1],
+                                   panels=panels.data_ptr(), n=n,
+                                   bias=bias.data_ptr() if bias is not None else None,
                                    y=out.data_ptr())
         if status != 0:
             raise MemoryError(f"gemm_panels of {x.shape[0]} rows: no memory for its input copy")
+        return out
+
+    def gemv_panels(self, x, panels, bias=None):
+        """As ``gemm_panels``, for x of 1-8 rows: a stream over the panels (more rows
+        run as further tiles over each panel)."""
+        x = self._panel_input(x, panels)
+        n = panels.shape[0] * PANEL_COLUMNS
+        out = x.new_empty((x.shape[0], n))
+        self._gemv_panels(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], panels=panels.data_ptr(),
+                          n=n, bias=bias.data_ptr() if bias is not None else None,
+                          y=out.data_ptr())
         return out
 
     def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):

@@ -5,7 +5,8 @@
  * step. This runs the same kernels in the same order from C: embedding rows, then per
  * layer RMSNorm (the residual add fused), qkv GEMV, rotary in place, the K/V written to
  * the paged pool, paged attention, o_proj, add + RMSNorm, gate_up, SiLU-and-multiply,
- * down; the final norm and the LM head. The GEMVs are gemv_rows (kernels/gemv.c), so a
+ * down; the final norm and the LM head. The GEMVs are gemv_panels (kernels/gemm.c) when
+ * the plan's weights are panels (P_PANELS), else gemv_rows (kernels/gemv.c), so a
  * captured step's logits are bitwise those of an eager one whose layers run on it.
  *
  * The model is described once by a plan, an int64 array (worker/captured_step.py
@@ -18,6 +19,8 @@
 
 void gemv_rows(const float *x, int64_t m, int64_t k, const float *w, int64_t n,
                const float *bias, float *y);
+void gemv_panels(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+                 const float *bias, float *y);
 void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
               float eps);
 void add_rms_norm(const float *x, float *residual, const float *weight, float *out,
@@ -38,12 +41,19 @@ void paged_attention_rows_f32(const float *q, int64_t q_stride, const float *k_p
 
 /* header: the sizes, then the model-wide tensors */
 enum { P_LAYERS, P_HIDDEN, P_HEADS, P_KV_HEADS, P_HEAD_DIM, P_INTER, P_VOCAB, P_BLOCK,
-       P_WINDOW, P_EMBED, P_FINAL_NORM, P_LM_HEAD, P_LM_BIAS, P_COS, P_SIN, PLAN_HEADER };
+       P_WINDOW, P_PANELS, P_EMBED, P_FINAL_NORM, P_LM_HEAD, P_LM_BIAS, P_COS, P_SIN, PLAN_HEADER };
 /* per layer */
 enum { L_IN_NORM, L_QKV_W, L_QKV_B, L_O_W, L_O_B, L_POST_NORM, L_GATE_UP_W, L_GATE_UP_B,
        L_DOWN_W, L_DOWN_B, L_K_POOL, L_V_POOL, LAYER_FIELDS };
 
 #define PTR(v) ((float *)(intptr_t)(v))
+
+/* y [m, n] = x [m, k] . w + b, w the plan's weight: panels or dense [n, k] */
+static inline void linear(const int64_t *plan, const float *x, int64_t m, int64_t k,
+                          int64_t w, int64_t n, int64_t b, float *y) {
+    if (plan[P_PANELS]) gemv_panels(x, m, k, PTR(w), n, PTR(b), y);
+    else gemv_rows(x, m, k, PTR(w), n, PTR(b), y);
+}
 
 static inline double now(void) {
     struct timespec t;
@@ -94,7 +104,7 @@ int64_t captured_step(const int64_t *plan, const int64_t *tokens, const int64_t 
             rms_norm(residual, PTR(L[L_IN_NORM]), h, rows, hidden, eps);
         else
             add_rms_norm(x, residual, PTR(L[L_IN_NORM]), h, rows, hidden, eps);
-        TIMED(0, gemv_rows(h, rows, hidden, PTR(L[L_QKV_W]), qkv_n, PTR(L[L_QKV_B]), qkv));
+        TIMED(0, linear(plan, h, rows, hidden, L[L_QKV_W], qkv_n, L[L_QKV_B], qkv));
         TIMED(1, {
             rotary(qkv, qkv_n, rows, positions, PTR(plan[P_COS]), PTR(plan[P_SIN]), heads,
                    kvh, d);
@@ -104,16 +114,16 @@ int64_t captured_step(const int64_t *plan, const int64_t *tokens, const int64_t 
                                      table_stride, seq_lens, attn, rows, heads, kvh, d, bs,
                                      scale, plan[P_WINDOW]);
         });
-        TIMED(0, gemv_rows(attn, rows, q_size, PTR(L[L_O_W]), hidden, PTR(L[L_O_B]), x));
+        TIMED(0, linear(plan, attn, rows, q_size, L[L_O_W], hidden, L[L_O_B], x));
         add_rms_norm(x, residual, PTR(L[L_POST_NORM]), h, rows, hidden, eps);
-        TIMED(0, gemv_rows(h, rows, hidden, PTR(L[L_GATE_UP_W]), 2 * inter,
-                           PTR(L[L_GATE_UP_B]), gate_up));
+        TIMED(0, linear(plan, h, rows, hidden, L[L_GATE_UP_W], 2 * inter, L[L_GATE_UP_B],
+                        gate_up));
         silu_mul(gate_up, act, rows, inter);
-        TIMED(0, gemv_rows(act, rows, inter, PTR(L[L_DOWN_W]), hidden, PTR(L[L_DOWN_B]), x));
+        TIMED(0, linear(plan, act, rows, inter, L[L_DOWN_W], hidden, L[L_DOWN_B], x));
     }
     add_rms_norm(x, residual, PTR(plan[P_FINAL_NORM]), h, rows, hidden, eps);
-    TIMED(0, gemv_rows(h, rows, hidden, PTR(plan[P_LM_HEAD]), plan[P_VOCAB],
-                       PTR(plan[P_LM_BIAS]), logits));
+    TIMED(0, linear(plan, h, rows, hidden, plan[P_LM_HEAD], plan[P_VOCAB], plan[P_LM_BIAS],
+                    logits));
     free(scratch);
     return 0;
 }

@@ -1,6 +1,7 @@
-/* Linear layers of a few dozen to a few hundred rows: y[m, n] = x[m, :] . w[n, :] (+ bias)
- * over a copy of the float32 weight packed into panels of 16 output columns,
- * panels [n / 16][k][16] (worker/panel_gemm.py packs it once).
+/* Linear layers over a copy of the float32 weight packed into panels of 16 output
+ * columns, panels [n / 16][k][16] (the worker packs it once at load):
+ * y[m, n] = x[m, :] . w[n, :] (+ bias), at a few dozen to a few hundred rows
+ * (gemm_panels) and at one to eight (gemv_panels).
  *
  * From about a dozen rows on a linear layer is bound by the FMAs, not by streaming its
  * weight. The sums are then computed in register tiles of 6 rows by 16 columns: at each
@@ -31,6 +32,7 @@
 #define GEMM_NR 16   /* columns of a panel and of a tile */
 #define GEMM_KC 1024 /* k of one slice */
 #define GEMM_MC 96   /* rows of one group (a multiple of GEMM_MR) */
+#define GEMV_AHEAD 1024 /* bytes of panel fetched ahead by the GEMV of two or more rows */
 
 /* The R (1-6, a constant at each call) rows of a tile over one k slice: c = a . b over
  * kc, plus c's own values (add) or the bias (first slice). a: the block's slice [kc][6];
@@ -122,4 +124,90 @@ int64_t gemm_panels(const float *x, int64_t m, int64_t k, const float *panels, i
     }
     free(xi);
     return 0;
+}
+
+/* One to eight rows: the layer is a stream over its weight, and each thread's panels
+ * are one contiguous run of it, a single stream for the hardware prefetcher (the dense
+ * [n][k] weight, read a few rows side by side, is several). Per panel the rows go in
+ * register tiles of up to 6 (12 sums of 8 lanes); a second tile of rows reads the panel
+ * again from the cache. Up to 3 rows the k loop keeps two sets of sums, even and odd k,
+ * so the FMAs' latency never paces a panel that comes from the cache. From two rows on,
+ * the work per byte leaves the prefetcher behind and the panel is fetched GEMV_AHEAD
+ * bytes ahead; at one row the loop is nothing but loads and runs faster without
+ * (measured on AVX2 Zen 3, docs/performance-avx2.md). */
+static inline __attribute__((always_inline)) void gemv_tile(
+        const float *x, int64_t k, const float *b, float *y, int64_t n, const int R,
+        const float *bias) {
+#if defined(__AVX2__) && defined(__FMA__)
+    const int SETS = R <= 3 ? 2 : 1; /* a constant once inlined, as R is */
+    __m256 lo[2][GEMM_MR], hi[2][GEMM_MR];
+    _Pragma("GCC unroll 6") for (int i = 0; i < R; i++)
+        for (int s = 0; s < SETS; s++) lo[s][i] = hi[s][i] = _mm256_setzero_ps();
+    int64_t kk = 0;
+    for (; kk + SETS <= k; kk += SETS)
+        _Pragma("GCC unroll 2") for (int s = 0; s < SETS; s++) {
+            if (R >= 2)
+                _mm_prefetch((const char *)(b + GEMM_NR * (kk + s)) + GEMV_AHEAD, _MM_HINT_T0);
+            const __m256 w0 = _mm256_loadu_ps(b + GEMM_NR * (kk + s));
+            const __m256 w1 = _mm256_loadu_ps(b + GEMM_NR * (kk + s) + 8);
+            _Pragma("GCC unroll 6") for (int i = 0; i < R; i++) {
+                const __m256 xi = _mm256_broadcast_ss(x + i * k + kk + s);
+                lo[s][i] = _mm256_fmadd_ps(xi, w0, lo[s][i]);
+                hi[s][i] = _mm256_fmadd_ps(xi, w1, hi[s][i]);
+            }
+        }
+    if (kk < k) { /* an odd k's last element, into the first set */
+        const __m256 w0 = _mm256_loadu_ps(b + GEMM_NR * kk);
+        const __m256 w1 = _mm256_loadu_ps(b + GEMM_NR * kk + 8);
+        _Pragma("GCC unroll 6") for (int i = 0; i < R; i++) {
+            const __m256 xi = _mm256_broadcast_ss(x + i * k + kk);
+            lo[0][i] = _mm256_fmadd_ps(xi, w0, lo[0][i]);
+            hi[0][i] = _mm256_fmadd_ps(xi, w1, hi[0][i]);
+        }
+    }
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+    const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+    _Pragma("GCC unroll 6") for (int i = 0; i < R; i++) {
+        __m256 l = lo[0][i], h = hi[0][i];
+        if (SETS == 2) {
+            l = _mm256_add_ps(l, lo[SETS - 1][i]);
+            h = _mm256_add_ps(h, hi[SETS - 1][i]);
+        }
+        _mm256_storeu_ps(y + i * n, _mm256_add_ps(l, b0));
+        _mm256_storeu_ps(y + i * n + 8, _mm256_add_ps(h, b1));
+    }
+#else
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < GEMM_NR; j++) {
+            float s = 0.f;
+            for (int64_t kk = 0; kk < k; kk++) s += x[i * k + kk] * b[GEMM_NR * kk + j];
+            y[i * n + j] = bias ? s + bias[j] : s;
+        }
+#endif
+}
+
+/* x [m, k] contiguous, m of 1-8; panels, bias and y as for gemm_panels */
+void gemv_panels(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+                 const float *bias, float *y) {
+    const int64_t num_panels = n / GEMM_NR;
+#pragma omp parallel
+    {
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t first = num_panels * t / threads, last = num_panels * (t + 1) / threads;
+        for (int64_t p = first; p < last; p++) {
+            const float *b = panels + p * k * GEMM_NR, *pb = bias ? bias + p * GEMM_NR : 0;
+            for (int64_t r0 = 0; r0 < m; r0 += GEMM_MR) {
+                const float *xr = x + r0 * k;
+                float *yr = y + r0 * n + p * GEMM_NR;
+                switch (m - r0 < GEMM_MR ? m - r0 : GEMM_MR) {
+                case 6: gemv_tile(xr, k, b, yr, n, 6, pb); break;
+                case 5: gemv_tile(xr, k, b, yr, n, 5, pb); break;
+                case 4: gemv_tile(xr, k, b, yr, n, 4, pb); break;
+                case 3: gemv_tile(xr, k, b, yr, n, 3, pb); break;
+                case 2: gemv_tile(xr, k, b, yr, n, 2, pb); break;
+                default: gemv_tile(xr, k, b, yr, n, 1, pb);
+                }
+            }
+        }
+    }
 }

@@ -38,6 +38,7 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
         "silu_mul": (None, "gate_up:ptr out:ptr rows:i64 inter:i64"),
         "gemv_rows": (None, "x:ptr m:i64 k:i64 w:ptr n:i64 bias:ptr y:ptr"),
         "gemm_panels": ("i64", "x:ptr m:i64 k:i64 panels:ptr n:i64 bias:ptr y:ptr"),
+        "gemv_panels": (None, "x:ptr m:i64 k:i64 panels:ptr n:i64 bias:ptr y:ptr"),
         "rotary": (None, "qkv:ptr row_stride:i64 rows:i64 positions:ptr cos_table:ptr "
                          "sin_table:ptr num_q:i64 num_k:i64 head_dim:i64"),
         "rotary_bf16": (None, "qkv:ptr row_stride:i64 rows:i64 positions:ptr cos_table:ptr "

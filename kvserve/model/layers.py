@@ -28,12 +28,14 @@ class Linear(nn.Linear):
     # GEMMs of up to this many rows run on the dense weight instead (set by measurement:
     # oneDNN's fixed cost per call outweighs its streaming on small weights)
     dense_max_rows: int = 0
-    # ...or through the native few-row kernel (kernels.gemv_rows), when measured faster
+    # ...or through the native few-row GEMV (these kernels), when measured faster: over
+    # the panels where the layer has them, else over the dense weight
     native_max_rows: int = 0
-    native_gemv = None
-    # ...and GEMMs of panel_min_rows (more than the few-row paths take) to panel_max_rows
-    # rows through the native panel GEMM, on its own copy of the weight, where measured
-    # faster (worker/panel_gemm.py)
+    native = None
+    # the weight packed in panels (kernels.pack_panels), where the worker packed it: read
+    # by the few-row GEMV above and, from panel_min_rows (more than the few-row paths
+    # take) to panel_max_rows rows, by the native panel GEMM where measured faster than
+    # oneDNN (worker/panel_gemm.py)
     panel_weight: torch.Tensor | None = None
     panel_min_rows: int = 9
     panel_max_rows: int = 0
@@ -51,13 +53,15 @@ class Linear(nn.Linear):
             self.packed_weight = None
         self.min_rows = mode.linear_min_rows if self.packed_weight is not None else 1
         self.dense_max_rows = self.native_max_rows = 0
-        self.native_gemv = None
+        self.native = None
         self._padded = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and 0 < x.shape[0] <= self.native_max_rows \
                 and x.dtype == torch.float32:
-            return self.native_gemv(x.contiguous(), self.weight, self.bias)
+            if self.panel_weight is not None:
+                return self.native.gemv_panels(x, self.panel_weight, self.bias)
+            return self.native.gemv_rows(x.contiguous(), self.weight, self.bias)
         if self.packed_weight is None or x.dim() != 2 or x.shape[0] <= self.dense_max_rows:
             return F.linear(x, self.weight, self.bias)
         rows = x.shape[0]

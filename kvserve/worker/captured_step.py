@@ -4,7 +4,8 @@ The CPU form of capturing a decode step's graph: what the eager forward does per
 through a dozen Python calls runs in C (``kernels/decode_step.c``), over a plan of the
 model's weight and KV pool addresses built once here. Only the dispatch goes; the
 kernels and their order are those of the eager path with its linear layers on the
-native few-row kernel, so the logits are bitwise that path's. (Eager as it runs takes
+native few-row GEMV (over the panels, where every layer has them), so the logits are
+bitwise that path's. (Eager as it runs takes
 oneDNN or torch for some layers and row counts, whose sums round differently.)
 
 Invariant: the model's weights and the KV pools are never rebound after start (the
@@ -36,16 +37,19 @@ MAX_ROWS = 8     # the native GEMV reads the weights once for up to eight rows
 REQUIRED_GAIN = 0.02  # a row count is captured where it measured this much faster
 
 
+def _linears(model) -> list:
+    return [model.lm_head] + [m for layer in model.model.layers
+                              for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                        layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+
+
 def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
     """Why the captured step cannot run this model (None: it can)."""
     if kernels is None:
         return "no native kernels"
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__} is not a Llama-family model"
-    linears = [model.lm_head] + [m for layer in model.model.layers
-                                 for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                           layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-    if any(type(m) is not Linear for m in linears):
+    if any(type(m) is not Linear for m in _linears(model)):
         return "quantized or sharded linear layers"
     if any(getattr(layer.self_attn, "tp", None) or getattr(layer.mlp, "tp", None)
            for layer in model.model.layers):
@@ -67,7 +71,7 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
 class CapturedStep:
     # the plan's layout: kernels/decode_step.c's PLAN_HEADER and LAYER_FIELDS
     HEADER = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "block",
-              "window", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin")
+              "window", "panels", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin")
     LAYER = ("in_norm", "qkv_w", "qkv_b", "o_w", "o_b", "post_norm", "gate_up_w",
              "gate_up_b", "down_w", "down_b", "k_pool", "v_pool")
 
@@ -84,6 +88,10 @@ class CapturedStep:
         self.block_size = caches[0].block_size
         self.eps = float(cfg.norm_eps)
         self.scale = float(model.model.layers[0].self_attn.scale)
+        # the GEMVs read the panels when every layer has them (as eager's native GEMV
+        # does: the same sums), else every dense weight
+        self.on_panels = all(m.panel_weight is not None for m in _linears(model))
+        weight = (lambda m: m.panel_weight) if self.on_panels else (lambda m: m.weight)
         # the plan holds addresses: keep every tensor it names alive and in place
         self._tensors: list[torch.Tensor] = []
         header = {
@@ -91,20 +99,21 @@ class CapturedStep:
             "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
             "inter": cfg.intermediate_size, "vocab": cfg.vocab_size,
             "block": caches[0].block_size, "window": cfg.sliding_window or 0,
+            "panels": int(self.on_panels),
             "embed": self._address(model.model.embed_tokens.weight),
             "final_norm": self._address(model.model.norm.weight),
-            "lm_head": self._address(model.lm_head.weight),
+            "lm_head": self._address(weight(model.lm_head)),
             "lm_bias": self._address(model.lm_head.bias),
             "cos": self._address(model.rotary.cos), "sin": self._address(model.rotary.sin)}
         plan = [header[name] for name in self.HEADER]
         for layer, cache in zip(model.model.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
             fields = {
-                "in_norm": layer.input_layernorm.weight, "qkv_w": attn.qkv_proj.weight,
-                "qkv_b": attn.qkv_proj.bias, "o_w": attn.o_proj.weight, "o_b": attn.o_proj.bias,
-                "post_norm": layer.post_attention_layernorm.weight,
-                "gate_up_w": mlp.gate_up_proj.weight, "gate_up_b": mlp.gate_up_proj.bias,
-                "down_w": mlp.down_proj.weight, "down_b": mlp.down_proj.bias,
+                "in_norm": layer.input_layernorm.weight, "qkv_w": weight(attn.qkv_proj),
+                "qkv_b": attn.qkv_proj.bias, "o_w": weight(attn.o_proj),
+                "o_b": attn.o_proj.bias, "post_norm": layer.post_attention_layernorm.weight,
+                "gate_up_w": weight(mlp.gate_up_proj), "gate_up_b": mlp.gate_up_proj.bias,
+                "down_w": weight(mlp.down_proj), "down_b": mlp.down_proj.bias,
                 "k_pool": cache.k, "v_pool": cache.v}
             plan += [self._address(fields[name]) for name in self.LAYER]
         self.plan = torch.tensor(plan, dtype=torch.int64)

@@ -37,7 +37,8 @@ from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
     freeze_startup_objects, keep_freed_memory, physical_cores
-from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, choose_panel_rows
+from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, choose_panel_rows, \
+    pack_panel_weights, release_unused_panels
 from kvserve.worker.row_padding import measure_min_rows
 from kvserve.worker.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
@@ -71,6 +72,7 @@ class CPUWorker(Worker):
         configure_layers(self.model, self.mode)
         self.huge_pages = worker_cfg.huge_pages and self._huge_pages_offered()
         self._place_weights(self.model, "")
+        self._pack_panels(self.model, "")
         self.profiler = StepProfiler(self.model, worker_cfg.step_profile_interval)
         cache = config.cache
         self.kv_dtype = (model_cfg.dtype if cache.kv_cache_dtype == "auto"
@@ -123,6 +125,18 @@ class CPUWorker(Worker):
         if self.huge_pages:
             moved = move_to_huge_pages(model)
             logger.info("%sweights: %.1f MiB on transparent huge pages", which, moved / 2**20)
+
+    def _pack_panels(self, model, which: str) -> None:
+        """The float32 linear weights packed in panels for the native few-row GEMV, the
+        captured step and the panel GEMM (before the captured step's plan takes their
+        addresses). Tensor-parallel ranks keep to oneDNN's and the dense weights: the
+        panel GEMM's choice times whole steps, which one rank cannot time alone."""
+        if self.kernels is None or not self.mode.packed_linear or self.tp is not None:
+            return
+        packed = pack_panel_weights(model, self.kernels, self.huge_pages)
+        if packed:
+            logger.info("%sweights: %.1f MiB packed in panels%s", which, packed / 2**20,
+                        " on transparent huge pages" if self.huge_pages else "")
 
     @property
     def _pool_zeros(self):
@@ -203,8 +217,21 @@ class CPUWorker(Worker):
             # every decode step of so few rows now runs captured, on its own GEMV
             logger.info("few-row GEMMs not tuned: steps of 1-%d decoding rows run captured",
                         CAPTURED_MAX_ROWS)
+        else:
+            self.tune_eager_few_rows()
+        self._release_unused_panels(self.runner, "")
+
+    @staticmethod
+    def _release_unused_panels(runner: ModelRunner, which: str) -> None:
+        captured = runner.captured
+        if captured is not None and captured.max_rows == 0:
+            runner.captured = captured = None  # not taken: its plan holds the panels
+        if captured is not None and captured.on_panels:
             return
-        self.tune_eager_few_rows()
+        released = release_unused_panels(runner.model)
+        if released:
+            logger.info("%sweights' panels released (%.1f MiB): no path reads them", which,
+                        released / 2**20)
 
     def tune_eager_few_rows(self) -> None:
         """Measure and set how eager steps run their few-row GEMMs: the row padding
@@ -252,8 +279,7 @@ class CPUWorker(Worker):
 
     @staticmethod
     def _dense_small_gemms(model, kernels) -> None:
-        native = kernels.gemv_rows if kernels is not None else None
-        counts = choose_dense_rows(model, native=native)
+        counts = choose_dense_rows(model, native=kernels)
         chosen = {k: n for k, n in counts.items() if k != "packed"}
         if chosen:
             logger.info("few-row GEMMs off oneDNN's packed path (faster, measured): %s of "
@@ -307,6 +333,7 @@ class CPUWorker(Worker):
         model = load_model(model_dir, arch, self.config.model.dtype)
         configure_layers(model, self.mode)
         self._place_weights(model, "draft model: ")
+        self._pack_panels(model, "draft model: ")
         self._dense_small_gemms(model, self.kernels)
         dtype = self.config.model.dtype
         layout = self.kv_layout_for(arch, dtype)
@@ -318,6 +345,7 @@ class CPUWorker(Worker):
             warm_gemm_kernels(model, self.config.worker.gemm_warmup_rows)
         runner.captured = self._captured_step(runner, "draft model: ")
         self._choose_captured_rows(runner, "draft model: ")
+        self._release_unused_panels(runner, "draft model: ")
         logger.info("draft model %s (%s, %d layers) loaded and warmed up in %.1fs; its KV: "
                     "%d blocks, %.1f MiB", model_dir, arch.architecture, arch.num_layers,
                     time.perf_counter() - start, layout.num_blocks,

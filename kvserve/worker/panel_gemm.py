@@ -12,8 +12,11 @@ ran clearly faster on the panel GEMM (docs/performance-avx2.md). The panel GEMM 
 the rows up to the largest count at which its steps were clearly faster, at every count
 below too; where it won the whole ladder it takes every larger count as well (a prompt
 chunk's thousands of rows: both kernels are bound by the FMAs there, and a step that
-large would cost seconds of start-up to time). Where it wins nowhere, its copy of the
-weights is dropped.
+large would cost seconds of start-up to time).
+
+The panels are packed at load, since the few-row GEMV and the captured step read them
+too (one stream per thread, where the dense weight is several); where nothing reads
+them at the end of start-up, they go.
 
 The layers' ``forward`` applies ``panel_max_rows``; rows below ``panel_min_rows`` stay
 with the few-row paths (``small_gemm``, ``row_padding``, the captured step).
@@ -27,6 +30,7 @@ from torch import nn
 
 from kvserve.kernels import PANEL_COLUMNS
 from kvserve.worker.gemm_warmup import one_per_shape
+from kvserve.worker.huge_pages import ALIGN, HugePageBuffer
 from kvserve.worker.row_padding import packed_linears
 
 ROW_LADDER = (16, 64, 128)  # decode steps of this many requests are timed
@@ -100,20 +104,49 @@ def chosen_rows(times: dict[int, tuple[float, float]], gain: float = REQUIRED_GA
     return ALL_ROWS if set(ladder) <= set(times) else chosen
 
 
+def pack_panel_weights(model: nn.Module, kernels, huge_pages: bool) -> int:
+    """Give every eligible layer that has none its weight packed in panels, all in one
+    huge-page buffer of their own where ``huge_pages`` (a buffer that goes when every
+    layer lets its panels go). Returns the bytes packed."""
+    linears = [m for m in panel_linears(model) if m.panel_weight is None]
+    sizes = [m.weight.numel() * m.weight.element_size() for m in linears]
+    buffer = HugePageBuffer(sum(-(-n // ALIGN) * ALIGN for n in sizes)) \
+        if huge_pages and linears else None
+    for m in linears:
+        panels = kernels.pack_panels(m.weight)
+        if buffer is not None:
+            panels = buffer.take(tuple(panels.shape), torch.float32).copy_(panels)
+        m.panel_weight = panels
+    return sum(sizes)
+
+
 def choose_panel_rows(model: nn.Module, kernels, time_steps: StepTimer
                       ) -> tuple[int, dict[int, tuple[float, float]]]:
-    """Pack, measure and set the panel GEMM's rows on every eligible layer (or drop the
-    panels when it wins nowhere). Returns (panel_max_rows, the measured times)."""
-    linears = panel_linears(model)
+    """Measure and set the panel GEMM's rows on every layer that has panels. Returns
+    (panel_max_rows, the measured times)."""
+    linears = [m for m in panel_linears(model) if m.panel_weight is not None]
     if not linears:
         return 0, {}
     for m in linears:
-        m.panel_weight = kernels.pack_panels(m.weight)
         m.panel_gemm = kernels.gemm_panels
     times = measure_panel_rows(linears, time_steps)
     rows = chosen_rows(times)
     for m in linears:
         m.panel_max_rows = rows
         if not rows:
-            m.panel_weight = m.panel_gemm = None
+            m.panel_gemm = None
     return rows, times
+
+
+def release_unused_panels(model: nn.Module) -> int:
+    """Let every layer's panels go when no layer reads them, neither in its GEMM nor in
+    its GEMV (the caller knows the captured step does not either); returns the bytes
+    released. All or none: on huge pages they share one buffer."""
+    linears = [m for m in panel_linears(model) if m.panel_weight is not None]
+    if any(m.panel_max_rows or m.native_max_rows for m in linears):
+        return 0
+    released = 0
+    for m in linears:
+        released += m.panel_weight.numel() * m.panel_weight.element_size()
+        m.panel_weight = None
+    return released

@@ -1,5 +1,6 @@
-"""Few-row GEMMs on the dense weight where that beats oneDNN's packed one: torch's
-own dense GEMM/GEMV, or the native few-row kernel (``kernels/gemv.c``).
+"""Few-row GEMMs off oneDNN's packed weight where that is faster: torch's own dense
+GEMM/GEMV, or the native few-row GEMV (over the layer's panels, ``kernels/gemm.c``, or
+its dense weight, ``kernels/gemv.c``).
 
 oneDNN's packed GEMM streams large weights well at every row count, but each call has a
 fixed cost that a small weight (one that stays in the cache, as a draft model's do)
@@ -28,11 +29,13 @@ PATHS = ("packed", "dense", "native")
 
 
 def _use(m, path: str, rows: int, native) -> None:
+    """Put layer ``m``'s GEMMs of up to ``rows`` rows on ``path``; ``native``: the
+    kernels (kvserve.kernels.Kernels)."""
     if path == "native" and m.weight.dtype != torch.float32:
         path = "packed"  # the kernel is float32's
     m.dense_max_rows = rows if path == "dense" else 0
     m.native_max_rows = rows if path == "native" else 0
-    m.native_gemv = native if path == "native" else None
+    m.native = native if path == "native" else None
 
 
 @torch.inference_mode()
@@ -55,7 +58,7 @@ def _layer_times(linears: list, rows: int, path: str, rounds: int, native) -> li
 def choose_dense_rows(model: nn.Module, rounds: int = 7, native=None) -> dict[str, int]:
     """Give each packed layer, for 1..r rows, the path that was clearly faster than the
     packed GEMM (by REQUIRED_GAIN) and the fastest at every count up to r: the dense
-    weight through torch, or ``native`` (the kernels' ``gemv_rows``, float32 layers
+    weight through torch, or ``native`` (the kernels' few-row GEMV, float32 layers
     only). Returns how many layers took each (path, r) as "path<=r"."""
     linears = packed_linears(model)
     paths = ["dense"] + (["native"] if native is not None else [])

@@ -1,6 +1,8 @@
-"""The native panel GEMM (gemm.c): torch's answer on its AVX2 tile and on its plain-C
-build, at row counts that fill and leave partial tiles and row groups, and at a k that
-takes two slices; the engine's greedy tokens unchanged when every layer takes it."""
+"""The native kernels over panels (gemm.c): torch's answer from the panel GEMM on its
+AVX2 tile and on its plain-C build, at row counts that fill and leave partial tiles and
+row groups, and at a k that takes two slices; the same from the few-row GEMV over
+panels at 1-8 rows and odd k; the engine's greedy tokens unchanged when every layer
+takes the panel GEMM."""
 from __future__ import annotations
 
 import pytest
@@ -31,6 +33,24 @@ def test_gemm_panels_matches_torch(build, m, n, k, bias):
     b = torch.randn(n, generator=g) if bias else None
     got = build.gemm_panels(x, build.pack_panels(w), b)
     torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+# 1-3: two sets of sums; 4-6: one; 7, 8: a second tile of rows over each panel
+@pytest.mark.parametrize("m", range(1, 9))
+@pytest.mark.parametrize("n, k", [(16, 7), (48, 100), (64, 768), (32, 2048)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_panels_matches_torch(build, m, n, k, bias):
+    g = torch.Generator().manual_seed(m * 1000 + n * 10 + k + 1)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    got = build.gemv_panels(x, build.pack_panels(w), b)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def test_gemv_panels_refuses_a_mismatched_input():
+    panels = kernels.pack_panels(torch.zeros(16, 8))
+    with pytest.raises(ValueError, match=r"x \[M, 8\]"):
+        kernels.gemv_panels(torch.zeros(1, 9), panels)
 
 
 def test_gemm_panels_reads_non_contiguous_rows():

@@ -1,5 +1,6 @@
 """The native few-row linear kernel (gemv.c): torch's answer on both vector paths, and
-the engine's greedy tokens unchanged when every layer takes it."""
+the engine's greedy tokens unchanged when every layer takes the few-row GEMV, over
+the dense weights and over the panels (gemm.c)."""
 from __future__ import annotations
 
 import pytest
@@ -31,17 +32,23 @@ def test_gemv_matches_torch(build, m, n, k, bias):
                                rtol=1e-5, atol=1e-4)
 
 
-def test_every_layer_on_the_kernel_keeps_transformers_tokens(llama_dir):
+@pytest.mark.parametrize("layout", ["panels", "dense"])
+def test_every_layer_on_the_kernel_keeps_transformers_tokens(llama_dir, layout):
     from kvserve import LLM, SamplingParams
     from kvserve.worker.row_padding import packed_linears
+    from kvserve.worker.panel_gemm import pack_panel_weights
     from kvserve.worker.small_gemm import _use
     from tests.helpers import hf_greedy, prompts_of_lengths
 
-    llm = LLM(llama_dir, num_threads=1)
-    layers = packed_linears(llm.engine.worker.runner.model)
-    assert layers
+    llm = LLM(llama_dir, num_threads=1, enforce_eager=True)  # every step layer by layer
+    model = llm.engine.worker.runner.model
+    pack_panel_weights(model, kernels, huge_pages=False)  # where start-up let them go
+    layers = packed_linears(model)
+    assert layers and all(m.panel_weight is not None for m in layers)
     for m in layers:
-        _use(m, "native", 4, kernels.gemv_rows)
+        _use(m, "native", 4, kernels)
+        if layout == "dense":  # no panels: no panel GEMM either
+            m.panel_weight, m.panel_max_rows = None, 0
     prompts = prompts_of_lengths([1, 7, 17, 40])
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

@@ -47,16 +47,21 @@ def _scheduled(runner, contexts: list[int], drafts: int = 0) -> list[ScheduledRe
     return scheduled
 
 
+@pytest.mark.parametrize("layout", ["panels", "dense"])
 @pytest.mark.parametrize("build", ["native", "avx2"])
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
-def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(build, arch, model_dirs):
+def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(layout, build, arch,
+                                                                model_dirs):
     runner = _runner(model_dirs(arch))
     built = kernels if build == "native" else Kernels(("-mno-avx512f",))
     assert built.available, built.reason
     configure_layers(runner.model, ExecutionMode(kernels=built, packed_linear=True))
     for m in packed_linears(runner.model):  # eager's linear layers on the same kernel
-        _use(m, "native", MAX_ROWS, built.gemv_rows)
+        _use(m, "native", MAX_ROWS, built)
+        if layout == "dense":  # no panels: no panel GEMM either
+            m.panel_weight, m.panel_max_rows = None, 0
     captured = CapturedStep(runner.model, runner.caches, built)
+    assert captured.on_panels == (layout == "panels")
     captured.max_rows = MAX_ROWS
     runner.native_attention = built
     for contexts, drafts in [([5], 0), ([3, 40], 0), ([1, 17, 33], 0), ([9, 2, 64, 30], 0),

@@ -1,4 +1,5 @@
-"""Choosing the panel GEMM's rows at start (worker/panel_gemm.py)."""
+"""The panels at start (worker/panel_gemm.py): packed for the layers they fit, the
+panel GEMM's rows chosen, and let go when no path reads them."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,8 @@ from kvserve.kernels import load_kernels
 from kvserve.model.layers import Linear
 from kvserve.worker import panel_gemm
 from kvserve.worker.panel_gemm import ALL_ROWS, chosen_rows, choose_panel_rows, \
-    measure_panel_rows, panel_linears  # the real one: the suite's engines get a stand-in
+    measure_panel_rows, pack_panel_weights, panel_linears, release_unused_panels
+# (measure_panel_rows: the real one, imported before the suite's engines get a stand-in)
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
@@ -41,9 +43,23 @@ def test_only_layers_of_whole_panels_take_part():
     assert panel_linears(model) == [model[0], model[1]]
 
 
-@pytest.mark.parametrize("wins", [True, False])
-def test_choose_sets_the_rows_or_drops_the_panels(monkeypatch, wins):
+@pytest.mark.parametrize("huge_pages", [False, True])
+def test_packing_gives_the_layers_of_whole_panels_their_panels(huge_pages):
     model = _model()
+    packed = pack_panel_weights(model, kernels, huge_pages)
+    assert packed == 4 * (32 * 48 + 48 * 32)
+    for m in panel_linears(model):
+        assert torch.equal(m.panel_weight, kernels.pack_panels(m.weight))
+    assert model[2].panel_weight is None
+    first = model[0].panel_weight
+    assert pack_panel_weights(model, kernels, huge_pages) == 0  # packed once
+    assert model[0].panel_weight is first
+
+
+@pytest.mark.parametrize("wins", [True, False])
+def test_choose_sets_the_rows_and_keeps_the_panels_for_the_gemv(monkeypatch, wins):
+    model = _model()
+    pack_panel_weights(model, kernels, huge_pages=False)
     faster = {16: (2.0, 1.0), 32: (2.0, 1.0), 64: (2.0, 3.0)}
     slower = {16: (1.0, 2.0)}
     monkeypatch.setattr(panel_gemm, "measure_panel_rows",
@@ -52,8 +68,35 @@ def test_choose_sets_the_rows_or_drops_the_panels(monkeypatch, wins):
     assert rows == (32 if wins else 0)
     for m in panel_linears(model):
         assert m.panel_max_rows == rows
-        assert (m.panel_weight is not None) == wins
-    assert model[2].panel_weight is None
+        assert m.panel_weight is not None
+        assert (m.panel_gemm is not None) == wins
+
+
+@pytest.mark.parametrize("reader", [None, "gemm", "gemv"])
+def test_panels_go_only_when_no_layer_reads_them(reader):
+    model = _model()
+    pack_panel_weights(model, kernels, huge_pages=True)
+    if reader == "gemm":
+        model[1].panel_max_rows = 32
+    elif reader == "gemv":
+        model[0].native_max_rows = 4
+    released = release_unused_panels(model)
+    assert released == (0 if reader else 4 * (32 * 48 + 48 * 32))
+    assert all((m.panel_weight is not None) == bool(reader) for m in panel_linears(model))
+
+
+def test_the_few_row_gemv_reads_the_panels_where_the_layer_has_them():
+    model = _model()
+    m = model[0]
+    m.native, m.native_max_rows = kernels, 8
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        dense = m(x)
+        torch.testing.assert_close(dense, torch.nn.functional.linear(x, m.weight, m.bias),
+                                   rtol=1e-5, atol=1e-5)
+        pack_panel_weights(model, kernels, huge_pages=False)
+        m.weight.data.zero_()  # the dense copy no longer read: the same answer
+        torch.testing.assert_close(m(x), dense, rtol=1e-5, atol=1e-5)
 
 
 def test_the_layer_runs_its_panels_only_within_its_rows():
@@ -125,7 +168,7 @@ def test_start_up_times_decode_steps_and_an_engine_on_onednn_keeps_transformers_
     llm = LLM(llama_dir, num_threads=1)
     assert measured and measured[0][16] > 0
     layers = panel_linears(llm.engine.worker.runner.model)
-    assert layers and all(m.panel_max_rows == 0 and m.panel_weight is None for m in layers)
+    assert layers and all(m.panel_max_rows == 0 for m in layers)
     prompts = prompts_of_lengths([1, 7, 17, 40])
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
