@@ -72,22 +72,25 @@ GEMV_ROWS = (1, 2, 4, 8)
 
 def gemv_pass_bandwidth(model, kernels, passes: int = 5) -> dict[int, float]:
     """GB/s of the native GEMV's passes over every linear layer of the model (in step
-    order, each weight cold as in a step) at each of GEMV_ROWS rows: the median pass."""
+    order, each weight cold as in a step) at each of GEMV_ROWS rows: the median pass.
+    Each layer is read as the captured step reads it: its panels where it has them."""
     import torch
 
     from kvserve.worker.row_padding import packed_linears
 
-    weights = [m.weight for m in packed_linears(model) if m.weight.dtype == torch.float32]
-    total = sum(w.numel() * w.element_size() for w in weights)
+    layers = [m for m in packed_linears(model) if m.weight.dtype == torch.float32]
+    gemvs = [(kernels.gemv_panels, m.panel_weight) if m.panel_weight is not None
+             else (kernels.gemv_rows, m.weight) for m in layers]
+    total = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     out = {}
     with torch.inference_mode():
         for rows in GEMV_ROWS:
-            xs = {k: torch.randn(rows, k) for k in {w.shape[1] for w in weights}}
+            xs = {k: torch.randn(rows, k) for k in {m.in_features for m in layers}}
             times = []
             for _ in range(passes + 1):  # the first only warms up
                 begin = time.perf_counter()
-                for w in weights:
-                    kernels.gemv_rows(xs[w.shape[1]], w)
+                for m, (gemv, weight) in zip(layers, gemvs):
+                    gemv(xs[m.in_features], weight)
                 times.append(time.perf_counter() - begin)
             out[rows] = total / statistics.median(times[1:]) / 1e9
     return out

@@ -76,17 +76,25 @@ def test_too_few_requests_are_refused(tiny_model_dir: Path) -> None:
         run_captured_bench(str(tiny_model_dir), _requests(3), {}, rounds=1)
 
 
-def test_gemv_pass_reads_every_float32_linear_weight(tiny_model_dir: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("layout", ["panels", "dense"])
+def test_gemv_pass_reads_every_float32_linear_weight_as_the_captured_step_does(
+        tiny_model_dir: Path, monkeypatch, layout) -> None:
     from kvserve import LLM
     from kvserve.worker.row_padding import packed_linears
     engine = LLM(str(tiny_model_dir), num_threads=1).engine
     kernels, model = engine.worker.kernels, engine.worker.runner.model
+    layers = packed_linears(model)
+    if layout == "dense":
+        for m in layers:
+            m.panel_weight = None
+    assert all((m.panel_weight is not None) == (layout == "panels") for m in layers)
     read = []
-    monkeypatch.setattr(kernels, "gemv_rows", lambda x, w: read.append((x.shape[0], w)))
+    gemv = "gemv_panels" if layout == "panels" else "gemv_rows"
+    monkeypatch.setattr(kernels, gemv, lambda x, w: read.append((x.shape[0], w)))
     rates = gemv_pass_bandwidth(model, kernels, passes=3)
     engine.close()
     assert list(rates) == list(GEMV_ROWS) and all(r > 0 for r in rates.values())
-    weights = [m.weight for m in packed_linears(model)]
+    weights = [m.panel_weight if layout == "panels" else m.weight for m in layers]
     for rows in GEMV_ROWS:  # a warm-up pass and three timed ones, each over every weight
         passes = [w for n, w in read if n == rows]
         assert len(passes) == 4 * len(weights)
