@@ -150,10 +150,11 @@ class Kernels:
         """x [M, K] @ weight[N, K].T (+ bias) for float32, contiguous x and weight, M of
         1-8 (more rows run in groups of eight, re-reading the weight)."""
         if not (x.dtype == weight.dtype == torch.float32 and x.is_contiguous()
-                and weight.is_contiguous() and x.shape[1] == weight.shape[1]):
-            raise ValueError(f"gemv_rows takes contiguous float32 x [M, K] and weight [N, K]; "
-                             f"got {x.dtype} {tuple(x.shape)} and {weight.dtype} "
-                             f"{tuple(weight.shape)}")
+                and weight.is_contiguous() and x.shape[1] == weight.shape[1]
+                and x.device.type == weight.device.type == "cpu"):
+            raise ValueError(f"gemv_rows takes contiguous float32 CPU x [M, K] and weight "
+                             f"[N, K]; got {x.dtype} {tuple(x.shape)} and {weight.dtype} "
+                             f"{tuple(weight.shape)} on {weight.device}")
         m, k = x.shape
         out = x.new_empty((m, weight.shape[0]))
         self._gemv_rows(x=x.data_ptr(), m=m, k=k, w=weight.data_ptr(), n=weight.shape[0],
@@ -166,9 +167,10 @@ class Kernels:
         """A float32 weight [N, K] (N a multiple of PANEL_COLUMNS) as gemm_panels reads
         it: panels [N / 16, K, 16] of 16 output columns each."""
         n, k = weight.shape
-        if weight.dtype != torch.float32 or n % PANEL_COLUMNS:
-            raise ValueError(f"pack_panels takes a float32 weight [N, K] with N a multiple of "
-                             f"{PANEL_COLUMNS}; got {weight.dtype} {tuple(weight.shape)}")
+        if weight.dtype != torch.float32 or n % PANEL_COLUMNS or weight.device.type != "cpu":
+            raise ValueError(f"pack_panels takes a float32 CPU weight [N, K] with N a multiple "
+                             f"of {PANEL_COLUMNS}; got {weight.dtype} {tuple(weight.shape)} "
+                             f"on {weight.device}")
         return weight.detach().reshape(n // PANEL_COLUMNS, PANEL_COLUMNS, k) \
             .transpose(1, 2).contiguous()
 
@@ -177,10 +179,11 @@ class Kernels:
         """x as the panel kernels read it (contiguous), after checking it fits the panels."""
         _, k, cols = panels.shape
         if not (x.dtype == panels.dtype == torch.float32 and x.dim() == 2
-                and x.shape[1] == k and cols == PANEL_COLUMNS):
-            raise ValueError(f"the panel kernels take float32 x [M, {k}] and panels "
-                             f"[N/16, K, 16]; got {x.dtype} {tuple(x.shape)} and "
-                             f"{tuple(panels.shape)}")
+                and x.shape[1] == k and cols == PANEL_COLUMNS
+                and x.device.type == panels.device.type == "cpu"):
+            raise ValueError(f"the panel kernels take float32 CPU x [M, {k}] and panels "
+                             f"[N/16, K, 16]; got {x.dtype} {tuple(x.shape)} on {x.device} "
+                             f"and {tuple(panels.shape)} on {panels.device}")
         return x.contiguous()
 
     def gemm_panels(self, x, panels, bias=None):

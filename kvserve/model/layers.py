@@ -19,7 +19,9 @@ class Linear(nn.Linear):
     step of a model larger than the cache) well below the CPU's peak; oneDNN with the
     weight reordered once into its blocked layout streams them well at every batch
     size. The packed copy doubles the memory of the linear weights; the dense copy is
-    kept because releasing it made small decode steps slower (docs/performance.md).
+    kept for few-row GEMMs, which ran slower on oneDNN's (docs/performance.md), unless the
+    layer has panels (below) that serve them: the worker then lets it go at the end of
+    start-up (``release_dense_weight``).
     """
 
     step_part = "linear"  # for the step profiler (kvserve/worker/step_profiler.py)
@@ -44,7 +46,9 @@ class Linear(nn.Linear):
 
     def configure(self, mode: ExecutionMode) -> None:
         """Packed (once) when the mode asks and oneDNN runs this dtype well; padded to
-        ``mode.linear_min_rows`` rows when packed."""
+        ``mode.linear_min_rows`` rows when packed. The dense weight comes back first if
+        it was let go: every path is open again until the worker chooses."""
+        self.restore_dense_weight()
         if mode.packed_linear and packable(self.weight.dtype):
             if self.packed_weight is None:
                 self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
@@ -56,13 +60,38 @@ class Linear(nn.Linear):
         self.native = None
         self._padded = None
 
+    def release_dense_weight(self) -> int:
+        """Let the dense weight go where the panels hold the same numbers and no path
+        of this layer reads it (no dense few-row GEMMs): the Parameter becomes a meta
+        tensor of its shape and dtype (what reads it here fails loudly). Returns the
+        bytes let go."""
+        w = self.weight
+        if self.panel_weight is None or self.dense_max_rows or w.is_meta:
+            return 0
+        self.weight = nn.Parameter(torch.empty_like(w, device="meta"), requires_grad=False)
+        return w.numel() * w.element_size()
+
+    def restore_dense_weight(self) -> None:
+        """The dense weight back from the panels, if it was let go."""
+        if self.weight.is_meta:
+            n, k = self.weight.shape
+            dense = self.panel_weight.transpose(1, 2).reshape(n, k).contiguous()
+            self.weight = nn.Parameter(dense, requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and 0 < x.shape[0] <= self.native_max_rows \
-                and x.dtype == torch.float32:
+        if x.dim() != 2:  # rows are independent: the paths below take them flat
+            flat = self(x.reshape(-1, x.shape[-1]))
+            return flat.reshape(*x.shape[:-1], self.out_features)
+        if x.shape[0] == 0:  # a step with no rows here (none to sample, say)
+            return x.new_empty((0, self.out_features))
+        if x.shape[0] <= self.native_max_rows and x.dtype == torch.float32:
             if self.panel_weight is not None:
                 return self.native.gemv_panels(x, self.panel_weight, self.bias)
             return self.native.gemv_rows(x.contiguous(), self.weight, self.bias)
-        if self.packed_weight is None or x.dim() != 2 or x.shape[0] <= self.dense_max_rows:
+        if self.packed_weight is None or x.shape[0] <= self.dense_max_rows:
+            if self.weight.is_meta:  # torch would compute on it, returning meta tensors
+                raise RuntimeError("this layer's dense weight was let go (its panels serve "
+                                   "its few-row GEMMs); configure() brings it back")
             return F.linear(x, self.weight, self.bias)
         rows = x.shape[0]
         if self.panel_min_rows <= rows <= self.panel_max_rows and x.dtype == torch.float32:

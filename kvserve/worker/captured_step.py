@@ -131,8 +131,9 @@ class CapturedStep:
     def _address(self, t: torch.Tensor | None) -> int:
         if t is None:
             return 0
-        if not t.is_contiguous():
-            raise ValueError("the captured step needs contiguous weights and pools")
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("the captured step needs contiguous weights and pools in memory "
+                             f"(a dense weight let go has none); got one on {t.device}")
         self._tensors.append(t.detach())  # its storage, kept even if the Parameter is rebound
         return t.data_ptr()
 

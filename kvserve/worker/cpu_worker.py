@@ -36,9 +36,9 @@ from kvserve.worker.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
-    freeze_startup_objects, keep_freed_memory, physical_cores
+    freeze_startup_objects, keep_freed_memory, physical_cores, return_freed_memory
 from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, choose_panel_rows, \
-    pack_panel_weights, release_unused_panels
+    pack_panel_weights, release_unread_copies
 from kvserve.worker.row_padding import measure_min_rows
 from kvserve.worker.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
@@ -71,8 +71,8 @@ class CPUWorker(Worker):
                                   linear_min_rows=worker_cfg.linear_min_rows or 1)
         configure_layers(self.model, self.mode)
         self.huge_pages = worker_cfg.huge_pages and self._huge_pages_offered()
-        self._place_weights(self.model, "")
         self._pack_panels(self.model, "")
+        self._place_weights(self.model, "")
         self.profiler = StepProfiler(self.model, worker_cfg.step_profile_interval)
         cache = config.cache
         self.kv_dtype = (model_cfg.dtype if cache.kv_cache_dtype == "auto"
@@ -128,9 +128,11 @@ class CPUWorker(Worker):
 
     def _pack_panels(self, model, which: str) -> None:
         """The float32 linear weights packed in panels for the native few-row GEMV, the
-        captured step and the panel GEMM (before the captured step's plan takes their
-        addresses). Tensor-parallel ranks keep to oneDNN's and the dense weights: the
-        panel GEMM's choice times whole steps, which one rank cannot time alone."""
+        captured step and the panel GEMM (before the other weights go onto huge pages,
+        which then leave out the dense weights the panels hold, and before the captured
+        step's plan takes addresses). Tensor-parallel ranks keep to oneDNN's and the
+        dense weights: the panel GEMM's choice times whole steps, which one rank cannot
+        time alone."""
         if self.kernels is None or not self.mode.packed_linear or self.tp is not None:
             return
         packed = pack_panel_weights(model, self.kernels, self.huge_pages)
@@ -219,19 +221,21 @@ class CPUWorker(Worker):
                         CAPTURED_MAX_ROWS)
         else:
             self.tune_eager_few_rows()
-        self._release_unused_panels(self.runner, "")
+        self._release_unread_copies(self.runner, "")
 
     @staticmethod
-    def _release_unused_panels(runner: ModelRunner, which: str) -> None:
+    def _release_unread_copies(runner: ModelRunner, which: str) -> None:
         captured = runner.captured
         if captured is not None and captured.max_rows == 0:
-            runner.captured = captured = None  # not taken: its plan holds the panels
-        if captured is not None and captured.on_panels:
-            return
-        released = release_unused_panels(runner.model)
-        if released:
-            logger.info("%sweights' panels released (%.1f MiB): no path reads them", which,
-                        released / 2**20)
+            runner.captured = captured = None  # not taken: its plan holds the weights
+        panels, dense = release_unread_copies(
+            runner.model, captured_reads=None if captured is None else
+            "panels" if captured.on_panels else "dense")
+        for nbytes, what in ((panels, "weights' panels released: no path reads them"),
+                             (dense, "dense weights released: their panels serve every "
+                                     "few-row GEMM")):
+            if nbytes:
+                logger.info("%s%s (%.1f MiB)", which, what, nbytes / 2**20)
 
     def tune_eager_few_rows(self) -> None:
         """Measure and set how eager steps run their few-row GEMMs: the row padding
@@ -320,6 +324,9 @@ class CPUWorker(Worker):
 
     def finish_startup(self) -> None:
         freeze_startup_objects()
+        # the heap keeps what start-up freed (the weights as loaded, before their move to
+        # huge pages; dense weights let go; warm-up activations) unless handed back
+        return_freed_memory()
 
     # -- a draft model (speculative decoding) ----------------------------------------------
 
@@ -332,8 +339,8 @@ class CPUWorker(Worker):
         arch = ArchConfig.from_dir(Path(model_dir))
         model = load_model(model_dir, arch, self.config.model.dtype)
         configure_layers(model, self.mode)
-        self._place_weights(model, "draft model: ")
         self._pack_panels(model, "draft model: ")
+        self._place_weights(model, "draft model: ")
         self._dense_small_gemms(model, self.kernels)
         dtype = self.config.model.dtype
         layout = self.kv_layout_for(arch, dtype)
@@ -345,7 +352,7 @@ class CPUWorker(Worker):
             warm_gemm_kernels(model, self.config.worker.gemm_warmup_rows)
         runner.captured = self._captured_step(runner, "draft model: ")
         self._choose_captured_rows(runner, "draft model: ")
-        self._release_unused_panels(runner, "draft model: ")
+        self._release_unread_copies(runner, "draft model: ")
         logger.info("draft model %s (%s, %d layers) loaded and warmed up in %.1fs; its KV: "
                     "%d blocks, %.1f MiB", model_dir, arch.architecture, arch.num_layers,
                     time.perf_counter() - start, layout.num_blocks,

@@ -84,9 +84,11 @@ def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _tensors(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:
-    """(owner, attribute, tensor) for every distinct contiguous tensor of the model: parameters, buffers and packed linear weights held as plain tensors (a tied
-    weight once). oneDNN's packed float32 weights are its own opaque tensors, which
-    stay in its memory."""
+    """(owner, attribute, tensor) for every distinct contiguous tensor of the model:
+    parameters, buffers and packed linear weights held as plain tensors (a tied weight
+    once), but not the dense weight of a layer packed in panels (the panels have a
+    buffer of their own). oneDNN's packed float32 weights are its own opaque tensors,
+    which stay in its memory."""
     found, seen = [], set()
     for module in model.modules():
         slots = [*module._parameters.items(), *module._buffers.items()]
@@ -96,6 +98,8 @@ def _tensors(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:
             if (t is None or t.layout != torch.strided or t.device.type != "cpu"
                     or not t.is_contiguous() or t.numel() == 0):
                 continue
+            if name == "weight" and getattr(module, "panel_weight", None) is not None:
+                continue  # the panels hold it; left out, it can be let go on its own
             key = t.data_ptr()
             if key not in seen:
                 seen.add(key)

@@ -16,7 +16,9 @@ large would cost seconds of start-up to time).
 
 The panels are packed at load, since the few-row GEMV and the captured step read them
 too (one stream per thread, where the dense weight is several); where nothing reads
-them at the end of start-up, they go.
+them at the end of start-up, they go, and where they serve every few-row GEMM of a
+layer, its dense weight goes instead (a model then keeps two copies of its float32
+linear weights, not three: the panels and oneDNN's).
 
 The layers' ``forward`` applies ``panel_max_rows``; rows below ``panel_min_rows`` stay
 with the few-row paths (``small_gemm``, ``row_padding``, the captured step).
@@ -150,3 +152,24 @@ def release_unused_panels(model: nn.Module) -> int:
         released += m.panel_weight.numel() * m.panel_weight.element_size()
         m.panel_weight = None
     return released
+
+
+def release_dense_weights(model: nn.Module) -> int:
+    """Let go of the dense weight of every layer whose panels serve all its few-row
+    GEMMs (the caller knows the captured step reads the panels too, if it runs), except
+    a weight another module shares (a tied LM head's embeddings). Returns the bytes."""
+    uses: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    return sum(m.release_dense_weight() for m in panel_linears(model)
+               if uses.get(id(m.weight), 0) == 1)
+
+
+def release_unread_copies(model: nn.Module, captured_reads: str | None) -> tuple[int, int]:
+    """The end of start-up: the panels go if nothing reads them, then each dense weight
+    that nothing reads any more. ``captured_reads``: which weights the captured step's
+    plan holds ("panels" or "dense"; None: no captured step). Returns the bytes of
+    panels and of dense weights let go."""
+    panels = release_unused_panels(model) if captured_reads != "panels" else 0
+    dense = release_dense_weights(model) if captured_reads != "dense" else 0
+    return panels, dense

@@ -85,6 +85,16 @@ KEEP_HEAP_BYTES = 1 << 30
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest allowed value on 64-bit
 
 
+def _glibc():
+    """The process's own C library symbols, where that library is glibc; else None."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+            return None
+    except (ValueError, OSError, AttributeError):  # not a glibc system
+        return None
+    return ctypes.CDLL(None)
+
+
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed activation memory instead of returning it to the OS.
 
@@ -95,14 +105,20 @@ def keep_freed_memory() -> bool:
     Blocks up to 32 MB now come from the heap, and up to 1 GiB of freed heap is kept
     for reuse. Returns False where the C library is not glibc.
     """
-    try:
-        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
-            return False
-    except (ValueError, OSError, AttributeError):  # not a glibc system
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+                                     and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_HEAP_BYTES))
+
+
+def return_freed_memory() -> bool:
+    """Hand the heap's free pages back to the OS now (glibc's malloc_trim): what the
+    setting above keeps for reuse would otherwise stay with the process, what start-up
+    freed among it. Returns False where the C library is not glibc."""
+    libc = _glibc()
+    if libc is None:
         return False
-    libc = ctypes.CDLL(None)  # the process's own symbols, glibc's among them
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-                and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_HEAP_BYTES))
+    libc.malloc_trim(0)
+    return True
 
 
 def freeze_startup_objects() -> int:

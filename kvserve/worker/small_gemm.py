@@ -33,6 +33,8 @@ def _use(m, path: str, rows: int, native) -> None:
     kernels (kvserve.kernels.Kernels)."""
     if path == "native" and m.weight.dtype != torch.float32:
         path = "packed"  # the kernel is float32's
+    if path == "dense":
+        m.restore_dense_weight()  # where the panels had let it go
     m.dense_max_rows = rows if path == "dense" else 0
     m.native_max_rows = rows if path == "native" else 0
     m.native = native if path == "native" else None

@@ -86,7 +86,8 @@ def test_gemv_pass_reads_every_float32_linear_weight_as_the_captured_step_does(
     layers = packed_linears(model)
     if layout == "dense":
         for m in layers:
-            m.panel_weight = None
+            m.restore_dense_weight()  # start-up let it go
+            m.panel_weight, m.panel_max_rows = None, 0
     assert all((m.panel_weight is not None) == (layout == "panels") for m in layers)
     read = []
     gemv = "gemv_panels" if layout == "panels" else "gemv_rows"

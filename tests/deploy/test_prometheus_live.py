@@ -217,7 +217,9 @@ def test_kv_usage_alert_goes_pending(stack):
                                           max_tokens=40, temperature=0,
                                           extra_body={"ignore_eos": True})
 
-    threads = [threading.Thread(target=load) for _ in range(4)]
+    # twice the requests the pool holds: one always waits to take freed blocks, so the
+    # pool stays full even when a slow machine delays the clients' next requests
+    threads = [threading.Thread(target=load) for _ in range(8)]
     for t in threads:
         t.start()
     try:

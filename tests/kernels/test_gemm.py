@@ -70,6 +70,7 @@ def test_pack_panels_lays_out_sixteen_columns_a_panel():
 @pytest.mark.parametrize("weight, match", [
     (torch.zeros(20, 8), "multiple of 16"),
     (torch.zeros(16, 8, dtype=torch.float64), "float32"),
+    (torch.zeros(16, 8, device="meta"), "CPU"),  # a dense weight let go
 ])
 def test_pack_panels_refuses_what_it_cannot_lay_out(weight, match):
     with pytest.raises(ValueError, match=match):
@@ -90,8 +91,8 @@ def test_every_layer_on_the_panel_gemm_keeps_transformers_tokens(llama_dir):
     llm = LLM(llama_dir, num_threads=1)
     layers = panel_linears(llm.engine.worker.runner.model)
     assert layers
-    for m in layers:
-        m.panel_weight, m.panel_gemm = kernels.pack_panels(m.weight), kernels.gemm_panels
+    for m in layers:  # the panels packed at load
+        m.panel_gemm = kernels.gemm_panels
         m.panel_min_rows, m.panel_max_rows = 1, 4096  # every GEMM the steps run
     calls = []
     gemm = kernels.gemm_panels

@@ -48,6 +48,7 @@ def test_every_layer_on_the_kernel_keeps_transformers_tokens(llama_dir, layout):
     for m in layers:
         _use(m, "native", 4, kernels)
         if layout == "dense":  # no panels: no panel GEMM either
+            m.restore_dense_weight()  # start-up let it go
             m.panel_weight, m.panel_max_rows = None, 0
     prompts = prompts_of_lengths([1, 7, 17, 40])
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

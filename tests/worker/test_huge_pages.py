@@ -127,7 +127,12 @@ def test_engine_places_weights_and_pools(llama_dir):
     buffer = worker.model._huge_page_buffer
     lo = buffer._bytes.data_ptr()
     hi = lo + buffer._bytes.numel()
-    assert lo <= worker.model.lm_head.weight.data_ptr() < hi
+    assert lo <= worker.model.model.embed_tokens.weight.data_ptr() < hi
+    # the linear layers' panels: a huge-page buffer of their own (their dense weights,
+    # off the model's buffer, were let go: tests/worker/test_panel_gemm.py)
+    lm_head = worker.model.lm_head
+    assert lm_head.weight.is_meta
+    assert _smaps_entry(lm_head.panel_weight.data_ptr()).get("THPeligible") == "1"
     for cache in worker.runner.caches:
         for pool in (cache.k, cache.v):
             assert pool.data_ptr() % HUGE_PAGE == 0

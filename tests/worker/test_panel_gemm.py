@@ -1,15 +1,18 @@
 """The panels at start (worker/panel_gemm.py): packed for the layers they fit, the
-panel GEMM's rows chosen, and let go when no path reads them."""
+panel GEMM's rows chosen, let go when no path reads them, and the dense weights let go
+where the panels serve every few-row GEMM."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kvserve.kernels import load_kernels
+from kvserve.model.execution import ExecutionMode
 from kvserve.model.layers import Linear
 from kvserve.worker import panel_gemm
 from kvserve.worker.panel_gemm import ALL_ROWS, chosen_rows, choose_panel_rows, \
-    measure_panel_rows, pack_panel_weights, panel_linears, release_unused_panels
+    measure_panel_rows, pack_panel_weights, panel_linears, release_dense_weights, \
+    release_unread_copies, release_unused_panels
 # (measure_panel_rows: the real one, imported before the suite's engines get a stand-in)
 
 kernels = load_kernels()
@@ -173,3 +176,76 @@ def test_start_up_times_decode_steps_and_an_engine_on_onednn_keeps_transformers_
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(llama_dir, prompts, 12)
+
+
+def test_a_dense_weight_goes_only_where_the_panels_serve_every_few_row_gemm():
+    model = _model()
+    pack_panel_weights(model, kernels, huge_pages=False)
+    dense = [m.weight.detach().clone() for m in model]
+    model[1].dense_max_rows = 2  # torch's dense GEMM still reads this one
+    assert release_dense_weights(model) == 4 * 32 * 48
+    assert model[0].weight.is_meta and model[0].weight.shape == (48, 32)
+    assert not model[1].weight.is_meta and not model[2].weight.is_meta  # 2: no panels
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        model[0].native, model[0].native_max_rows = kernels, 8
+        torch.testing.assert_close(model[0](x), x @ dense[0].T + model[0].bias,
+                                   rtol=1e-5, atol=1e-5)
+        model[0].native_max_rows, model[0].dense_max_rows = 0, 4
+        with pytest.raises(RuntimeError, match="dense weight was let go"):
+            model[0](x)  # a read fails loudly
+    model[0].configure(ExecutionMode(kernels=kernels, packed_linear=True))
+    assert torch.equal(model[0].weight, dense[0])  # back, from the panels
+
+
+def test_a_weight_another_module_shares_stays():
+    model = _model()
+    tied = torch.nn.Module()
+    tied.weight = model[0].weight  # as a tied LM head's embeddings
+    both = torch.nn.ModuleList([model, tied])
+    pack_panel_weights(model, kernels, huge_pages=False)
+    assert release_dense_weights(both) == 4 * 48 * 32  # model[1]'s only
+    assert not model[0].weight.is_meta and model[1].weight.is_meta
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3-tied"])
+def test_an_engine_on_panels_lets_the_dense_weights_go_and_keeps_transformers_tokens(
+        arch, model_dirs):
+    from kvserve import LLM, SamplingParams
+    from tests.helpers import hf_greedy, prompts_of_lengths
+
+    model_dir = model_dirs(arch)
+    llm = LLM(model_dir, num_threads=1)
+    model = llm.engine.worker.runner.model
+    assert llm.engine.worker.runner.captured.on_panels
+    layers = panel_linears(model)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    assert tied == (arch == "llama3-tied")
+    assert layers and all(m.weight.is_meta != (tied and m is model.lm_head) for m in layers)
+    prompts = prompts_of_lengths([1, 7, 17, 40])
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(model_dir, prompts, 12)
+
+
+@pytest.mark.parametrize("captured_reads, kept_panels, kept_dense", [
+    ("panels", True, False),  # the captured step's plan holds the panels
+    ("dense", False, True),   # ...or the dense weights
+    (None, False, True),      # no captured step, no layer on the panels: they go
+])
+def test_start_up_lets_go_of_what_nothing_reads(captured_reads, kept_panels, kept_dense):
+    model = _model()
+    pack_panel_weights(model, kernels, huge_pages=False)
+    panels, dense = release_unread_copies(model, captured_reads)
+    layers = panel_linears(model)
+    assert all((m.panel_weight is not None) == kept_panels for m in layers)
+    assert all(m.weight.is_meta != kept_dense for m in layers)
+    assert (panels > 0, dense > 0) == (not kept_panels, not kept_dense)
+
+
+def test_a_layer_without_its_dense_weight_still_takes_zero_rows():
+    model = _model()
+    pack_panel_weights(model, kernels, huge_pages=False)
+    release_dense_weights(model)
+    with torch.inference_mode():
+        assert model[0](torch.zeros(0, 32)).shape == (0, 48)

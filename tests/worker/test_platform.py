@@ -56,6 +56,32 @@ def test_activation_sized_blocks_come_from_the_heap():
     assert heap_growth("default") < 1 << 20
 
 
+_FREED_PAGES = """
+import os, torch
+from kvserve.worker.platform import keep_freed_memory, return_freed_memory
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+assert keep_freed_memory()
+x = torch.empty((24 << 20) // 4)  # 24 MB from the heap
+x.fill_(1.0)
+y = torch.ones(16)  # above it, so that the heap's top does not shrink on free
+del x
+kept = resident()
+assert return_freed_memory()
+print(kept - resident())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_freed_heap_pages_go_back_to_the_os_when_asked():
+    """What start-up frees (weights copied elsewhere or let go) is heap that the
+    setting above would keep."""
+    out = subprocess.run([sys.executable, "-c", _FREED_PAGES], check=True,
+                         capture_output=True, text=True)
+    assert int(out.stdout.split()[-1]) >= 16 << 20
+
+
 def test_startup_objects_are_frozen_and_later_ones_still_collected():
     class Cycle:
         pass
