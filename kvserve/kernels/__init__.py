@@ -163,16 +163,17 @@ class Kernels:
         return out
 
     @staticmethod
-    def pack_panels(weight):
+    def pack_panels(weight, out=None):
         """A float32 weight [N, K] (N a multiple of PANEL_COLUMNS) as gemm_panels reads
-        it: panels [N / 16, K, 16] of 16 output columns each."""
+        it: panels [N / 16, K, 16] of 16 output columns each; written into ``out`` (of
+        that shape) when given, in one pass."""
         n, k = weight.shape
         if weight.dtype != torch.float32 or n % PANEL_COLUMNS or weight.device.type != "cpu":
             raise ValueError(f"pack_panels takes a float32 CPU weight [N, K] with N a multiple "
                              f"of {PANEL_COLUMNS}; got {weight.dtype} {tuple(weight.shape)} "
                              f"on {weight.device}")
-        return weight.detach().reshape(n // PANEL_COLUMNS, PANEL_COLUMNS, k) \
-            .transpose(1, 2).contiguous()
+        panels = weight.detach().reshape(n // PANEL_COLUMNS, PANEL_COLUMNS, k).transpose(1, 2)
+        return panels.contiguous() if out is None else out.copy_(panels)
 
     @staticmethod
     def _panel_input(x, panels):

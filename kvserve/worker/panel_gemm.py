@@ -115,10 +115,9 @@ def pack_panel_weights(model: nn.Module, kernels, huge_pages: bool) -> int:
     buffer = HugePageBuffer(sum(-(-n // ALIGN) * ALIGN for n in sizes)) \
         if huge_pages and linears else None
     for m in linears:
-        panels = kernels.pack_panels(m.weight)
-        if buffer is not None:
-            panels = buffer.take(tuple(panels.shape), torch.float32).copy_(panels)
-        m.panel_weight = panels
+        shape = (m.out_features // PANEL_COLUMNS, m.in_features, PANEL_COLUMNS)
+        m.panel_weight = kernels.pack_panels(
+            m.weight, None if buffer is None else buffer.take(shape, torch.float32))
     return sum(sizes)
 
 

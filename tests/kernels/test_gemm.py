@@ -65,6 +65,8 @@ def test_pack_panels_lays_out_sixteen_columns_a_panel():
     panels = kernels.pack_panels(w)
     assert panels.shape == (2, 3, 16)
     assert panels[1, 2, 5] == w[16 + 5, 2]
+    out = torch.empty(2, 3, 16)
+    assert kernels.pack_panels(w, out) is out and torch.equal(out, panels)
 
 
 @pytest.mark.parametrize("weight, match", [
