@@ -107,7 +107,8 @@ def _tensors(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:
     return found
 
 
-def _align(n: int) -> int:
+def aligned_size(n: int) -> int:
+    """n bytes rounded up to where the next tensor of a HugePageBuffer may start."""
     return -(-n // ALIGN) * ALIGN
 
 
@@ -120,7 +121,7 @@ def move_to_huge_pages(model: nn.Module) -> int:
     tensors = _tensors(model)
     if not tensors or getattr(model, "_huge_page_buffer", None) is not None:
         return 0
-    buffer = HugePageBuffer(sum(_align(t.numel() * t.element_size()) for *_, t in tensors))
+    buffer = HugePageBuffer(sum(aligned_size(t.numel() * t.element_size()) for *_, t in tensors))
     moved = 0
     while tensors:  # each old tensor let go once copied: peak memory is one tensor more
         module, name, t = tensors.pop(0)

@@ -32,7 +32,7 @@ from torch import nn
 
 from kvserve.kernels import PANEL_COLUMNS
 from kvserve.worker.gemm_warmup import one_per_shape
-from kvserve.worker.huge_pages import ALIGN, HugePageBuffer
+from kvserve.worker.huge_pages import HugePageBuffer, aligned_size
 from kvserve.worker.row_padding import packed_linears
 
 ROW_LADDER = (16, 64, 128)  # decode steps of this many requests are timed
@@ -112,7 +112,7 @@ def pack_panel_weights(model: nn.Module, kernels, huge_pages: bool) -> int:
     layer lets its panels go). Returns the bytes packed."""
     linears = [m for m in panel_linears(model) if m.panel_weight is None]
     sizes = [m.weight.numel() * m.weight.element_size() for m in linears]
-    buffer = HugePageBuffer(sum(-(-n // ALIGN) * ALIGN for n in sizes)) \
+    buffer = HugePageBuffer(sum(aligned_size(n) for n in sizes)) \
         if huge_pages and linears else None
     for m in linears:
         shape = (m.out_features // PANEL_COLUMNS, m.in_features, PANEL_COLUMNS)
