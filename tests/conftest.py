@@ -42,6 +42,18 @@ def panel_gemm_whenever_possible(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def gemv_on_panels_unless_asked(monkeypatch):
+    """Engines' few-row GEMV reads the panels, instead of the copy start-up timing finds
+    faster: the same path on every machine (tests/worker/test_gemv_weights.py covers
+    the choice, and engines on the dense weights)."""
+    from kvserve.worker import gemv_weights
+
+    monkeypatch.setattr(gemv_weights, "measure_gemv_weights",
+                        lambda linears, kernels, **kw: {n: (1.0, 0.5)
+                                                        for n in gemv_weights.ROWS})
+
+
+@pytest.fixture(autouse=True)
 def short_gemm_warm_up(monkeypatch):
     """Engines warm their GEMM kernels for at most 8 rows instead of max_num_seqs: the
     warm-up only saves later steps the kernels' generation, never changes a result, and

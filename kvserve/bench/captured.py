@@ -73,13 +73,13 @@ GEMV_ROWS = (1, 2, 4, 8)
 def gemv_pass_bandwidth(model, kernels, passes: int = 5) -> dict[int, float]:
     """GB/s of the native GEMV's passes over every linear layer of the model (in step
     order, each weight cold as in a step) at each of GEMV_ROWS rows: the median pass.
-    Each layer is read as the captured step reads it: its panels where it has them."""
+    Each layer is read as the captured step reads it: its panels where its GEMV reads them."""
     import torch
 
     from kvserve.worker.row_padding import packed_linears
 
     layers = [m for m in packed_linears(model) if m.weight.dtype == torch.float32]
-    gemvs = [(kernels.gemv_panels, m.panel_weight) if m.panel_weight is not None
+    gemvs = [(kernels.gemv_panels, m.panel_weight) if m.gemv_on_panels
              else (kernels.gemv_rows, m.weight) for m in layers]
     total = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     out = {}

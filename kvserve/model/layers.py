@@ -42,6 +42,10 @@ class Linear(nn.Linear):
     panel_min_rows: int = 9
     panel_max_rows: int = 0
     panel_gemm = None
+    # whether the few-row GEMV reads the panels (where there are any) or the dense
+    # weight: which streams faster is the CPU's business, measured at start for the
+    # whole model (worker/gemv_weights.py)
+    gemv_reads_panels: bool = True
     _padded: torch.Tensor | None = None
 
     def configure(self, mode: ExecutionMode) -> None:
@@ -60,13 +64,17 @@ class Linear(nn.Linear):
         self.native = None
         self._padded = None
 
+    @property
+    def gemv_on_panels(self) -> bool:
+        return self.panel_weight is not None and self.gemv_reads_panels
+
     def release_dense_weight(self) -> int:
         """Let the dense weight go where the panels hold the same numbers and no path
-        of this layer reads it (no dense few-row GEMMs): the Parameter becomes a meta
-        tensor of its shape and dtype (what reads it here fails loudly). Returns the
-        bytes let go."""
+        of this layer reads it (no dense few-row GEMMs, the GEMV on the panels): the
+        Parameter becomes a meta tensor of its shape and dtype (what reads it here fails
+        loudly). Returns the bytes let go."""
         w = self.weight
-        if self.panel_weight is None or self.dense_max_rows or w.is_meta:
+        if not self.gemv_on_panels or self.dense_max_rows or w.is_meta:
             return 0
         self.weight = nn.Parameter(torch.empty_like(w, device="meta"), requires_grad=False)
         return w.numel() * w.element_size()
@@ -85,7 +93,7 @@ class Linear(nn.Linear):
         if x.shape[0] == 0:  # a step with no rows here (none to sample, say)
             return x.new_empty((0, self.out_features))
         if x.shape[0] <= self.native_max_rows and x.dtype == torch.float32:
-            if self.panel_weight is not None:
+            if self.gemv_on_panels:
                 return self.native.gemv_panels(x, self.panel_weight, self.bias)
             return self.native.gemv_rows(x.contiguous(), self.weight, self.bias)
         if self.packed_weight is None or x.shape[0] <= self.dense_max_rows:

@@ -4,7 +4,7 @@ The CPU form of capturing a decode step's graph: what the eager forward does per
 through a dozen Python calls runs in C (``kernels/decode_step.c``), over a plan of the
 model's weight and KV pool addresses built once here. Only the dispatch goes; the
 kernels and their order are those of the eager path with its linear layers on the
-native few-row GEMV (over the panels, where every layer has them), so the logits are
+native few-row GEMV (over the panels, where every layer's GEMV reads them), so the logits are
 bitwise that path's. (Eager as it runs takes
 oneDNN or torch for some layers and row counts, whose sums round differently.)
 
@@ -88,9 +88,9 @@ class CapturedStep:
         self.block_size = caches[0].block_size
         self.eps = float(cfg.norm_eps)
         self.scale = float(model.model.layers[0].self_attn.scale)
-        # the GEMVs read the panels when every layer has them (as eager's native GEMV
-        # does: the same sums), else every dense weight
-        self.on_panels = all(m.panel_weight is not None for m in _linears(model))
+        # the GEMVs read the panels when every layer's GEMV does (as eager's native
+        # GEMV then does: the same sums), else every dense weight
+        self.on_panels = all(m.gemv_on_panels for m in _linears(model))
         weight = (lambda m: m.panel_weight) if self.on_panels else (lambda m: m.weight)
         # the plan holds addresses: keep every tensor it names alive and in place
         self._tensors: list[torch.Tensor] = []

@@ -37,8 +37,9 @@ from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
     freeze_startup_objects, keep_freed_memory, physical_cores, return_freed_memory
+from kvserve.worker.gemv_weights import choose_gemv_weights
 from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, choose_panel_rows, \
-    pack_panel_weights, release_unread_copies
+    pack_panel_weights, panel_linears, release_unread_copies
 from kvserve.worker.row_padding import measure_min_rows
 from kvserve.worker.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
@@ -128,17 +129,25 @@ class CPUWorker(Worker):
 
     def _pack_panels(self, model, which: str) -> None:
         """The float32 linear weights packed in panels for the native few-row GEMV, the
-        captured step and the panel GEMM (before the other weights go onto huge pages,
-        which then leave out the dense weights the panels hold, and before the captured
-        step's plan takes addresses). Tensor-parallel ranks keep to oneDNN's and the
-        dense weights: the panel GEMM's choice times whole steps, which one rank cannot
-        time alone."""
+        captured step and the panel GEMM, and which copy the GEMV reads (measured).
+        Before the other weights go onto huge pages, which then leave out the dense
+        weights the panels hold (placed with them), and before the captured step's plan
+        takes addresses. Tensor-parallel ranks keep to oneDNN's and the dense weights:
+        the panel GEMM's choice times whole steps, which one rank cannot time alone."""
         if self.kernels is None or not self.mode.packed_linear or self.tp is not None:
             return
         packed = pack_panel_weights(model, self.kernels, self.huge_pages)
         if packed:
             logger.info("%sweights: %.1f MiB packed in panels%s", which, packed / 2**20,
                         " on transparent huge pages" if self.huge_pages else "")
+        times = choose_gemv_weights(model, self.kernels)
+        if times:
+            on_panels = all(m.gemv_reads_panels for m in panel_linears(model))
+            logger.info("%sfew-row GEMV reads the %s (one pass over the layers by rows, "
+                        "dense -> panels, ms: %s)", which,
+                        "panels" if on_panels else "dense weights",
+                        ", ".join(f"{n}: {1000 * d:.2f} -> {1000 * p:.2f}"
+                                  for n, (d, p) in times.items()))
 
     @property
     def _pool_zeros(self):

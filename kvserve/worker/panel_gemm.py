@@ -107,18 +107,36 @@ def chosen_rows(times: dict[int, tuple[float, float]], gain: float = REQUIRED_GA
 
 
 def pack_panel_weights(model: nn.Module, kernels, huge_pages: bool) -> int:
-    """Give every eligible layer that has none its weight packed in panels, all in one
-    huge-page buffer of their own where ``huge_pages`` (a buffer that goes when every
-    layer lets its panels go). Returns the bytes packed."""
+    """Give every eligible layer that has none its weight packed in panels. Where
+    ``huge_pages``, the panels go into one huge-page buffer of their own and the dense
+    weights (but one another module shares) into another: each copy can then be let go
+    whole, and the GEMV's choice between them (worker/gemv_weights.py) times both on the
+    pages they keep. Returns the bytes packed."""
     linears = [m for m in panel_linears(model) if m.panel_weight is None]
     sizes = [m.weight.numel() * m.weight.element_size() for m in linears]
-    buffer = HugePageBuffer(sum(aligned_size(n) for n in sizes)) \
-        if huge_pages and linears else None
+    if huge_pages and linears:
+        panels = HugePageBuffer(sum(aligned_size(n) for n in sizes))
+        shared = shared_parameter_ids(model)
+        own = [m for m in linears if id(m.weight) not in shared]
+        dense = HugePageBuffer(sum(aligned_size(m.weight.numel() * 4) for m in own))
+        with torch.no_grad():
+            for m in own:
+                m.weight.data = dense.take(tuple(m.weight.shape), torch.float32).copy_(m.weight)
     for m in linears:
         shape = (m.out_features // PANEL_COLUMNS, m.in_features, PANEL_COLUMNS)
         m.panel_weight = kernels.pack_panels(
-            m.weight, None if buffer is None else buffer.take(shape, torch.float32))
+            m.weight, panels.take(shape, torch.float32) if huge_pages else None)
     return sum(sizes)
+
+
+def shared_parameter_ids(model: nn.Module) -> set[int]:
+    """ids of the parameters that more than one module holds (a tied LM head's
+    embeddings)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for _, p in model.named_parameters(remove_duplicate=False):
+        (shared if id(p) in seen else seen).add(id(p))
+    return shared
 
 
 def choose_panel_rows(model: nn.Module, kernels, time_steps: StepTimer
@@ -144,7 +162,7 @@ def release_unused_panels(model: nn.Module) -> int:
     its GEMV (the caller knows the captured step does not either); returns the bytes
     released. All or none: on huge pages they share one buffer."""
     linears = [m for m in panel_linears(model) if m.panel_weight is not None]
-    if any(m.panel_max_rows or m.native_max_rows for m in linears):
+    if any(m.panel_max_rows or (m.native_max_rows and m.gemv_reads_panels) for m in linears):
         return 0
     released = 0
     for m in linears:
@@ -157,11 +175,9 @@ def release_dense_weights(model: nn.Module) -> int:
     """Let go of the dense weight of every layer whose panels serve all its few-row
     GEMMs (the caller knows the captured step reads the panels too, if it runs), except
     a weight another module shares (a tied LM head's embeddings). Returns the bytes."""
-    uses: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        uses[id(p)] = uses.get(id(p), 0) + 1
+    shared = shared_parameter_ids(model)
     return sum(m.release_dense_weight() for m in panel_linears(model)
-               if uses.get(id(m.weight), 0) == 1)
+               if id(m.weight) not in shared)
 
 
 def release_unread_copies(model: nn.Module, captured_reads: str | None) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """The native kernels over panels (gemm.c): torch's answer from the panel GEMM on its
-AVX2 tile and on its plain-C build, at row counts that fill and leave partial tiles and
+AVX2 tile and on its plain-C build (and the GEMV on AVX-512, bitwise its AVX2 build), at row counts that fill and leave partial tiles and
 row groups, and at a k that takes two slices; the same from the few-row GEMV over
 panels at 1-8 rows and odd k; the engine's greedy tokens unchanged when every layer
 takes the panel GEMM."""
@@ -14,11 +14,14 @@ kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
 
 
-@pytest.fixture(scope="module", params=["native", "plain-c"])
+BUILD_FLAGS = {"avx2": ("-mno-avx512f",), "plain-c": ("-mno-avx512f", "-mno-avx2", "-mno-fma")}
+
+
+@pytest.fixture(scope="module", params=["native", "avx2", "plain-c"])
 def build(request):
     if request.param == "native":
         return kernels
-    built = Kernels(("-mno-avx512f", "-mno-avx2", "-mno-fma"))
+    built = Kernels(BUILD_FLAGS[request.param])
     assert built.available, built.reason
     return built
 
@@ -45,6 +48,18 @@ def test_gemv_panels_matches_torch(build, m, n, k, bias):
     b = torch.randn(n, generator=g) if bias else None
     got = build.gemv_panels(x, build.pack_panels(w), b)
     torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif("avx512f" not in open("/proc/cpuinfo").read(),
+                    reason="the CPU has no AVX-512: the native build is the AVX2 one")
+@pytest.mark.parametrize("m", range(1, 9))
+def test_gemv_panels_on_avx512_is_bitwise_the_avx2_build(m):
+    avx2 = Kernels(BUILD_FLAGS["avx2"])
+    g = torch.Generator().manual_seed(m)
+    x, w, b = torch.randn(m, 333, generator=g), torch.randn(64, 333, generator=g), \
+        torch.randn(64, generator=g)
+    panels = kernels.pack_panels(w)
+    assert torch.equal(kernels.gemv_panels(x, panels, b), avx2.gemv_panels(x, panels, b))
 
 
 def test_gemv_panels_refuses_a_mismatched_input():

@@ -47,7 +47,7 @@ def _scheduled(runner, contexts: list[int], drafts: int = 0) -> list[ScheduledRe
     return scheduled
 
 
-@pytest.mark.parametrize("layout", ["panels", "dense"])
+@pytest.mark.parametrize("layout", ["panels", "dense", "dense-chosen"])
 @pytest.mark.parametrize("build", ["native", "avx2"])
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
 def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(layout, build, arch,
@@ -60,6 +60,7 @@ def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(layout, build, ar
         _use(m, "native", MAX_ROWS, built)
         if layout == "dense":  # no panels: no panel GEMM either
             m.panel_weight, m.panel_max_rows = None, 0
+        m.gemv_reads_panels = layout != "dense-chosen"  # panels kept, the GEMV on dense
     captured = CapturedStep(runner.model, runner.caches, built)
     assert captured.on_panels == (layout == "panels")
     captured.max_rows = MAX_ROWS
