@@ -31,7 +31,9 @@
  * Built for a CPU with AVX-512, the compute-bound parts (prompt scores, value sums,
  * softmax) run sixteen lanes a vector, the scores in chunks of 16 keys across blocks so
  * that enough FMA chains are in flight (a clear gain on a CPU that runs 512-bit operations
- * whole: docs/performance.md); decode attention, bound by memory, is no faster.
+ * whole: docs/performance.md). A decode row's scores take chunks across blocks too: with
+ * three query heads a kv head, one chunk left its FMA chains' latency setting the pace
+ * even with the keys coming from memory (docs/performance-xeon.md).
  */
 #include <math.h>
 #include <stdint.h>

@@ -240,6 +240,59 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
     }
 }
 
+#ifdef __AVX512F__
+/* The one-row path's scores [H, n] with AVX-512 and blocks of whole chunks of 16 tokens:
+ * each query tile scores KV_SCORE_CHUNKS chunks at once (consecutive in the context,
+ * whichever blocks hold them), so that 3 query heads of a kv head keep 12 FMA chains in
+ * flight instead of 3, and the kv head's runs of several blocks stream side by side.
+ * Every score is the same chain as score_chunks16's with one chunk: the same bits. */
+static inline __attribute__((always_inline)) void KV_NAME(row_scores16)(
+        const float *qs, const KV_T *k_pool, const int64_t *table, float *scores,
+        int64_t first, int64_t len, int64_t pf_len, int64_t num_heads, int64_t num_kv_heads,
+        int64_t block_size, __m512 vscale, const int64_t D) {
+    const int64_t group = num_heads / num_kv_heads, n = len - first;
+    const int64_t run = D * block_size, block_elems = num_kv_heads * run;
+    float tile[KV_SCORE_TILE * 16 * KV_SCORE_CHUNKS];
+    float *out[KV_SCORE_TILE];
+    const float *qv[KV_SCORE_TILE];
+    const int64_t offs[KV_SCORE_CHUNKS] = {0, 16, 32, 48};
+    for (int i = 0; i < KV_SCORE_TILE; i++) out[i] = tile + i * 16 * KV_SCORE_CHUNKS;
+    const int64_t c_end = (len + 15) / 16;
+    for (int64_t c0 = first / 16; c0 < c_end; c0 += KV_SCORE_CHUNKS) {
+        const int nc = c_end - c0 >= KV_SCORE_CHUNKS ? KV_SCORE_CHUNKS : (int)(c_end - c0);
+        for (int64_t g = 0; g < num_kv_heads; g++) {
+            const KV_T *keys[KV_SCORE_CHUNKS];
+            for (int j = 0; j < nc; j++) {
+                const int64_t t0 = (c0 + j) * 16, b = t0 / block_size;
+                keys[j] = k_pool + table[b] * block_elems + g * run + t0 % block_size;
+                if (t0 % block_size == 0 && next_block_jumps(table, b, pf_len, block_size))
+                    prefetch_run(k_pool + table[b + 1] * block_elems + g * run,
+                                 run * sizeof(KV_T));
+            }
+            for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += KV_SCORE_TILE) {
+                const int th = (g + 1) * group - h0 < KV_SCORE_TILE
+                                   ? (int)((g + 1) * group - h0) : KV_SCORE_TILE;
+                for (int i = 0; i < th; i++) qv[i] = qs + (h0 + i) * D;
+                if (nc == KV_SCORE_CHUNKS)
+                    KV_NAME(score_chunks16_any)(qv, keys, block_size, out, offs, vscale, th,
+                                                KV_SCORE_CHUNKS, D);
+                else
+                    for (int j = 0; j < nc; j++)
+                        KV_NAME(score_chunks16_any)(qv, keys + j, block_size, out, offs + j,
+                                                    vscale, th, 1, D);
+                for (int j = 0; j < nc; j++) {
+                    const int64_t t0 = (c0 + j) * 16;
+                    const int64_t lo = t0 > first ? t0 : first, hi = t0 + 16 < len ? t0 + 16 : len;
+                    for (int i = 0; i < th; i++)
+                        memcpy(scores + (h0 + i) * n + (lo - first),
+                               out[i] + 16 * j + (lo - t0), sizeof(float) * (size_t)(hi - lo));
+                }
+            }
+        }
+    }
+}
+#endif
+
 /* One row with head_dim D known at compile time (inlined per D); block_size % 8 == 0.
  * Keys: block by block, kv head by kv head, each of the kv head's query heads in tiles
  * of up to six sharing the key loads. Values: per query head, the block's value rows
@@ -259,6 +312,13 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_row_avx2)(
     const float *qv[KV_SCORE_TILE];
     float *out[KV_SCORE_TILE];
     for (int i = 0; i < KV_SCORE_TILE; i++) out[i] = tile + i * 16;
+#ifdef __AVX512F__
+    if (nt == 16) {
+        KV_NAME(row_scores16)(qs, k_pool, table, scores, first, len, pf_len, num_heads,
+                              num_kv_heads, block_size, _mm512_set1_ps(scale), D);
+        goto values;
+    }
+#endif
     for (int64_t b = first / block_size; b * block_size < len; b++) {
         const KV_T *kb = k_pool + table[b] * block_elems;
         const int jump = next_block_jumps(table, b, pf_len, block_size);
@@ -283,6 +343,9 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_row_avx2)(
             }
         }
     }
+#ifdef __AVX512F__
+values:
+#endif
     for (int64_t h = 0; h < num_heads; h++) softmax(scores + h * n, n);
     __m256 acc[D / 8];
     for (int64_t h = 0; h < num_heads; h++)

@@ -32,6 +32,8 @@ def build(request):
     # 1-4 query heads per kv head share key loads, a group of 5 takes tiles of 4 and 1
     (12, 4, 64, None, 16), (8, 2, 128, None, 16), (6, 3, 64, 11, 16), (8, 8, 64, None, 16),
     (10, 2, 64, 21, 8), (16, 2, 128, None, 8),
+    # blocks of two 16-key chunks: AVX-512 scores chunks of several blocks at once
+    (12, 4, 64, 37, 32), (12, 4, 64, None, 32),
     # head_dim 32 (a draft model's): the vectorised one-row path, prompt rows one by one
     (4, 2, 32, None, 16), (8, 2, 32, 11, 8)])
 def test_kernel_matches_torch(heads, kv_heads, dim, window, bs, kv_dtype, build):
