@@ -11,18 +11,26 @@
  * interleaved along k ([m / 6][k][6], the last block's missing rows zero), so that the
  * broadcasts read one contiguous stream.
  *
- * Blocking: k in slices of GEMM_KC (a whole layer's k, for most models: each output tile
- * is then written once), and rows in groups of GEMM_MC, whose inputs stay in L2 while
- * each panel's slice (at most 64 KiB, also from L2) passes over all of the group's row
- * blocks. The threads split the panels; a thread's panels are contiguous in memory, so
- * it streams its part of the weight once per row group. The sizes were chosen by
- * measurement on AVX2 Zen 3 (docs/performance-avx2.md).
+ * Blocking: rows in groups (group_rows), whose inputs stay in L2 while each panel's slice
+ * (from L2) passes over all of the group's row blocks, and k in slices of GEMM_KC (a
+ * whole layer's k, for most models: each output tile is then written once). The work
+ * items are a row group by GEMM_CHUNK panels (contiguous in memory), taken by whichever
+ * thread is free: on a shared host one core can run at a fraction of the other's pace
+ * for a while, and a fixed split would leave the faster one waiting. The weight is
+ * streamed once per row group. The sizes were chosen by measurement on AVX2 Zen 3
+ * (docs/performance-avx2.md).
+ *
+ * With AVX-512 the tile is 6 rows by four panels (64 columns): at each k four loads of
+ * 16 weights and six broadcasts feed 24 FMAs into 24 of the 32 registers, so two FMA
+ * units stay busy where the AVX2 tile leaves half of each 512-bit unit idle. Each output
+ * is still one chain from the bias over k in order: the same bits as the AVX2 tile.
  *
  * Whether this beats oneDNN's packed GEMM, and up to how many rows, depends on the CPU:
- * it is measured at start (worker/panel_gemm.py). The tile is AVX2's; built without AVX2
- * and FMA, the same loops run in plain C. */
+ * it is measured at start (worker/panel_gemm.py). Built without AVX2 and FMA, the same
+ * loops run in plain C. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <omp.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -30,8 +38,14 @@
 
 #define GEMM_MR 6    /* rows of a register tile */
 #define GEMM_NR 16   /* columns of a panel and of a tile */
+#ifndef GEMM_KC
 #define GEMM_KC 1024 /* k of one slice */
-#define GEMM_MC 96   /* rows of one group (a multiple of GEMM_MR) */
+#endif
+#define GEMM_MC 96   /* fewest rows of one group (a multiple of GEMM_MR) */
+#ifndef GEMM_MC_MAX
+#define GEMM_MC_MAX 384 /* most rows of one group */
+#endif
+#define GEMM_CHUNK 4 /* panels of one work item */
 #define GEMV_AHEAD 1024 /* bytes of panel fetched ahead by the GEMV of two or more rows */
 #define GEMV_AHEAD_512 4096 /* ...and by the AVX-512 GEMV, at every row count */
 
@@ -84,12 +98,68 @@ static void tile_rows(const float *a, const float *b, int64_t kc, float *c, int6
     }
 }
 
+#if defined(__AVX512F__)
+#define GEMM_WIDE 4 /* panels of one AVX-512 tile */
+
+/* As tile, over GEMM_WIDE consecutive panels: b is the first panel's slice, the others
+ * follow every pstride floats; c and bias cover the 64 columns. */
+static inline __attribute__((always_inline)) void tile_wide(
+        const float *a, const float *b, int64_t pstride, int64_t kc, float *c, int64_t ldc,
+        const int R, int add, const float *bias) {
+    __m512 acc[GEMM_MR][GEMM_WIDE];
+    _Pragma("GCC unroll 6") for (int i = 0; i < R; i++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < GEMM_WIDE; j++)
+            acc[i][j] = add ? _mm512_loadu_ps(c + i * ldc + GEMM_NR * j)
+                            : bias ? _mm512_loadu_ps(bias + GEMM_NR * j) : _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 w[GEMM_WIDE];
+        _Pragma("GCC unroll 4") for (int j = 0; j < GEMM_WIDE; j++)
+            w[j] = _mm512_loadu_ps(b + j * pstride + GEMM_NR * k);
+        _Pragma("GCC unroll 6") for (int i = 0; i < R; i++) {
+            const __m512 xi = _mm512_set1_ps(a[GEMM_MR * k + i]);
+            _Pragma("GCC unroll 4") for (int j = 0; j < GEMM_WIDE; j++)
+                acc[i][j] = _mm512_fmadd_ps(xi, w[j], acc[i][j]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int i = 0; i < R; i++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < GEMM_WIDE; j++)
+            _mm512_storeu_ps(c + i * ldc + GEMM_NR * j, acc[i][j]);
+}
+
+static void tile_rows_wide(const float *a, const float *b, int64_t pstride, int64_t kc,
+                           float *c, int64_t ldc, int rows, int add, const float *bias) {
+    switch (rows) {
+    case 6: tile_wide(a, b, pstride, kc, c, ldc, 6, add, bias); break;
+    case 5: tile_wide(a, b, pstride, kc, c, ldc, 5, add, bias); break;
+    case 4: tile_wide(a, b, pstride, kc, c, ldc, 4, add, bias); break;
+    case 3: tile_wide(a, b, pstride, kc, c, ldc, 3, add, bias); break;
+    case 2: tile_wide(a, b, pstride, kc, c, ldc, 2, add, bias); break;
+    default: tile_wide(a, b, pstride, kc, c, ldc, 1, add, bias);
+    }
+}
+#else
+#define GEMM_WIDE 1
+#endif
+
+/* Rows of one group: as many as keep the group's inputs for one k slice in half of the
+ * core's L2 (the panel slices and the outputs share the rest), a multiple of GEMM_MR
+ * within GEMM_MC..GEMM_MC_MAX. Fewer groups stream the weight fewer times. */
+static int64_t group_rows(int64_t kc) {
+    static long l2 = -1; /* a race writes the same value */
+    if (l2 < 0) {
+        const long size = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        l2 = size > 0 ? size : 0;
+    }
+    const int64_t rows = l2 / 2 / (kc * (int64_t)sizeof(float)) / GEMM_MR * GEMM_MR;
+    return rows < GEMM_MC ? GEMM_MC : rows > GEMM_MC_MAX ? GEMM_MC_MAX : rows;
+}
+
 /* x [m, k] contiguous; panels as above (n a multiple of 16); bias [n] or NULL; y [m, n].
  * Returns 0, or -1 when the interleaved copy of x could not be allocated. */
 int64_t gemm_panels(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
                     const float *bias, float *y) {
     const int64_t blocks = (m + GEMM_MR - 1) / GEMM_MR, num_panels = n / GEMM_NR;
-    const int64_t group = GEMM_MC / GEMM_MR;
+    const int64_t group = group_rows(k < GEMM_KC ? k : GEMM_KC) / GEMM_MR;
     float *xi = aligned_alloc(64, sizeof(float) * (size_t)((blocks * GEMM_MR * k + 15) / 16 * 16));
     if (!xi) return -1;
 #pragma omp parallel
@@ -104,21 +174,34 @@ int64_t gemm_panels(const float *x, int64_t m, int64_t k, const float *panels, i
             }
         }
         /* the implicit barrier above: every block is written before any is read */
-        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t first = num_panels * t / threads, last = num_panels * (t + 1) / threads;
-        for (int64_t k0 = 0; k0 < k; k0 += GEMM_KC) {
-            const int64_t kc = k - k0 < GEMM_KC ? k - k0 : GEMM_KC;
-            for (int64_t g0 = 0; g0 < blocks; g0 += group) {
-                const int64_t g1 = g0 + group < blocks ? g0 + group : blocks;
-                for (int64_t p = first; p < last; p++) {
+        const int64_t groups = (blocks + group - 1) / group;
+        const int64_t chunks = (num_panels + GEMM_CHUNK - 1) / GEMM_CHUNK;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < groups * chunks; item++) {
+            const int64_t g0 = item / chunks * group;
+            const int64_t g1 = g0 + group < blocks ? g0 + group : blocks;
+            const int64_t p0 = item % chunks * GEMM_CHUNK;
+            const int64_t p1 = p0 + GEMM_CHUNK < num_panels ? p0 + GEMM_CHUNK : num_panels;
+            for (int64_t k0 = 0; k0 < k; k0 += GEMM_KC) {
+                const int64_t kc = k - k0 < GEMM_KC ? k - k0 : GEMM_KC;
+                for (int64_t p = p0; p < p1;) {
+                    const int64_t wide = p1 - p >= GEMM_WIDE ? GEMM_WIDE : 1;
                     const float *slice = panels + (p * k + k0) * GEMM_NR;
                     for (int64_t blk = g0; blk < g1; blk++) {
                         const int64_t left = m - blk * GEMM_MR;
-                        tile_rows(xi + blk * GEMM_MR * k + k0 * GEMM_MR, slice, kc,
-                                  y + blk * GEMM_MR * n + p * GEMM_NR, n,
-                                  left < GEMM_MR ? (int)left : GEMM_MR, k0 > 0,
-                                  bias ? bias + p * GEMM_NR : 0);
+                        const float *a = xi + blk * GEMM_MR * k + k0 * GEMM_MR;
+                        float *c = y + blk * GEMM_MR * n + p * GEMM_NR;
+                        const int rows = left < GEMM_MR ? (int)left : GEMM_MR;
+                        const float *pb = bias ? bias + p * GEMM_NR : 0;
+#if defined(__AVX512F__)
+                        if (wide > 1) {
+                            tile_rows_wide(a, slice, k * GEMM_NR, kc, c, n, rows, k0 > 0, pb);
+                            continue;
+                        }
+#endif
+                        tile_rows(a, slice, kc, c, n, rows, k0 > 0, pb);
                     }
+                    p += wide;
                 }
             }
         }

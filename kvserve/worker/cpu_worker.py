@@ -38,7 +38,8 @@ from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
     freeze_startup_objects, keep_freed_memory, physical_cores, return_freed_memory
 from kvserve.worker.gemv_weights import choose_gemv_weights
-from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, choose_panel_rows, \
+from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
+    ROW_LADDER as PANEL_ROW_LADDER, choose_panel_rows, \
     pack_panel_weights, panel_linears, release_unread_copies
 from kvserve.worker.row_padding import measure_min_rows
 from kvserve.worker.small_gemm import choose_dense_rows
@@ -311,9 +312,11 @@ class CPUWorker(Worker):
             return
         runner = self.runner
         rows, times = choose_panel_rows(
-            self.model, self.kernels, lambda n: runner.time_decodes(n, rounds=1, warm=False))
+            self.model, self.kernels, lambda n: runner.time_decodes(n, rounds=1, warm=False),
+            prompt_rows=self.config.scheduler.max_num_batched_tokens)
         if times:
             timed = ", ".join(f"{n}: {1000 * o:.2f} -> {1000 * p:.2f}"
+                              + (" lone GEMMs" if n > max(PANEL_ROW_LADDER) else "")
                               for n, (o, p) in times.items())
             taken = (f"from {Linear.panel_min_rows} rows" if rows == ALL_PANEL_ROWS else
                      f"for {Linear.panel_min_rows}-{rows} rows" if rows else "not taken")

@@ -10,9 +10,11 @@ GEMMs alternate with the native kernels (norms, rotary, attention), and on the m
 the kernel was built on the two tied as lone GEMMs from 128 rows up while whole steps
 ran clearly faster on the panel GEMM (docs/performance-avx2.md). The panel GEMM gets
 the rows up to the largest count at which its steps were clearly faster, at every count
-below too; where it won the whole ladder it takes every larger count as well (a prompt
-chunk's thousands of rows: both kernels are bound by the FMAs there, and a step that
-large would cost seconds of start-up to time).
+below too. Where it won the whole ladder it takes every larger count as well (a prompt
+chunk's thousands of rows), unless lone GEMMs at a prompt step's rows, one per decoder
+layer shape, ran slower on it than on oneDNN by more than PROMPT_TOLERANCE: a whole
+step that large would cost seconds of start-up to time, and on some CPUs oneDNN's
+blocking for thousands of rows beats the panel GEMM's.
 
 The panels are packed at load, since the few-row GEMV and the captured step read them
 too (one stream per thread, where the dense weight is several); where nothing reads
@@ -25,6 +27,7 @@ with the few-row paths (``small_gemm``, ``row_padding``, the captured step).
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -39,6 +42,8 @@ ROW_LADDER = (16, 64, 128)  # decode steps of this many requests are timed
 REQUIRED_GAIN = 0.05  # the panel GEMM's step must be at least this much faster at each
 ROUNDS = 2
 ALL_ROWS = 2**62  # panel_max_rows when the panel GEMM won the whole ladder
+PROMPT_ROWS = 2048  # at most this many rows in the prompt-size check
+PROMPT_TOLERANCE = 0.03  # the panel GEMM keeps prompt steps unless this much slower there
 
 StepTimer = Callable[[list[int]], dict[int, float]]  # row counts -> seconds of one step each
 
@@ -139,10 +144,43 @@ def shared_parameter_ids(model: nn.Module) -> set[int]:
     return shared
 
 
-def choose_panel_rows(model: nn.Module, kernels, time_steps: StepTimer
+@torch.inference_mode()
+def time_prompt_gemms(linears: list, rows: int, rounds: int = ROUNDS) -> tuple[float, float]:
+    """(oneDNN s, panel s): the fastest of ``rounds`` passes, the paths alternating
+    first, of one GEMM of ``rows`` rows per decoder-layer shape, weighted by how many
+    layers have it. A shape only one layer has (the LM head) is left out: a prompt step
+    runs it at the prompts' last rows only. (0, 0) when no shape is repeated."""
+    by_shape: dict[tuple[int, int], list] = {}
+    for m in linears:
+        by_shape.setdefault((m.in_features, m.out_features), []).append(m)
+    timed = [(group[0], len(group)) for group in by_shape.values() if len(group) > 1]
+    if not timed:
+        return 0.0, 0.0
+    inputs = [torch.randn(rows, m.in_features) for m, _ in timed]
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        for r in range(rounds):
+            for panel in ((False, True) if r % 2 == 0 else (True, False)):
+                total = 0.0
+                for (m, count), x in zip(timed, inputs):
+                    m.panel_max_rows = ALL_ROWS if panel else 0
+                    m(x)  # oneDNN generates its kernel for the count on first use
+                    start = time.perf_counter()
+                    m(x)
+                    total += count * (time.perf_counter() - start)
+                samples[panel].append(total)
+    finally:
+        for m, _ in timed:
+            m.panel_max_rows = 0
+    return min(samples[False]), min(samples[True])
+
+
+def choose_panel_rows(model: nn.Module, kernels, time_steps: StepTimer,
+                      prompt_rows: int = PROMPT_ROWS
                       ) -> tuple[int, dict[int, tuple[float, float]]]:
     """Measure and set the panel GEMM's rows on every layer that has panels. Returns
-    (panel_max_rows, the measured times)."""
+    (panel_max_rows, the measured times: decode steps by rows, and where the ladder was
+    won, lone GEMMs at ``prompt_rows`` (at most PROMPT_ROWS))."""
     linears = [m for m in panel_linears(model) if m.panel_weight is not None]
     if not linears:
         return 0, {}
@@ -150,6 +188,13 @@ def choose_panel_rows(model: nn.Module, kernels, time_steps: StepTimer
         m.panel_gemm = kernels.gemm_panels
     times = measure_panel_rows(linears, time_steps)
     rows = chosen_rows(times)
+    top, prompt_rows = max(times, default=0), min(prompt_rows, PROMPT_ROWS)
+    if rows == ALL_ROWS and prompt_rows > top:
+        onednn, panel = time_prompt_gemms(linears, prompt_rows)
+        if onednn:
+            times[prompt_rows] = (onednn, panel)
+            if panel > (1 + PROMPT_TOLERANCE) * onednn:
+                rows = top
     for m in linears:
         m.panel_max_rows = rows
         if not rows:

@@ -1,6 +1,7 @@
 """The native kernels over panels (gemm.c): torch's answer from the panel GEMM on its
-AVX2 tile and on its plain-C build (and the GEMV on AVX-512, bitwise its AVX2 build), at row counts that fill and leave partial tiles and
-row groups, and at a k that takes two slices; the same from the few-row GEMV over
+native, AVX2 and plain-C builds (the AVX-512 GEMM and GEMV bitwise their AVX2 builds), at
+row counts that fill and leave partial tiles and row groups, at column counts that fill
+and leave AVX-512's four-panel tiles, and at a k that takes two slices; the same from the few-row GEMV over
 panels at 1-8 rows and odd k; the engine's greedy tokens unchanged when every layer
 takes the panel GEMM."""
 from __future__ import annotations
@@ -28,7 +29,10 @@ def build(request):
 
 # 6: one whole tile; 7, 13: a partial one; 97, 200: more than one group of 96 rows
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 97, 200])
-@pytest.mark.parametrize("n, k", [(16, 7), (48, 100), (64, 768), (32, 1100)])  # 1100: two k slices
+# 64, 128: whole tiles of four panels (AVX-512); 80, 144: and a panel left over;
+# 1100: two k slices
+@pytest.mark.parametrize("n, k", [(16, 7), (48, 100), (64, 768), (32, 1100), (80, 1100),
+                                  (144, 300)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemm_panels_matches_torch(build, m, n, k, bias):
     g = torch.Generator().manual_seed(m * 1000 + n * 10 + k)
@@ -60,6 +64,20 @@ def test_gemv_panels_on_avx512_is_bitwise_the_avx2_build(m):
         torch.randn(64, generator=g)
     panels = kernels.pack_panels(w)
     assert torch.equal(kernels.gemv_panels(x, panels, b), avx2.gemv_panels(x, panels, b))
+
+
+@pytest.mark.skipif("avx512f" not in open("/proc/cpuinfo").read(),
+                    reason="the CPU has no AVX-512: the native build is the AVX2 one")
+@pytest.mark.parametrize("m", [1, 6, 7, 100])
+@pytest.mark.parametrize("n, k", [(64, 768), (80, 1100), (144, 300)])
+def test_gemm_panels_on_avx512_is_bitwise_the_avx2_build(m, n, k):
+    avx2 = Kernels(BUILD_FLAGS["avx2"])
+    g = torch.Generator().manual_seed(m + n + k)
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), \
+        torch.randn(n, generator=g)
+    panels = kernels.pack_panels(w)
+    for bias in (None, b):
+        assert torch.equal(kernels.gemm_panels(x, panels, bias), avx2.gemm_panels(x, panels, bias))
 
 
 def test_gemv_panels_refuses_a_mismatched_input():

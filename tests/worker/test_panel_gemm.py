@@ -157,6 +157,52 @@ def test_measure_stops_up_the_ladder_at_the_first_count_lost():
     assert chosen_rows(times, ladder=(16, 32)) == 0
 
 
+@pytest.mark.parametrize("prompt, expected", [((1.0, 1.02), ALL_ROWS), ((1.0, 1.2), 128),
+                                              ((0.0, 0.0), ALL_ROWS)])
+def test_a_won_ladder_takes_prompt_steps_unless_their_lone_gemms_run_slower(
+        monkeypatch, prompt, expected):
+    model = _model()
+    pack_panel_weights(model, kernels, huge_pages=False)
+    won = {16: (2.0, 1.0), 64: (2.0, 1.0), 128: (2.0, 1.0)}
+    asked = []
+    monkeypatch.setattr(panel_gemm, "measure_panel_rows", lambda layers, ts, **kw: dict(won))
+    monkeypatch.setattr(panel_gemm, "time_prompt_gemms",
+                        lambda layers, rows: asked.append(rows) or prompt)
+    rows, times = choose_panel_rows(model, kernels, time_steps=None, prompt_rows=4096)
+    assert asked == [2048]  # capped at PROMPT_ROWS
+    assert rows == expected
+    assert all(m.panel_max_rows == rows for m in panel_linears(model))
+    assert times.get(2048) == (prompt if prompt[0] else None)
+
+
+def test_no_prompt_check_where_the_ladder_was_lost_or_the_budget_is_within_it(monkeypatch):
+    model = _model()
+    pack_panel_weights(model, kernels, huge_pages=False)
+    monkeypatch.setattr(panel_gemm, "time_prompt_gemms", lambda *a: pytest.fail("timed"))
+    monkeypatch.setattr(panel_gemm, "measure_panel_rows",
+                        lambda layers, ts, **kw: {16: (2.0, 1.0), 64: (2.0, 1.0), 128: (2.0, 1.0)})
+    assert choose_panel_rows(model, kernels, None, prompt_rows=128)[0] == ALL_ROWS
+    monkeypatch.setattr(panel_gemm, "measure_panel_rows",
+                        lambda layers, ts, **kw: {16: (2.0, 1.0), 64: (2.0, 3.0)})
+    assert choose_panel_rows(model, kernels, None, prompt_rows=2048)[0] == 16
+
+
+def test_prompt_gemms_time_each_repeated_shape_on_both_paths_and_leave_onednn():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Linear(32, 48), Linear(32, 48), Linear(48, 32))  # one 48->32
+    for m in model:
+        m.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
+    pack_panel_weights(model, kernels, huge_pages=False)
+    calls = []
+    for m in model:
+        m.panel_gemm = lambda x, w, b: calls.append(x.shape[0]) or kernels.gemm_panels(x, w, b)
+    onednn, panel = panel_gemm.time_prompt_gemms(list(model), rows=40, rounds=2)
+    assert onednn > 0 and panel > 0
+    assert calls == [40] * 4  # the repeated shape only, twice a round (its kernel, then timed)
+    assert all(m.panel_max_rows == 0 for m in model)
+    assert panel_gemm.time_prompt_gemms([model[2]], rows=40) == (0.0, 0.0)
+
+
 def test_start_up_times_decode_steps_and_an_engine_on_onednn_keeps_transformers_tokens(
         llama_dir, monkeypatch):
     from kvserve import LLM, SamplingParams
