@@ -39,6 +39,7 @@ def panel_gemm_whenever_possible(monkeypatch):
     monkeypatch.setattr(panel_gemm, "measure_panel_rows",
                         lambda linears, time_steps, **kw: {n: (1.0, 0.5)
                                                            for n in panel_gemm.ROW_LADDER})
+    monkeypatch.setattr(panel_gemm, "time_prompt_gemms", lambda linears, rows: (1.0, 0.5))
 
 
 @pytest.fixture(autouse=True)

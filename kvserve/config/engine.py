@@ -35,6 +35,10 @@ class EngineConfig:
         if "|" in bind and bind.count("|") + 1 != size:
             raise ValueError(f"omp_threads_bind {bind!r} gives {bind.count('|') + 1} CPU lists "
                              f"(split by '|'), one per rank: tensor_parallel_size is {size}")
+        if size > 1 and self.worker.panel_gemm_max_rows:
+            raise ValueError("panel_gemm_max_rows applies to one process: with "
+                             f"tensor_parallel_size {size} the ranks run oneDNN's GEMMs "
+                             "(leave it unset, or 0)")
         if self.speculative is not None and self.scheduler.async_scheduling:
             raise ValueError("async_scheduling does not run with speculative decoding (a "
                              "step's drafts are proposed from the tokens of the step before "

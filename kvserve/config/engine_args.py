@@ -108,6 +108,11 @@ class EngineArgs:
         "computed as in a GEMM of that size); default: measured at start among 1-8 rows "
         "on the model's own layers (some CPUs stream the weights of a 1-row GEMM slower "
         "than of a 6-row one); 1: no padding"))
+    panel_gemm_max_rows: int | None = field(default=None, metadata=_help(
+        "float32 linear layers of more rows than the few-row paths take run on the native "
+        "panel GEMM up to this many rows and on oneDNN above; default: measured at start "
+        "(decode steps of 16-128 requests on each, and lone GEMMs of a prompt step's rows); "
+        "0: oneDNN only"))
     gemm_warmup_rows: int | None = field(default=None, metadata=_help(
         "at start, run each linear layer shape at every row count 1..N so that oneDNN has "
         "generated its GEMM kernels before the first steps need them (the CPU counterpart "
@@ -177,7 +182,7 @@ class EngineArgs:
         warmup_rows = self.max_num_seqs if self.gemm_warmup_rows is None else self.gemm_warmup_rows
         return WorkerConfig(
             attention_backend=self.attention_backend, linear_min_rows=self.linear_min_rows,
-            gemm_warmup_rows=warmup_rows, num_threads=self.num_threads,
+            panel_gemm_max_rows=self.panel_gemm_max_rows, gemm_warmup_rows=warmup_rows, num_threads=self.num_threads,
             omp_threads_bind=self.omp_threads_bind,
             step_profile_interval=self.step_profile_interval,
             enforce_eager=self.enforce_eager, huge_pages=self.huge_pages)

@@ -15,6 +15,7 @@ MAX_LINEAR_MIN_ROWS = 16
 class WorkerConfig:
     attention_backend: str = "auto"       # auto: native kernels and packed linears; torch
     linear_min_rows: int | None = None    # None: measured at start
+    panel_gemm_max_rows: int | None = None  # None: measured at start; 0: oneDNN only
     gemm_warmup_rows: int | None = None   # None: max_num_seqs; 0: off
     num_threads: int | None = None        # None: physical cores
     omp_threads_bind: str = "auto"        # auto | nobind | a CPU list
@@ -29,6 +30,8 @@ class WorkerConfig:
             if self.linear_min_rows > MAX_LINEAR_MIN_ROWS:
                 raise ValueError(f"linear_min_rows must be at most {MAX_LINEAR_MIN_ROWS}, got "
                                  f"{self.linear_min_rows}")
+        if self.panel_gemm_max_rows is not None:
+            non_negative_int("panel_gemm_max_rows", self.panel_gemm_max_rows, "oneDNN only")
         if self.gemm_warmup_rows is not None:
             non_negative_int("gemm_warmup_rows", self.gemm_warmup_rows, "off")
         optional_positive_int("num_threads", self.num_threads)

@@ -40,7 +40,7 @@ from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
 from kvserve.worker.gemv_weights import choose_gemv_weights
 from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
     ROW_LADDER as PANEL_ROW_LADDER, choose_panel_rows, \
-    pack_panel_weights, panel_linears, release_unread_copies
+    pack_panel_weights, panel_linears, release_unread_copies, set_panel_rows
 from kvserve.worker.row_padding import measure_min_rows
 from kvserve.worker.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
@@ -309,6 +309,12 @@ class CPUWorker(Worker):
             # each rank would time its own steps, whose all-reduces need every rank in
             # the same step; the ranks keep oneDNN's GEMMs
             logger.info("panel GEMM not measured under tensor parallelism: oneDNN's GEMMs")
+            return
+        given = self.config.worker.panel_gemm_max_rows
+        if given is not None:
+            rows = set_panel_rows(self.model, self.kernels, given)
+            logger.info("panel GEMM %s (panel_gemm_max_rows)",
+                        f"for {Linear.panel_min_rows}-{given} rows" if rows else "off")
             return
         runner = self.runner
         rows, times = choose_panel_rows(

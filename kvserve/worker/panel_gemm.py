@@ -195,11 +195,19 @@ def choose_panel_rows(model: nn.Module, kernels, time_steps: StepTimer,
             times[prompt_rows] = (onednn, panel)
             if panel > (1 + PROMPT_TOLERANCE) * onednn:
                 rows = top
-    for m in linears:
-        m.panel_max_rows = rows
-        if not rows:
-            m.panel_gemm = None
+    set_panel_rows(model, kernels, rows)
     return rows, times
+
+
+def set_panel_rows(model: nn.Module, kernels, rows: int) -> int:
+    """The panel GEMM for up to ``rows`` rows on every layer that has panels (0: none;
+    ALL_ROWS or more: every count), without measuring. Returns the rows set."""
+    rows = min(rows, ALL_ROWS)
+    for m in panel_linears(model):
+        if m.panel_weight is not None:
+            m.panel_max_rows = rows
+            m.panel_gemm = kernels.gemm_panels if rows else None
+    return rows
 
 
 def release_unused_panels(model: nn.Module) -> int:

@@ -12,8 +12,9 @@ from kvserve.model.layers import Linear
 from kvserve.worker import panel_gemm
 from kvserve.worker.panel_gemm import ALL_ROWS, chosen_rows, choose_panel_rows, \
     measure_panel_rows, pack_panel_weights, panel_linears, release_dense_weights, \
-    release_unread_copies, release_unused_panels
-# (measure_panel_rows: the real one, imported before the suite's engines get a stand-in)
+    release_unread_copies, release_unused_panels, time_prompt_gemms
+# (measure_panel_rows, time_prompt_gemms: the real ones, imported before the suite's
+# engines get stand-ins)
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
@@ -196,11 +197,11 @@ def test_prompt_gemms_time_each_repeated_shape_on_both_paths_and_leave_onednn():
     calls = []
     for m in model:
         m.panel_gemm = lambda x, w, b: calls.append(x.shape[0]) or kernels.gemm_panels(x, w, b)
-    onednn, panel = panel_gemm.time_prompt_gemms(list(model), rows=40, rounds=2)
+    onednn, panel = time_prompt_gemms(list(model), rows=40, rounds=2)
     assert onednn > 0 and panel > 0
     assert calls == [40] * 4  # the repeated shape only, twice a round (its kernel, then timed)
     assert all(m.panel_max_rows == 0 for m in model)
-    assert panel_gemm.time_prompt_gemms([model[2]], rows=40) == (0.0, 0.0)
+    assert time_prompt_gemms([model[2]], rows=40) == (0.0, 0.0)
 
 
 def test_start_up_times_decode_steps_and_an_engine_on_onednn_keeps_transformers_tokens(
@@ -295,3 +296,30 @@ def test_a_layer_without_its_dense_weight_still_takes_zero_rows():
     release_dense_weights(model)
     with torch.inference_mode():
         assert model[0](torch.zeros(0, 32)).shape == (0, 48)
+
+
+@pytest.mark.parametrize("given", [0, 64])
+def test_given_rows_are_set_without_measuring_and_keep_transformers_tokens(
+        llama_dir, monkeypatch, given):
+    from kvserve import LLM, SamplingParams
+    from tests.helpers import hf_greedy, prompts_of_lengths
+
+    monkeypatch.setattr(panel_gemm, "measure_panel_rows", lambda *a, **kw: pytest.fail("timed"))
+    llm = LLM(llama_dir, num_threads=1, panel_gemm_max_rows=given)
+    layers = panel_linears(llm.engine.worker.runner.model)
+    assert layers and all(m.panel_max_rows == given for m in layers)
+    assert all((m.panel_gemm is not None) == bool(given) for m in layers)
+    prompts = prompts_of_lengths([3, 40, 70])
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(llama_dir, prompts, 8)
+
+
+def test_given_rows_are_checked(llama_dir):
+    from kvserve.config.engine_args import EngineArgs
+
+    with pytest.raises(ValueError, match="panel_gemm_max_rows must be an integer >= 0"):
+        EngineArgs(model=llama_dir, panel_gemm_max_rows=-1).create_engine_config()
+    with pytest.raises(ValueError, match="panel_gemm_max_rows applies to one process"):
+        EngineArgs(model=llama_dir, tensor_parallel_size=2,
+                   panel_gemm_max_rows=64).create_engine_config()
