@@ -182,7 +182,8 @@ class EngineArgs:
         warmup_rows = self.max_num_seqs if self.gemm_warmup_rows is None else self.gemm_warmup_rows
         return WorkerConfig(
             attention_backend=self.attention_backend, linear_min_rows=self.linear_min_rows,
-            panel_gemm_max_rows=self.panel_gemm_max_rows, gemm_warmup_rows=warmup_rows, num_threads=self.num_threads,
+            panel_gemm_max_rows=self.panel_gemm_max_rows, gemm_warmup_rows=warmup_rows,
+            num_threads=self.num_threads,
             omp_threads_bind=self.omp_threads_bind,
             step_profile_interval=self.step_profile_interval,
             enforce_eager=self.enforce_eager, huge_pages=self.huge_pages)
