@@ -103,7 +103,9 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--variant", action="append", default=[],
                    metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
                    help="also run kvserve with these engine settings, as row 'kvserve LABEL' "
-                        "(repeatable), e.g. int8:quantization=int8,kv_cache_dtype=float16")
+                        "(repeatable), loaded beside the defaults and run in the same rounds "
+                        "(alone after them when a setting is process-wide, e.g. "
+                        "num_threads), e.g. int8:quantization=int8,kv_cache_dtype=float16")
     p.add_argument("--repeats", type=int, default=1, help="timed runs each; the median is kept")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring the roofline")
     p.add_argument("--roofline-json", default=None,

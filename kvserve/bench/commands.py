@@ -248,6 +248,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if ratios:
         print("kvserve / vLLM by round: " + ", ".join(f"{r:.3f}" for r in ratios)
               + f" (median {statistics.median(ratios):.3f})")
+    for name, res in out["results"].items():
+        by_round = res.get("round_ratios_vs_kvserve") if isinstance(res, dict) else None
+        if by_round:
+            print(f"{name} / kvserve by round: " + ", ".join(f"{r:.3f}" for r in by_round)
+                  + f" (median {statistics.median(by_round):.3f})")
     print(_decode_line("kvserve", out["decode"]))
     for name, res in out["results"].items():
         if "decode" in res:

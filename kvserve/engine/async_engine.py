@@ -32,52 +32,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import threading
 import time
-from dataclasses import dataclass
 from typing import AsyncIterator
 
 from kvserve.config import EngineArgs, ObservabilityConfig
 from kvserve.engine.llm_engine import LLMEngine, PromptType
+from kvserve.engine.engine_loop import AbortCommand, AddCommand, EngineLoop
 from kvserve.engine.streams import EngineDeadError, RequestStream
-from kvserve.logger import init_logger
 from kvserve.metrics import EngineSnapshot, StatsRecorder, create_recorder
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
-from kvserve.worker import WorkerDiedError
-
-logger = init_logger(__name__)
-
-BURST_GAP_S = 0.002   # a burst of adds has ended when none came for this long ...
-BURST_MAX_S = 0.02    # ... or after this long
-PUBLISH_INTERVAL_S = 0.05  # the engine state the server reads may be this old mid-burst
 
 
-@dataclass
-class _Add:
-    request_id: str
-    prompt: PromptType
-    params: SamplingParams
-    priority: int
-    arrival_time: float
-    future: asyncio.Future
-    trace_headers: dict | None = None
-    background: bool = False
-    final_only: bool = False
-
-
-@dataclass
-class _Abort:
-    request_ids: list[str]
-
-
-def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
-    if not fut.done():
-        fut.set_exception(exc) if exc is not None else fut.set_result(None)
-
-
-class AsyncLLMEngine:
+class AsyncLLMEngine(EngineLoop):
     def __init__(self, engine: LLMEngine, recorder: StatsRecorder | None = None) -> None:
         """``recorder``: what observes the engine (metrics, live stats, traces); its
         methods run on the engine thread."""
@@ -92,7 +60,7 @@ class AsyncLLMEngine:
         interval = self._stats.log_interval
         self._idle_wait = min(interval, 1.0) if interval > 0 else 1.0
         self._cv = threading.Condition()
-        self._cmds: list[_Add | _Abort] = []
+        self._cmds: list[AddCommand | AbortCommand] = []
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -192,7 +160,7 @@ class AsyncLLMEngine:
         stream = self._streams[request_id] = RequestStream(request_id, final_only)
         fut = self._loop.create_future()
         self._pending_adds += 1
-        self._send(_Add(request_id, prompt, params, priority,
+        self._send(AddCommand(request_id, prompt, params, priority,
                         arrival_time or time.monotonic(), fut, trace_headers, background,
                         final_only))
         try:
@@ -200,7 +168,7 @@ class AsyncLLMEngine:
         except BaseException as e:
             self._streams.pop(request_id, None)
             if isinstance(e, asyncio.CancelledError):  # the add may still land: undo it
-                self._send(_Abort([request_id]))
+                self._send(AbortCommand([request_id]))
             raise
         finally:
             self._pending_adds -= 1
@@ -235,16 +203,16 @@ class AsyncLLMEngine:
         for rid in live:
             self._streams.pop(rid).finished = True
         if live:
-            self._send(_Abort(live))
+            self._send(AbortCommand(live))
 
     def abort_all(self, message: str = "the server is shutting down") -> None:
         """Abort every in-flight request; their readers get a 503 EngineRequestError."""
         ids = list(self._streams)
         if ids:
-            self._send(_Abort(ids))
+            self._send(AbortCommand(ids))
             self._fail_streams(ids, message, 503)
 
-    def _send(self, cmd: _Add | _Abort) -> None:
+    def _send(self, cmd: AddCommand | AbortCommand) -> None:
         with self._cv:
             self._cmds.append(cmd)
             self._cv.notify()
@@ -268,172 +236,3 @@ class AsyncLLMEngine:
             if stream is not None:
                 stream.finished = True
                 stream.fail(message, status)
-
-    # -- the engine thread ---------------------------------------------------------------
-
-    def _post(self, fn, *args) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
-
-    def _wait_and_run(self) -> None:
-        self._go.wait()
-        if self._loop is not None:  # None: shut down before it was ever started
-            self._run()
-
-    def _run(self) -> None:
-        busy, failures = False, 0
-        while True:
-            try:
-                busy, stop = self._iteration(busy)
-                failures = 0
-                if stop:
-                    return
-            except WorkerDiedError as e:  # nothing can run again: stop now
-                self._die(f"the engine stopped: {e}")
-                return
-            except Exception as e:  # a bug outside the model step: fail what is in flight
-                failures += 1
-                logger.exception("engine loop iteration failed; failing in-flight requests")
-                if failures >= 3:
-                    self._die(f"the engine loop died: {type(e).__name__}: {e}")
-                    return
-                try:
-                    self._abort_all("internal error in the engine loop")
-                except Exception:  # noqa: BLE001 - the next iteration reports it
-                    logger.exception("aborting in-flight requests failed")
-                busy = False
-
-    def _iteration(self, busy: bool) -> tuple[bool, bool]:
-        with self._cv:
-            if not self._cmds and not busy and not self._stop:
-                self._cv.wait(timeout=self._idle_wait)
-            if not busy and len(self._cmds) > 1:
-                self._gather_burst()
-            cmds, self._cmds = self._cmds, []
-            stop = self._stop
-        if cmds:
-            resolved = []
-            try:
-                resolved = [self._apply(cmd) for cmd in cmds]
-                # before answering adds, so backpressure sees them; in full once idle (an
-                # abort emptied the engine: no step follows to publish it)
-                self._publish(full=not self.engine.has_unfinished_requests())
-            finally:
-                done = {id(r[0]) for r in resolved if r is not None}
-                for r in resolved:
-                    if r is not None:
-                        self._post(_resolve, *r)
-                for cmd in cmds:  # never leave an add unanswered, whatever failed
-                    if isinstance(cmd, _Add) and id(cmd.future) not in done:
-                        self._post(_resolve, cmd.future, RuntimeError("engine loop failed"))
-        if stop:
-            self._abort_all("the server is shutting down")
-            return False, True
-        if self.engine.has_unfinished_requests():
-            self._step()
-        self._stats.maybe_log(self.snapshot)
-        return self.engine.has_unfinished_requests(), False
-
-    def _gather_burst(self) -> None:
-        """An idle engine woken by several adds at once (a batch, a client's burst) waits
-        while more keep coming, briefly: its first step then takes them together, as
-        LLM.generate's does, instead of a trickle of small prefills. A lone request does
-        not wait. Called holding the condition."""
-        deadline = time.monotonic() + BURST_MAX_S
-        while time.monotonic() < deadline and not self._stop:
-            seen = len(self._cmds)
-            self._cv.wait(BURST_GAP_S)
-            if len(self._cmds) == seen:
-                return
-
-    def _apply(self, cmd: _Add | _Abort):
-        if isinstance(cmd, _Abort):
-            live = [r for r in cmd.request_ids if r in self._live]
-            if live:
-                for rid in live:
-                    self._live.discard(rid)
-                    self._final_only.discard(rid)
-                    self._stats.on_abort(rid)
-                self.engine.abort_request(live)
-            return None
-        if cmd.future.cancelled():
-            return None
-        try:
-            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
-                                    arrival_time=cmd.arrival_time, priority=cmd.priority,
-                                    background=cmd.background)
-        except Exception as e:  # ValueError: the client's mistake; others: ours
-            return cmd.future, e
-        self._stats.on_add(cmd.request_id, cmd.params, cmd.arrival_time, cmd.trace_headers)
-        self._live.add(cmd.request_id)
-        if cmd.final_only:
-            self._final_only.add(cmd.request_id)
-        return cmd.future, None
-
-    def _die(self, error: str) -> None:
-        self.dead_error = error
-        self._post(self._fail_streams, list(self._live), error, 503)
-        self._stats.on_state(self.snapshot, alive=False)
-        if self.on_dead is not None:
-            self._post(self.on_dead)
-
-    def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except WorkerDiedError:
-            raise
-        except Exception:
-            logger.exception("engine step failed; failing the %d in-flight requests",
-                             len(self._live))
-            self._abort_all("internal error while running the engine step")
-            return
-        now = time.monotonic()
-        self._stats.on_step(self.engine.last_step_stats, self.engine.last_step_preempted, now)
-        self._stats.on_outputs(outputs, now)
-        for out in outputs:
-            if out.finished:
-                self._live.discard(out.request_id)
-        idle = not self.engine.has_unfinished_requests()
-        self._publish(at_most_every=0.0 if idle else PUBLISH_INTERVAL_S)
-        # a response that is not streamed waits for its last output: the event loop is
-        # not woken (nor the engine's cores disturbed) for the ones before
-        post = [o for o in outputs if o.finished or o.request_id not in self._final_only]
-        for out in post:
-            if out.finished:
-                self._final_only.discard(out.request_id)
-        if post:
-            self._post(self._deliver, post)
-        if self.engine.last_step_stats is None:  # nothing ran (e.g. a batching window):
-            with self._cv:                       # don't spin, but wake at once for commands
-                if not self._cmds and not self._stop:
-                    self._cv.wait(0.002)
-
-    def _abort_all(self, message: str) -> None:
-        ids = list(self._live)
-        try:
-            if ids:
-                self.engine.abort_request(ids)
-        finally:
-            for rid in ids:
-                self._stats.on_abort(rid)
-            self._live.clear()
-            self._final_only.clear()
-            self._publish()
-            self._post(self._fail_streams, ids, message)
-
-    def _publish(self, full: bool = True, at_most_every: float = 0.0) -> None:
-        """Read the engine's state for the server and the recorder: the queue sizes
-        (what backpressure reads) every time, the full state (its KV snapshot walks every
-        block table) when ``full`` and not within ``at_most_every`` seconds of the last,
-        so the recorder samples the state as steps leave it."""
-        now = time.monotonic()
-        if not full or now - self._published < at_most_every:
-            running, waiting = self.engine.queue_sizes()
-            self.snapshot = dataclasses.replace(self.snapshot, num_running=running,
-                                                num_waiting=waiting)
-            return
-        self._published = now
-        self.snapshot = snap = EngineSnapshot.of(self.engine.get_stats())
-        self._stats.on_state(snap)

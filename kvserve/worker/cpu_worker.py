@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from kvserve.config.engine import EngineConfig
-from kvserve.config.validate import parse_size
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.logger import init_logger
@@ -33,10 +32,11 @@ from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
     choose_captured_rows, unsupported_reason
 from kvserve.worker.gemm_warmup import warm_gemm_kernels
+from kvserve.worker.kv_pool_size import kv_cache_layout
 from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
-from kvserve.worker.platform import available_memory_bytes, cpus_to_bind, \
-    freeze_startup_objects, keep_freed_memory, physical_cores, return_freed_memory
+from kvserve.worker.platform import cpus_to_bind, freeze_startup_objects, \
+    keep_freed_memory, physical_cores, return_freed_memory
 from kvserve.worker.gemv_weights import choose_gemv_weights
 from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
     ROW_LADDER as PANEL_ROW_LADDER, choose_panel_rows, \
@@ -48,9 +48,6 @@ from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, Transfe
     Worker
 
 logger = init_logger(__name__)
-
-DEFAULT_KV_SHARE = 0.4  # of available RAM: the rest is headroom for weights and activations
-DEFAULT_KV_CAP = 4 * 2**30  # as vLLM's CPU backend: more is rarely used, and zeroing costs
 
 
 class CPUWorker(Worker):
@@ -157,47 +154,8 @@ class CPUWorker(Worker):
     # -- the KV pool -----------------------------------------------------------------------
 
     def determine_kv_cache_layout(self) -> KVCacheLayout:
-        cache, arch = self.config.cache, self.arch
-        per_block = kv_bytes_per_block(arch, cache.block_size, self.kv_dtype)
-        dtype_name = str(self.kv_dtype).removeprefix("torch.")
-        num = self._num_blocks(per_block, dtype_name)
-        swap = cache.swap_space_bytes // per_block
-        disk = cache.disk_tier_bytes // per_block
-        if cache.swap_enabled and swap < 1:
-            raise ValueError(f"swap_space {cache.swap_space} GiB holds no KV block "
-                             f"({per_block} bytes); raise it or use preemption_mode recompute")
-        if cache.kv_offload_dir and disk < 1:
-            raise ValueError(f"kv_offload_size {cache.kv_offload_size} holds no KV block "
-                             f"({per_block} bytes)")
-        for name, slots in (("swap space", swap), ("disk tier", disk)):
-            if slots:
-                logger.info("%s: %d blocks (%.1f MiB)", name, slots, slots * per_block / 2**20)
-        return KVCacheLayout(num, cache.block_size, per_block, dtype_name, swap, disk)
-
-    def _num_blocks(self, per_block: int, dtype_name: str) -> int:
-        """``per_block``: this rank's bytes of a block; the memory settings are the
-        whole engine's, every rank holding its share of each block."""
-        cache = self.config.cache
-        ranks = self.tp.size if self.tp is not None else 1
-        if cache.num_kv_blocks is not None:
-            num, source = cache.num_kv_blocks, "num_kv_blocks"
-        elif cache.kv_cache_memory is not None:
-            num = parse_size(cache.kv_cache_memory) // (per_block * ranks)
-            source = f"kv_cache_memory={cache.kv_cache_memory}"
-            if num < 1:
-                raise ValueError(f"kv_cache_memory {cache.kv_cache_memory} is smaller than one "
-                                 f"KV block ({per_block} bytes)")
-        else:
-            share = int(min(available_memory_bytes() * DEFAULT_KV_SHARE, DEFAULT_KV_CAP))
-            max_len = self.config.model.max_model_len
-            useful = self.config.scheduler.max_num_seqs * -(-max_len // cache.block_size)
-            num = max(1, min(share // (per_block * ranks), useful))
-            source = (f"default: min({DEFAULT_KV_SHARE:.0%} of available RAM, "
-                      f"{DEFAULT_KV_CAP / 2**30:g} GiB, max_num_seqs x max_model_len)")
-        logger.info("KV cache: %d blocks x %d tokens = %.1f MiB of %s%s (%s)", num,
-                    cache.block_size, num * per_block / 2**20, dtype_name,
-                    f" on each of {ranks} ranks" if ranks > 1 else "", source)
-        return num
+        return kv_cache_layout(self.config, self.arch, self.kv_dtype,
+                               self.tp.size if self.tp is not None else 1)
 
     def initialize_kv_cache(self, layout: KVCacheLayout) -> None:
         cache = self.config.cache

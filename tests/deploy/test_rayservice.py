@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.test_kubernetes import K8S_DIR, k8s_versions, load_one
+from tests.deploy.k8s_manifests import K8S_DIR, k8s_versions, load_one
 from tests.deploy.tools import require_module
 
 ROOT = Path(__file__).resolve().parents[2]

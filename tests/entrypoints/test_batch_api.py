@@ -1,61 +1,20 @@
 """The OpenAI Files and Batch API on a live server: /v1/files and /v1/batches.
 
-One module-scoped server (its own --state-dir) serves most tests; the durability test
-starts, SIGKILLs and restarts servers of its own on one state dir.
+One module-scoped server (its own --state-dir) serves these tests;
+test_batch_durability.py kills and restarts servers of its own.
 """
 from __future__ import annotations
 
 import json
-import random
 import time
 
 import httpx
 import openai
 import pytest
 
+from tests.entrypoints.batch_client import MODEL, TERMINAL, completion_body, jsonl, line, \
+    make_client, read_lines, upload, wait_batch
 from tests.entrypoints.conftest import ServerProcess
-
-MODEL = "llama"
-TERMINAL = ("completed", "failed", "cancelled", "expired")
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-def jsonl(rows) -> bytes:
-    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
-
-
-def line(custom_id: str, body: dict, url: str = "/v1/completions") -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
-
-
-def completion_body(i: int, max_tokens: int = 8, **extra) -> dict:
-    return {"model": MODEL, "prompt": f"def f{i}(x): return", "max_tokens": max_tokens,
-            "temperature": 0, **extra}
-
-
-def wait_batch(client: openai.OpenAI, batch_id: str, timeout: float = 30.0, until=TERMINAL):
-    deadline = time.monotonic() + timeout
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in until:
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status}: {batch}"
-        time.sleep(0.05)
-
-
-def read_lines(client: openai.OpenAI, file_id: str | None) -> list[dict]:
-    if file_id is None:
-        return []
-    return [json.loads(r) for r in client.files.content(file_id).text.splitlines() if r]
-
-
-def upload(client: openai.OpenAI, rows, name: str = "input.jsonl"):
-    return client.files.create(file=(name, jsonl(rows)), purpose="batch")
-
-
-def make_client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -398,89 +357,3 @@ def test_metrics_and_stats_while_a_batch_runs(srv, client):
     assert after[running] == 0
     stats = httpx.get(f"{srv.url}/v1/stats", timeout=10).json()["batch"]
     assert stats["running"] == 0 and stats["queued"] == 0 and stats["done"] >= n
-
-
-# -- 5. durability: SIGKILL twice mid-batch, restart on the same state dir -------------------
-
-def test_batch_survives_sigkill(llama_dir, tmp_path):
-    rng = random.Random(20240611)
-    state = tmp_path / "state"
-    flags = ("--served-model-name", MODEL, "--state-dir", str(state),
-             "--max-batch-lines-in-flight", "1")
-    n, tokens = 40, 96  # lines long enough that both kills land mid-batch
-    rows = [line(f"dur-{i:02d}", completion_body(i, max_tokens=tokens, ignore_eos=True))
-            for i in range(n)]
-
-    def start(k: int) -> ServerProcess:
-        """A server on the state dir, polled for health every few ms: a restarted one
-        resumes the batch at once, so the test must catch it early."""
-        server = ServerProcess(llama_dir, tmp_path / f"server{k}.log", *flags)
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.proc.poll() is None, server.log()
-            assert time.monotonic() < deadline, server.log()
-            try:
-                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                    return server
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.005)
-
-    def counts(server: ServerProcess, batch_id: str) -> dict:
-        b = httpx.get(f"{server.url}/v1/batches/{batch_id}", timeout=10).json()
-        return {"status": b["status"], **b["request_counts"]}
-
-    server = start(0)
-    kills = []
-    try:
-        with make_client(server.url) as c:
-            f = upload(c, rows)
-            batch_id = c.batches.create(input_file_id=f.id, endpoint="/v1/completions",
-                                        completion_window="24h", metadata={"k": "v"}).id
-        last = 0
-        for k in range(2):
-            # wait until this server has finished some lines itself, then a random delay
-            target = last + rng.randint(1, 4)
-            deadline = time.monotonic() + 30
-            while (seen := counts(server, batch_id))["completed"] < target:
-                assert seen["status"] == "in_progress", seen
-                assert time.monotonic() < deadline, seen
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.06))
-            seen = counts(server, batch_id)
-            server.proc.kill()  # SIGKILL: no shutdown, no flush
-            server.proc.wait(10)
-            server.terminate()  # closes the log
-            kills.append(seen)
-            server = start(k + 1)
-            now = counts(server, batch_id)
-            # nothing committed is lost across the kill
-            assert now["completed"] >= seen["completed"] and now["total"] == n, (seen, now)
-            last = now["completed"]
-        # both kills landed mid-batch (one line in flight, some done, some queued)
-        assert all(s["status"] == "in_progress" and 0 < s["completed"] < n for s in kills), \
-            kills
-
-        with make_client(server.url) as c:
-            batch = wait_batch(c, batch_id, timeout=60)
-            assert batch.status == "completed", batch
-            assert batch.metadata == {"k": "v"}
-            rc = batch.request_counts
-            assert (rc.total, rc.completed, rc.failed) == (n, n, 0)
-            out = read_lines(c, batch.output_file_id)
-            err = read_lines(c, batch.error_file_id)
-            assert batch.error_file_id is None and not err
-            ids = [r["custom_id"] for r in out + err]
-            assert len(ids) == len(set(ids)) == n  # no duplicate ...
-            assert set(ids) == {r["custom_id"] for r in rows}  # ... and no loss
-            assert len({r["id"] for r in out}) == n
-            for r in out:
-                assert r["error"] is None and r["response"]["status_code"] == 200
-                body = r["response"]["body"]
-                assert body["usage"]["completion_tokens"] == tokens
-                # a line re-run after a kill answers as a direct request does
-                sent = rows[int(r["custom_id"][4:])]["body"]
-                direct = httpx.post(f"{server.url}/v1/completions", json=sent, timeout=30)
-                assert body["choices"] == direct.json()["choices"]
-    finally:
-        server.terminate()

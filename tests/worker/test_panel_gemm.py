@@ -144,10 +144,30 @@ def test_measure_times_steps_on_both_paths_and_leaves_the_layers_on_onednn():
     time_steps, calls = _timer(layers, {16: 0.5, 32: 0.5})
     times = measure_panel_rows(layers, time_steps, rounds=2, ladder=(16, 32))
     assert times == {16: (16.0, 8.0), 32: (32.0, 16.0)}
-    assert calls == [([16], False), ([16], True), ([16], True), ([16], False),
-                     ([32], False), ([32], True), ([32], True), ([32], False)]
+    assert calls == [([16], False), ([16], True), ([16], False), ([16], True),
+                     ([32], False), ([32], True), ([32], False), ([32], True)]
     assert all(m.panel_max_rows == 0 for m in layers)
     assert chosen_rows(times, ladder=(16, 32)) == ALL_ROWS
+
+
+def test_a_burst_over_adjacent_steps_does_not_decide():
+    """The median of the rounds' pairs: a burst of other work that slows two or three
+    steps in a row, whichever path they ran on, neither wins a count for the panel GEMM
+    nor loses it one."""
+    layers = _panel_layers()
+    slow = iter([1.0, 3.0, 3.0, 1.0, 1.0, 1.0,    # 16 rows (panel, oneDNN, panel ...)
+                 3.0, 3.0, 3.0, 1.0, 1.0, 1.0])   # 32 rows: oneDNN, panel, oneDNN slowed
+    time_steps, calls = _timer(layers, {16: 1.0, 32: 0.5})
+
+    def disturbed(counts):
+        return {n: t * next(slow) for n, t in time_steps(counts).items()}
+
+    times = measure_panel_rows(layers, disturbed, rounds=3, ladder=(16,))
+    assert times == {16: (16.0, 16.0)}
+    times = measure_panel_rows(layers, disturbed, rounds=3, ladder=(32,))
+    onednn, panel = times[32]
+    assert panel / onednn == 0.5 and chosen_rows(times, ladder=(32,)) == ALL_ROWS
+    assert [panel for _, panel in calls] == [False, True] * 6
 
 
 def test_measure_stops_up_the_ladder_at_the_first_count_lost():
