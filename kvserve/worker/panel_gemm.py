@@ -86,7 +86,7 @@ def measure_panel_rows(linears: list, time_steps: StepTimer, rounds: int = ROUND
                 pairs.append(tuple(pair))
             pairs.sort(key=lambda pair: pair[1] / pair[0])
             times[n] = pairs[(len(pairs) - 1) // 2]
-            if not clearly_faster(*times[n], REQUIRED_GAIN if n == ladder[0] else EXTEND_GAIN):
+            if chosen_rows(times, ladder=ladder) not in (n, ALL_ROWS):  # n was lost
                 break
     finally:
         for m in linears:
