@@ -26,7 +26,8 @@ _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "ele
                                                           "int8_linear.c", "threads.c",
                                                           "gemv.c", "gemm.c",
                                                           "decode_step.c"))
-_HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_rows.h"))
+_HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_tiles.h",
+                                                          "paged_attention_rows.h"))
 # KV pool element types the attention kernel reads (queries and sums are float32)
 NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # activation dtypes of the RMSNorm and rotary kernels (SiLU-and-multiply: float32)

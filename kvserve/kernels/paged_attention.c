@@ -216,6 +216,7 @@ static inline float bfloat16_to_float(uint16_t b) {
 #define KV_LOAD8(p) _mm256_loadu_ps(p)
 #define KV_LOAD16(p) _mm512_loadu_ps(p)
 #define KV_LOAD1(p) (*(p))
+#include "paged_attention_tiles.h"
 #include "paged_attention_rows.h"
 #undef KV_T
 #undef KV_NAME
@@ -234,6 +235,7 @@ static inline float bfloat16_to_float(uint16_t b) {
 #define KV_LOAD8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define KV_LOAD16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define KV_LOAD1(p) half_to_float(*(p))
+#include "paged_attention_tiles.h"
 #include "paged_attention_rows.h"
 #undef KV_NAME
 #undef KV_LOAD8
@@ -248,4 +250,5 @@ static inline float bfloat16_to_float(uint16_t b) {
 #define KV_LOAD16(p) _mm512_castsi512_ps(_mm512_slli_epi32( \
     _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define KV_LOAD1(p) bfloat16_to_float(*(p))
+#include "paged_attention_tiles.h"
 #include "paged_attention_rows.h"
