@@ -5,8 +5,9 @@ measurements, each against a baseline measured in the same run:
 
 - interference: a steady realtime load (Poisson arrivals at ``--request-rate``) alone,
   then the same load while a large batch runs, in alternating rounds; P99 TTFT and
-  P99 TPOT of the realtime requests with the batch over without, and how many batch
-  lines finished meanwhile (the batch is cancelled after each round);
+  P99 TPOT of the realtime requests with the batch over without (the median of the
+  rounds' ratios, kvserve.bench.paired), and how many batch lines finished meanwhile
+  (the batch is cancelled after each round);
 - batch alone: a batch's output tokens/s from creation to completion, over
   ``LLM.generate`` on the same requests in this process (the server idle meanwhile);
 - ``run-batch``: the offline command's output tokens/s over ``LLM.generate``.
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kvserve.bench.paired import describe_ratio, paired_ratio, ratio_cell
 from kvserve.bench.server_process import ServerProcess, server_flags
 from kvserve.bench.workloads import BenchRequest
 
@@ -100,13 +102,16 @@ def interference(server: Server, realtime: Sequence[BenchRequest],
             f"{w['p99_ttft_ms']:.1f} ms, P99 TPOT {a['p99_tpot_ms']:.2f} -> "
             f"{w['p99_tpot_ms']:.2f} ms, batch lines done meanwhile {w['batch_lines_done']}")
 
-    def median(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[name])
+    def by_round(name: str, key: str) -> list[float | None]:  # None: a request failed
+        return [None if r["failed"] else r[key] for r in runs[name]]
     return {
         "rounds": runs,
-        "p99_ttft_ratio": median("with_batch", "p99_ttft_ms") / median("alone", "p99_ttft_ms"),
-        "p99_tpot_ratio": median("with_batch", "p99_tpot_ms") / median("alone", "p99_tpot_ms"),
-        "batch_lines_done_per_round": median("with_batch", "batch_lines_done"),
+        "p99_ttft_ratio": paired_ratio(by_round("with_batch", "p99_ttft_ms"),
+                                       by_round("alone", "p99_ttft_ms")),
+        "p99_tpot_ratio": paired_ratio(by_round("with_batch", "p99_tpot_ms"),
+                                       by_round("alone", "p99_tpot_ms")),
+        "batch_lines_done_per_round": statistics.median(
+            r["batch_lines_done"] for r in runs["with_batch"]),
     }
 
 
@@ -194,13 +199,17 @@ def run_batch_bench(model_dir: Path, realtime: Sequence[BenchRequest],
         for _ in range(2):  # alternating, each a fresh process
             offline.append(run_batch_tok_s(model_dir, alone, flags, work))
             cold.append(_generate_fresh(model_dir, alone, engine_args, work))
-        offline, cold = statistics.median(offline), statistics.median(cold)
         warm = generate_passes(model_dir, alone, engine_args, 2)[1]
     log(f"  batch {served:.1f} tok/s vs LLM.generate {warm:.1f} (second passes); run-batch "
-        f"{offline:.1f} tok/s vs LLM.generate {cold:.1f} (first passes)")
-    return {"interference": inter, "batch_tok_s": served, "run_batch_tok_s": offline,
-            "generate_first_pass_tok_s": cold, "generate_second_pass_tok_s": warm,
-            "batch_vs_generate": served / warm, "run_batch_vs_generate": offline / cold}
+        f"{statistics.median(offline):.1f} tok/s vs LLM.generate {statistics.median(cold):.1f} "
+        "(first passes, medians)")
+    return {"interference": inter, "batch_tok_s": served,
+            "run_batch_tok_s": statistics.median(offline),
+            "generate_first_pass_tok_s": statistics.median(cold),
+            "generate_second_pass_tok_s": warm,
+            # one pair: the server's batch and LLM.generate cannot share rounds here
+            "batch_vs_generate": paired_ratio([served], [warm]),
+            "run_batch_vs_generate": paired_ratio(offline, cold)}
 
 
 def cmd_batch(args) -> int:
@@ -228,9 +237,14 @@ def cmd_batch(args) -> int:
     print(report.format_table(
         ["P99 TTFT with/without", "P99 TPOT with/without", "batch lines done per round",
          "batch / generate", "run-batch / generate"],
-        [(inter["p99_ttft_ratio"], inter["p99_tpot_ratio"],
-          inter["batch_lines_done_per_round"], result["batch_vs_generate"],
-          result["run_batch_vs_generate"])]))
+        [(ratio_cell(inter["p99_ttft_ratio"]), ratio_cell(inter["p99_tpot_ratio"]),
+          inter["batch_lines_done_per_round"], ratio_cell(result["batch_vs_generate"]),
+          ratio_cell(result["run_batch_vs_generate"]))]))
+    for label, ratio in (("P99 TTFT with the batch / without", inter["p99_ttft_ratio"]),
+                         ("P99 TPOT with the batch / without", inter["p99_tpot_ratio"]),
+                         ("batch / LLM.generate", result["batch_vs_generate"]),
+                         ("run-batch / LLM.generate", result["run_batch_vs_generate"])):
+        print(f"{label}: {describe_ratio(ratio)}")
     if args.json:
         out = {"machine": info, "settings": settings, "result": result}
         print(f"wrote {report.write_json(args.json, out)}")

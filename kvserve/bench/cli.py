@@ -8,11 +8,13 @@ then ``args.func(args)``.
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
 from kvserve.bench import commands, decoding_commands, memory, spec
+from kvserve.bench.provenance import check_results_target
 from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
 
 __all__ = ["add_bench_parser", "main"]
@@ -98,6 +100,9 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--llamacpp-source", default=None,
                    help="a llama.cpp source tree whose convert_hf_to_gguf.py converts the "
                         "model (when no --llamacpp-gguf)")
+    p.add_argument("--llama-bench", default=None, metavar="PATH",
+                   help="llama.cpp's llama-bench binary, built from the same source: its tg "
+                        "rate on the same GGUF and threads cross-checks the llamacpp runner's")
     p.add_argument("--sequential-requests", type=int, default=8,
                    help="llamacpp: the workload's first N requests, one at a time (default 8)")
     p.add_argument("--variant", action="append", default=[],
@@ -301,6 +306,17 @@ def _add_replicas(sub: Any) -> None:
     add_replicas_parser(sub)
 
 
+def _add_report(sub: Any) -> None:
+    p = sub.add_parser("report", help="the published figures, from docs/results/",
+                       description="Print the README's Performance section and "
+                                   "docs/performance.md's Current figures, generated from "
+                                   "the results JSON under docs/results/.")
+    p.add_argument("--root", default=None,
+                   help="the repository (default: the checkout kvserve runs from)")
+    p.add_argument("--write", action="store_true", help="write both sections in place")
+    p.set_defaults(func=commands.cmd_report)
+
+
 def add_bench_parser(subparsers: Any) -> None:
     """Add ``bench`` with its sub-commands to a ``parser.add_subparsers()`` object."""
     bench = subparsers.add_parser("bench", help="benchmarks: throughput, serving, comparisons",
@@ -309,9 +325,24 @@ def add_bench_parser(subparsers: Any) -> None:
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
                 _add_huge_pages, _add_overlap, _add_serving, _add_server_ab, _add_tp,
-                _add_batch, _add_replicas):
+                _add_batch, _add_replicas, _add_report):
         add(sub)
+    for command in sub.choices.values():
+        command.set_defaults(func=_bench_command(command.get_default("func")))
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
+
+
+def _bench_command(func):
+    """``func`` preceded by the check that its output files may be written: a result for
+    docs/results/ from uncommitted code is refused before the bench runs, not after
+    (:func:`kvserve.bench.provenance.check_results_target`)."""
+    @functools.wraps(func)
+    def run(args: argparse.Namespace):
+        for name in ("json", "plot", "markdown"):
+            if getattr(args, name, None):
+                check_results_target(getattr(args, name))
+        return func(args)
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,8 @@ from kvserve.core.kv import KV_MANAGERS
 from kvserve.bench import memory, plots, report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
 from kvserve.bench.bench_setup import _header, _wl_settings
+from kvserve.bench.paired import describe_ratio, paired_ratio, ratio_cell
+from kvserve.worker import compute_thread
 
 __all__ = ["cmd_make_model", "cmd_roofline", "cmd_throughput", "cmd_serve", "cmd_compare",
            "cmd_memory"]
@@ -53,10 +55,13 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     rows = [(shape, g) for shape, g in res.gemm_gflops.items()]
     print(report.format_table(["fp32 GEMM", "GFLOP/s"], rows))
     print(f"bandwidth: sum {res.sum_bandwidth_gbs:.1f} GB/s, GEMV {res.gemv_bandwidth_gbs:.1f} GB/s")
-    out: dict[str, Any] = {"machine": report.machine_info(), "roofline": res.to_dict()}
+    peak = rl.gemm_peak([res])
+    out: dict[str, Any] = {"machine": report.machine_info(), "roofline": res.to_dict(),
+                           "gemm_peak": peak}
+    if peak is not None:
+        print(f"peak GEMM {peak.describe()}")
     if args.model:
         cfg = json.loads((Path(args.model) / "config.json").read_text())
-        cfg = cfg.get("text_config", cfg)
         params = rl.matmul_params(cfg)
         floor = rl.decode_bandwidth_floor_s(params * 4, res.bandwidth_gbs)
         bound = rl.roofline_bound(params, 1, res.peak_gflops)
@@ -177,7 +182,7 @@ def _single_stream(args, model_dir, wl, engine_args, roofline) -> dict:
     print(f"running kvserve and llama.cpp on {args.sequential_requests} sequential requests ...")
     ss = run_single_stream(model_dir, wl.requests, engine_args, args.llamacpp_python,
                            args.llamacpp_gguf, args.llamacpp_source, args.sequential_requests,
-                           args.repeats, roofline)
+                           args.repeats, roofline, llama_bench=args.llama_bench)
     rows = [(name, f"{statistics.median(r['decode_step_ms'] for r in rounds):.2f}",
              f"{statistics.median(r['decode_tok_s'] for r in rounds):.1f}",
              f"{statistics.median(r['sequential_output_tok_s'] for r in rounds):.1f}",
@@ -185,9 +190,17 @@ def _single_stream(args, model_dir, wl, engine_args, roofline) -> dict:
             for name, rounds in ss["rounds"].items()]
     print(report.format_table(["single stream", "ms/step", "decode tok/s",
                                "sequential tok/s", "vs stream floor"], rows))
-    print("kvserve / llama.cpp decode by round: "
-          + ", ".join(f"{r:.3f}" for r in ss["decode_ratio_rounds"])
-          + f"; greedy agreement on the first tokens: {100 * ss['token_agreement']:.0f} %")
+    ours, theirs = ss["rounds"]["kvserve"], ss["rounds"]["llamacpp"]
+    for what, key in (("decode", "decode_tok_s"), ("sequential", "sequential_output_tok_s")):
+        ratio = paired_ratio([r[key] for r in ours], [r[key] for r in theirs])
+        print(f"kvserve / llama.cpp, {what} tok/s: {describe_ratio(ratio)}")
+    print(f"greedy agreement on the first tokens: {100 * ss['token_agreement']:.0f} %")
+    check = ss.get("llama_bench")
+    if check:
+        print(f"llama-bench tg{check['n_gen']}: {check['llama_bench_tg_tok_s']:.1f} tok/s, the "
+              f"runner {check['runner_decode_tok_s']:.1f} "
+              f"({check['runner_over_llama_bench']:.2f}x): "
+              + ("agree within 10 %" if check["agree"] else check["why"]))
     split = ss["kvserve_profiled_step_ms"]
     if split:
         print("kvserve's profiled steps, ms: "
@@ -197,7 +210,7 @@ def _single_stream(args, model_dir, wl, engine_args, roofline) -> dict:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """``kvserve bench compare``: kvserve vs HF static (vs vLLM CPU) in one run."""
-    from kvserve.bench.compare import parse_against, parse_variant, run_compare
+    from kvserve.bench.compare import parse_against, parse_variant, ratio_lines, run_compare
     from kvserve.bench.roofline import RooflineResult, measure_roofline
 
     model_dir = resolve_model_dir(args.model)
@@ -219,11 +232,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
         d = json.loads(Path(args.roofline_json).read_text())
         d = d.get("roofline", d)
         roof = RooflineResult(int(d["threads"]), dict(d["gemm_gflops"]),
-                              float(d["sum_bandwidth_gbs"]), float(d["gemv_bandwidth_gbs"]))
+                              float(d["sum_bandwidth_gbs"]), float(d["gemv_bandwidth_gbs"]),
+                              f"read from {args.roofline_json}")
     elif not args.no_roofline:
         print("measuring roofline ...")
-        roof = measure_roofline(threads=args.hf_threads, repeats=3)
-        remeasure = functools.partial(measure_roofline, threads=args.hf_threads, repeats=3)
+        # on kvserve's compute thread, where the engines will run: one OpenMP team
+        roof = compute_thread().call(measure_roofline, threads=args.hf_threads, repeats=3,
+                                     source="before the runs")
+        remeasure = functools.partial(compute_thread().call, measure_roofline,
+                                      threads=args.hf_threads, repeats=3,
+                                      source="after the runs")
     try:
         out = run_compare(model_dir, wl.requests, against, engine_args, args.hf_batch_size, sweep,
                           args.hf_threads, args.vllm_python, args.vllm_kv_cache_gib, roof,
@@ -237,22 +255,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
         ["system", "wall s", "useful tok/s", "total tok/s", "req/s", "vs HF static", "vs vLLM",
          "roofline"],
         [(r["name"], r["wall_s"], r["useful_tok_s"], r["total_tok_s"], r["requests_per_s"],
-          "-" if r["vs_hf_static"] is None else f"{r['vs_hf_static']:.2f}x",
-          "-" if r["vs_vllm"] is None else f"{r['vs_vllm']:.2f}x",
+          ratio_cell(r["vs_hf_static"]), ratio_cell(r["vs_vllm"]),
           "-" if r["roofline_share"] is None else f"{100 * r['roofline_share']:.1f}%")
          for r in rows]))
-    if out["roofline"] is not None:  # the ceilings after the runs' re-measurement
-        print(f"roofline: peak GEMM {out['roofline']['peak_gflops']:.1f} GFLOP/s; workload "
-              f"{out['workload_flops'] / 1e12:.4g} TFLOP -> GEMM-bound {out['gemm_bound_s']:.3g} s")
-    ratios = out["results"].get("vllm-cpu", {}).get("round_ratios")
-    if ratios:
-        print("kvserve / vLLM by round: " + ", ".join(f"{r:.3f}" for r in ratios)
-              + f" (median {statistics.median(ratios):.3f})")
-    for name, res in out["results"].items():
-        by_round = res.get("round_ratios_vs_kvserve") if isinstance(res, dict) else None
-        if by_round:
-            print(f"{name} / kvserve by round: " + ", ".join(f"{r:.3f}" for r in by_round)
-                  + f" (median {statistics.median(by_round):.3f})")
+    print("ratios: of useful tok/s, the median of the rounds' ratios (min–max), "
+          "docs/statistics.md")
+    for line in ratio_lines(rows):
+        print(line)
+    if out["gemm_peak"] is not None:
+        print(f"roofline: peak GEMM {out['gemm_peak'].describe()}, the best GEMM measured in "
+              f"the run; workload {out['workload_flops'] / 1e12:.4g} TFLOP (the LM head only "
+              f"where a token is sampled) -> GEMM-bound {out['gemm_bound_s']:.3g} s")
     print(_decode_line("kvserve", out["decode"]))
     for name, res in out["results"].items():
         if "decode" in res:
@@ -387,3 +400,21 @@ def _bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None
         return kv_bytes_per_block(cfg, block_size, resolve_dtype(dtype, cfg))
     except Exception:  # only needed for a size budget; parse_kv_budget says so if missing
         return None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``kvserve bench report``: the published figures, regenerated from docs/results/."""
+    from kvserve.bench import published
+    from kvserve.bench.provenance import REPO_ROOT
+
+    root = Path(args.root) if args.root else REPO_ROOT
+    if root is None:
+        raise SystemExit("kvserve: error: not run from a checkout: give --root REPOSITORY")
+    if args.write:
+        for path in published.write_sections(root):
+            print(f"wrote {path}")
+        return 0
+    results = published.load_results(root)
+    print(published.readme_section(results))
+    print(published.performance_section(results))
+    return 0

@@ -3,8 +3,9 @@ batches.
 
 Requests are cut into batches in arrival order; each batch is left-padded and run
 with ``max_new_tokens`` = the batch's largest ``max_tokens``, greedy, EOS ignored
-(``min_new_tokens = max_new_tokens``), float32, ``torch.set_num_threads(2)``.
-Only each request's own ``max_tokens`` count as useful output.
+(``min_new_tokens = max_new_tokens``), float32, at the thread count given to the run
+(torch's count restored after it, so that the baseline can share a process and rounds
+with kvserve). Only each request's own ``max_tokens`` count as useful output.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvserve.bench.roofline import torch_threads
 from kvserve.bench.workloads import BenchRequest
 
 __all__ = ["HFBatchTiming", "HFResult", "load_hf_model", "run_hf_static", "sweep_hf_static"]
@@ -69,13 +71,11 @@ class HFResult:
         return d
 
 
-def load_hf_model(model_dir: str | Path, threads: int | None = 2) -> Any:
-    """Load a causal LM in float32 for the baseline and set torch's thread count."""
+def load_hf_model(model_dir: str | Path) -> Any:
+    """Load a causal LM in float32 for the baseline."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    if threads:
-        torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     return model.eval()
 
@@ -132,11 +132,19 @@ def _run_batch(model: Any, batch: Sequence[BenchRequest], pad_id: int) -> tuple[
 
 
 def run_hf_static(
-    model: Any, requests: Sequence[BenchRequest], batch_size: int = 16, warmup: bool = True
+    model: Any, requests: Sequence[BenchRequest], batch_size: int = 16, warmup: bool = True,
+    threads: int | None = 2,
 ) -> HFResult:
-    """Run ``requests`` through ``model.generate`` in static batches of ``batch_size``."""
+    """Run ``requests`` through ``model.generate`` in static batches of ``batch_size``
+    on ``threads`` torch threads (None: torch's current count)."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
+    with torch_threads(threads):
+        return _run_static_batches(model, requests, batch_size, warmup)
+
+
+def _run_static_batches(model: Any, requests: Sequence[BenchRequest], batch_size: int,
+                        warmup: bool) -> HFResult:
     pad_id = _pad_id(model)
     if warmup and requests:
         first = requests[0]
@@ -154,13 +162,14 @@ def run_hf_static(
 
 
 def sweep_hf_static(
-    model: Any, requests: Sequence[BenchRequest], batch_sizes: Sequence[int], warmup: bool = True
+    model: Any, requests: Sequence[BenchRequest], batch_sizes: Sequence[int], warmup: bool = True,
+    threads: int | None = 2,
 ) -> tuple[HFResult, list[HFResult]]:
     """Run every batch size; returns ``(best by useful tok/s, all results)``."""
     if not batch_sizes:
         raise ValueError("no batch sizes to sweep")
     results = [
-        run_hf_static(model, requests, bs, warmup=warmup and i == 0)
+        run_hf_static(model, requests, bs, warmup=warmup and i == 0, threads=threads)
         for i, bs in enumerate(batch_sizes)
     ]
     return max(results, key=lambda r: r.useful_tok_s), results

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvserve.bench.cpu_sets import CpuSampler, check_same_cpus
+from kvserve.bench.paired import paired_ratio
 from kvserve.bench.workloads import BenchRequest
 
 MARKER = "KVSERVE_BENCH_RESULT "
@@ -90,14 +92,20 @@ def one(llm, prompt, max_tokens):
 def main():
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    import os
+    import llama_cpp
     from llama_cpp import Llama
     t0 = time.perf_counter()
-    llm = Llama(model_path=spec["gguf"], n_ctx=spec["n_ctx"], n_batch=512,
+    llm = Llama(model_path=spec["gguf"], n_ctx=spec["n_ctx"], n_batch=N_BATCH,
                 n_threads=spec["threads"], n_threads_batch=spec["threads"], seed=0,
                 verbose=False)
     load_s = time.perf_counter() - t0
     one(llm, spec["prompts"][0][:8], 2)
-    say({"ready": True, "load_s": load_s})
+    info = llama_cpp.llama_print_system_info()
+    say({"ready": True, "load_s": load_s, "version": llama_cpp.__version__,
+         "system_info": info.decode() if isinstance(info, bytes) else str(info),
+         "cpus": sorted(os.sched_getaffinity(0)), "n_threads": spec["threads"],
+         "n_batch": N_BATCH, "n_ctx": spec["n_ctx"]})
     for line in sys.stdin:
         if line.strip() != "run":
             break
@@ -105,6 +113,7 @@ def main():
 
 
 MARKER = sys.argv[2]
+N_BATCH = 512
 main()
 '''
 
@@ -151,10 +160,14 @@ class LlamaCppSession:
                                      stderr=self._stderr, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": str(threads)})
         try:
-            self.load_s = self._read()["load_s"]
+            ready = self._read()
         except BaseException:
             self.close()
             raise
+        self.load_s = ready["load_s"]
+        self.build = {k: ready[k] for k in ("version", "system_info", "cpus", "n_threads",
+                                            "n_batch", "n_ctx")}
+        self.build["ggml_features"] = ggml_features(ready["system_info"])
 
     def _read(self) -> dict:
         for line in self.proc.stdout:
@@ -177,6 +190,55 @@ class LlamaCppSession:
                 self.proc.kill()
         self._stderr.close()
         self._tmp.cleanup()
+
+
+def ggml_features(system_info: str) -> dict[str, str]:
+    """llama.cpp's system line (``CPU : AVX2 = 1 | AVX512 = 1 | ... |``) as a mapping:
+    the features its ggml build was compiled with."""
+    features = {}
+    for item in system_info.replace(":", "|").split("|"):
+        key, eq, value = item.partition("=")
+        if eq:
+            features[key.strip()] = value.strip()
+    return features
+
+
+LLAMA_BENCH_AGREEMENT = 0.10  # llama-bench and the runner must agree within this share
+
+
+def run_llama_bench(binary: str, gguf: Path, threads: int, tokens: int = MAX_NEW_TOKENS,
+                    repetitions: int = 5) -> dict[str, Any]:
+    """llama.cpp's own ``llama-bench`` on the same file and threads: tg``tokens`` (decode
+    only, no prompt), its mean tokens/s, its build, and the CPUs its threads ran on."""
+    cmd = [binary, "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads),
+           "-r", str(repetitions), "-o", "json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with CpuSampler(proc.pid) as sampler:
+        stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-bench failed (exit {proc.returncode}): {stderr[-2000:]}")
+    record = next(r for r in json.loads(stdout) if r.get("n_gen") == tokens)
+    return {"command": " ".join(cmd[:1] + ["-m", "MODEL.gguf"] + cmd[3:]),
+            "tg_tok_s": float(record["avg_ts"]), "tg_stddev_tok_s": float(record["stddev_ts"]),
+            "n_gen": tokens, "n_threads": int(record["n_threads"]),
+            "build_commit": record.get("build_commit"), "build_number": record.get("build_number"),
+            "cpu_info": record.get("cpu_info"), "cpus": sampler.usage.to_dict()}
+
+
+def llama_bench_check(bench: dict[str, Any], runner_rounds: list[dict]) -> dict[str, Any]:
+    """llama-bench's decode rate beside the runner's (the median of its rounds' median
+    steps): whether they agree within LLAMA_BENCH_AGREEMENT, and if not, a reason."""
+    runner = statistics.median(r["decode_tok_s"] for r in runner_rounds)
+    ratio = runner / bench["tg_tok_s"]
+    agree = abs(ratio - 1) <= LLAMA_BENCH_AGREEMENT
+    out = {"runner_decode_tok_s": runner, "llama_bench_tg_tok_s": bench["tg_tok_s"],
+           "runner_over_llama_bench": ratio, "agree": agree}
+    if not agree:
+        out["why"] = (f"the runner's decode rate is {100 * (ratio - 1):+.0f} % against "
+                      "llama-bench's; they time different steps: llama-bench's tg from an "
+                      "empty context with no sampling, the runner's after each request's "
+                      "prompt, a token sampled through the Python binding every step")
+    return out
 
 
 def kvserve_sequential(llm, requests: Sequence[BenchRequest]) -> list[dict]:
@@ -233,8 +295,10 @@ def _step_split(before, after) -> dict[str, float]:
 
 def run_single_stream(model_dir: Path, requests: Sequence[BenchRequest], engine_args: dict,
                       python: str, gguf: str | None, source: str | None, count: int,
-                      repeats: int, roofline: dict | None, log=print) -> dict[str, Any]:
-    """kvserve and llama.cpp on the same sequential requests, in alternating rounds."""
+                      repeats: int, roofline: dict | None, log=print,
+                      llama_bench: str | None = None) -> dict[str, Any]:
+    """kvserve and llama.cpp on the same sequential requests, in alternating rounds;
+    with ``llama_bench`` (its binary), llama.cpp's own bench on the same file after."""
     from kvserve.bench.decode import matmul_weight_bytes
     from kvserve.bench.throughput import load_llm
     from kvserve.worker.platform import physical_cores
@@ -259,8 +323,12 @@ def run_single_stream(model_dir: Path, requests: Sequence[BenchRequest], engine_
             session = LlamaCppSession(python, Path(gguf), reqs, threads, n_ctx)
             kvserve_sequential(llm, reqs[:1])  # warm, as the runner warms llama.cpp
             before = llm.engine.worker.step_time_stats()
+            watch = {"kvserve": CpuSampler(), "llamacpp": CpuSampler(session.proc.pid)}
             for r in range(repeats):
-                ours, theirs = kvserve_sequential(llm, reqs), session.run()
+                with watch["kvserve"]:
+                    ours = kvserve_sequential(llm, reqs)
+                with watch["llamacpp"]:
+                    theirs = session.run()
                 rounds["kvserve"].append(summarize(ours))
                 rounds["llamacpp"].append(summarize(theirs))
                 log(f"  single-stream round {r + 1}/{repeats}: kvserve "
@@ -268,20 +336,28 @@ def run_single_stream(model_dir: Path, requests: Sequence[BenchRequest], engine_
                     f"{rounds['llamacpp'][-1]['decode_step_ms']:.2f} ms/step")
             weight_bytes = matmul_weight_bytes(llm.engine.worker.runner.model)
             split = _step_split(before, llm.engine.worker.step_time_stats())
+            if llama_bench:
+                session.close()  # llama-bench runs alone on the cores
+                log("running llama-bench on the same GGUF ...")
+                bench = run_llama_bench(llama_bench, Path(gguf), threads)
+                watch["llama-bench"] = bench.pop("cpus")
         finally:
             if session is not None:
                 session.close()
             llm.engine.close()
-    ratios = [a["decode_tok_s"] / b["decode_tok_s"] if b["decode_tok_s"] else float("nan")
-              for a, b in zip(rounds["kvserve"], rounds["llamacpp"])]
-    seq = [a["sequential_output_tok_s"] / b["sequential_output_tok_s"]
-           if b["sequential_output_tok_s"] else float("nan")
-           for a, b in zip(rounds["kvserve"], rounds["llamacpp"])]
+    cpus = {name: w if isinstance(w, dict) else w.usage.to_dict() for name, w in watch.items()}
+    check_same_cpus(cpus)
+    def paired(key: str):
+        return paired_ratio([r[key] for r in rounds["kvserve"]],
+                            [r[key] for r in rounds["llamacpp"]])
     out = {"requests": len(reqs), "threads": threads, "rounds": rounds,
-           "decode_ratio_rounds": ratios, "decode_ratio": statistics.median(ratios),
-           "sequential_ratio_rounds": seq, "sequential_ratio": statistics.median(seq),
+           "decode_ratio": paired("decode_tok_s"),
+           "sequential_ratio": paired("sequential_output_tok_s"),
            "token_agreement": token_agreement(ours, theirs), "llamacpp_load_s": session.load_s,
-           "kvserve_profiled_step_ms": split}
+           "kvserve_profiled_step_ms": split, "llamacpp_build": session.build,
+           "cpus": cpus}
+    if llama_bench:
+        out["llama_bench"] = {**bench, **llama_bench_check(bench, rounds["llamacpp"])}
     if roofline is not None:
         floor_ms = 1000 * weight_bytes / (roofline["sum_bandwidth_gbs"] * 1e9)
         out["stream_floor_ms"] = floor_ms

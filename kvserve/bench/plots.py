@@ -68,9 +68,11 @@ def plot_compare(
     path: str | Path, rows: Sequence[Mapping[str, Any]], title: str, subtitle: str = ""
 ) -> Path:
     """Useful and total tok/s per system; ``rows`` have ``name``, ``useful_tok_s``,
-    ``total_tok_s`` and optionally ``vs_hf_static`` (shown under the name)."""
+    ``total_tok_s`` and optionally ``vs_hf_static``, a PairedRatio (its median shown
+    under the name)."""
     names = [
-        str(r["name"]) + (f"\n{r['vs_hf_static']:.2f}x HF static" if r.get("vs_hf_static") else "")
+        str(r["name"]) + (f"\n{r['vs_hf_static'].median:.2f}x HF static"
+                          if r.get("vs_hf_static") else "")
         for r in rows
     ]
     return plot_grouped_bars(

@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from kvserve.bench import provenance
+
 __all__ = [
     "machine_info",
     "machine_line",
@@ -60,13 +62,17 @@ def _version(dist: str) -> str | None:
 
 
 def machine_info() -> dict[str, Any]:
-    """The machine and software a benchmark ran on."""
+    """The machine, the software and the code a benchmark ran on (its commit, whether
+    the tree was dirty, the date), and this process's CPU set."""
     import torch
 
     model, physical, ident = _cpu_model()
     return {
+        **provenance.code_provenance(),
         "cpu_model": model,
         **ident,
+        "cpu_flags": provenance.cpu_flags(),
+        "process_cpus": provenance.process_cpus(),
         "logical_cores": os.cpu_count(),
         "physical_cores": physical,
         "torch_version": torch.__version__,
@@ -87,6 +93,9 @@ def machine_line(info: Mapping[str, Any]) -> str:
         f"({info.get('logical_cores')} logical)"
         f" | torch {info.get('torch_version')} | {info.get('torch_threads')} threads"
         f" | python {info.get('python')}"
+        f" | CPUs {','.join(map(str, info.get('process_cpus') or [])) or '?'}"
+        f" | commit {(info.get('commit') or 'unknown')[:12]}"
+        f"{' (uncommitted changes)' if info.get('tree_dirty') else ''}"
     )
 
 
@@ -133,7 +142,9 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON (creating parent directories); returns the path."""
+    """Write ``obj`` as indented JSON (creating parent directories); returns the path.
+    Refused (DirtyTreeError) into docs/results/ from a tree with uncommitted changes."""
+    provenance.check_results_target(path)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(to_jsonable(obj), indent=2) + "\n")

@@ -15,6 +15,9 @@ from typing import Callable, Iterator, Sequence
 
 __all__ = [
     "RooflineResult",
+    "GemmPeak",
+    "gemm_peak",
+    "MatmulShape",
     "measure_roofline",
     "measure_gemm_gflops",
     "measure_sum_bandwidth",
@@ -34,12 +37,14 @@ DEFAULT_GEMM_MS: tuple[int, ...] = (1, 16, 64, 256)
 
 @dataclass
 class RooflineResult:
-    """Measured ceilings; ``gemm_gflops`` maps a shape label to GFLOP/s."""
+    """Measured ceilings; ``gemm_gflops`` maps a shape label to GFLOP/s; ``source``
+    says which measurement this is (e.g. "before the runs", or the JSON file read)."""
 
     threads: int
     gemm_gflops: dict[str, float] = field(default_factory=dict)
     sum_bandwidth_gbs: float = 0.0  # of torch's memory or huge pages, the faster
     gemv_bandwidth_gbs: float = 0.0
+    source: str = "measured"
 
     @property
     def peak_gflops(self) -> float:
@@ -60,7 +65,8 @@ class RooflineResult:
             gemm[shape] = max(rate, gemm.get(shape, 0.0))
         return RooflineResult(self.threads, gemm,
                               max(self.sum_bandwidth_gbs, other.sum_bandwidth_gbs),
-                              max(self.gemv_bandwidth_gbs, other.gemv_bandwidth_gbs))
+                              max(self.gemv_bandwidth_gbs, other.gemv_bandwidth_gbs),
+                              f"the higher of {self.source} and {other.source}")
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able form, with the derived ceilings."""
@@ -68,6 +74,32 @@ class RooflineResult:
         d["peak_gflops"] = self.peak_gflops
         d["bandwidth_gbs"] = self.bandwidth_gbs
         return d
+
+
+@dataclass(frozen=True)
+class GemmPeak:
+    """The compute ceiling a roofline share divides by, and where it was measured."""
+
+    gflops: float
+    shape: str
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.gflops:.1f} GFLOP/s ({self.shape}, {self.source})"
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def gemm_peak(measurements: Sequence[RooflineResult]) -> GemmPeak | None:
+    """The best GEMM rate of every measurement a run made (each pass, each shape of its
+    sweep): the machine reached it, so no share of a lower one is an honest share."""
+    rates = [(rate, shape, m.source) for m in measurements
+             for shape, rate in m.gemm_gflops.items()]
+    if not rates:
+        return None
+    rate, shape, source = max(rates, key=lambda item: item[0])
+    return GemmPeak(rate, shape, source)
 
 
 @contextmanager
@@ -166,13 +198,14 @@ def measure_roofline(
     cube: int | None = 2048,
     repeats: int = 5,
     bandwidth_mb: int = 256,
+    source: str = "measured",
 ) -> RooflineResult:
     """Measure GEMM rates for each ``m`` (plain and packed, and a ``cube``^3 matmul)
-    and bandwidths."""
+    and bandwidths; ``source`` labels this measurement."""
     from kvserve.model.layers import packed_linear_available
 
     with torch_threads(threads):
-        res = RooflineResult(threads=threads)
+        res = RooflineResult(threads=threads, source=source)
         for m in ms:
             res.gemm_gflops[f"{m}x{k}x{n}"] = measure_gemm_gflops(m, k, n, repeats)
         if packed_linear_available():
@@ -189,18 +222,37 @@ def measure_roofline(
 # ---------------------------------------------------------------------------- arithmetic
 
 
+@dataclass(frozen=True)
+class MatmulShape:
+    """A Llama-style model's matmul weights: the decoder layers' linear layers and the
+    LM head (the input embedding is a lookup, 0 FLOPs)."""
+
+    layer_params: int
+    lm_head_params: int
+    num_layers: int
+    hidden: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> MatmulShape:
+        """From an HF config dict (its ``text_config`` when it has one)."""
+        cfg = config.get("text_config", config)
+        h = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        hd = int(cfg.get("head_dim") or h // heads)
+        inter = int(cfg["intermediate_size"])
+        layers = int(cfg["num_hidden_layers"])
+        per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * inter
+        return cls(layers * per_layer, h * int(cfg["vocab_size"]), layers, h)
+
+    @property
+    def params(self) -> int:
+        return self.layer_params + self.lm_head_params
+
+
 def matmul_params(config: dict) -> int:
-    """Parameters that take part in matmuls for a Llama-style HF config dict:
-    every linear layer plus the LM head; the input embedding is a lookup (0 FLOPs)."""
-    cfg = config.get("text_config", config)
-    h = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    hd = int(cfg.get("head_dim") or h // heads)
-    inter = int(cfg["intermediate_size"])
-    layers = int(cfg["num_hidden_layers"])
-    per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * inter
-    return layers * per_layer + h * int(cfg["vocab_size"])
+    """Parameters that take part in matmuls: every linear layer plus the LM head."""
+    return MatmulShape.from_config(config).params
 
 
 def flops_per_token(params: int, num_layers: int = 0, hidden: int = 0, ctx: float = 0) -> float:
@@ -209,19 +261,18 @@ def flops_per_token(params: int, num_layers: int = 0, hidden: int = 0, ctx: floa
     return 2.0 * params + 4.0 * num_layers * ctx * hidden
 
 
-def workload_flops(
-    requests: Sequence[tuple[int, int]], params: int, num_layers: int = 0, hidden: int = 0
-) -> float:
-    """Total FLOPs of a workload given ``(prompt_len, output_len)`` per request.
-
-    Every prompt token and every generated token but the last is a forward pass;
-    the attention term sums each token's context length exactly.
-    """
+def workload_flops(requests: Sequence[tuple[int, int]], shape: MatmulShape) -> float:
+    """The FLOPs any engine must do for a workload of ``(prompt_len, output_len)``
+    requests: the decoder layers for every prompt token and every output token but the
+    last (fed back in), and the LM head only where a token is sampled, the last prompt
+    position and each fed-back output token (``output_len`` rows a request). The
+    attention term sums each forward token's context length exactly."""
     total = 0.0
     for plen, olen in requests:
         ntok = plen + max(olen - 1, 0)
         ctx_sum = ntok * (ntok + 1) / 2.0  # token i attends to positions 0..i
-        total += 2.0 * params * ntok + 4.0 * num_layers * hidden * ctx_sum
+        total += (2.0 * shape.layer_params * ntok + 2.0 * shape.lm_head_params * olen
+                  + 4.0 * shape.num_layers * shape.hidden * ctx_sum)
     return total
 
 

@@ -7,10 +7,12 @@ prompts, so no round hits a prefix another cached), streamed at the same Poisson
 arrivals by the ``bench serve`` client. The server not being measured is paused
 (SIGSTOP: kvserve's process, vLLM's process group) so that it takes no CPU from the one
 that is. Reported per server: TTFT, TPOT and ITL (median and P99) of each round, and
-kvserve's over vLLM's by round.
+kvserve's over vLLM's as the median of the rounds' ratios (kvserve.bench.paired); a
+round in which either server failed a request is left out of the ratios.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -20,9 +22,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kvserve.bench.cpu_sets import CpuSampler, check_same_cpus
+from kvserve.bench.paired import PairedRatio, describe_ratio, paired_ratio
 from kvserve.bench.server_process import SERVED_NAME, ServerProcess, free_port, server_flags, \
     wait_healthy
-from kvserve.bench.vllm_runner import _env
+from kvserve.bench.vllm_runner import _env, vllm_version
 from kvserve.bench.workloads import BenchRequest
 
 SERVERS = ("kvserve", "vllm")
@@ -37,13 +41,15 @@ class VllmServer:
                  omp_bind: str, start_timeout_s: float = 900.0) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         self._log = open(log_path, "wb")
+        flags = ["--dtype", "float32", "--seed", "0", "--served-model-name", SERVED_NAME]
+        env = _env(kv_cache_gib, omp_bind)
+        self.build = {"version": vllm_version(python), "flags": flags,
+                      "env": {k: v for k, v in env.items() if k.startswith(("VLLM_", "OMP_"))}}
         self.proc = subprocess.Popen(
             [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-             "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
-             "--served-model-name", SERVED_NAME, "--dtype", "float32", "--seed", "0",
+             "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1], *flags,
              "--uvicorn-log-level", "warning"],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=_env(kv_cache_gib, omp_bind))
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         # in its own session a Ctrl-C would not reach it: closed on any failure to start
         wait_healthy(self, "vLLM's server", log_path, start_timeout_s, 1.0)
 
@@ -64,21 +70,31 @@ class VllmServer:
         self._log.close()
 
 
+RATIO_KEYS = ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "itl_p99_ms")
+
+
 def _summary(result) -> dict[str, Any]:
     m = result.metrics
-    return {"completed": m.completed, "failed": m.failed, "duration_s": m.duration_s,
-            "output_tok_s": m.output_throughput,
-            **{f"{k}_{stat}_ms": s[stat] for k, s in m.latency_ms.items()
-               for stat in ("median", "p99")}}
+    summary = {"completed": m.completed, "failed": m.failed, "duration_s": m.duration_s,
+               "output_tok_s": m.output_throughput,
+               **{f"{k}_{stat}_ms": s[stat] for k, s in m.latency_ms.items()
+                  for stat in ("median", "p99")}}
+    if m.failed:
+        summary["errors"] = sorted({x.error for x in result.records if x.error})[:3]
+    return summary
 
 
 def serve_alternating(servers: dict[str, Any], pause: dict[str, Callable[[int], None]],
                       warmup: Sequence[BenchRequest], rounds: Sequence[Sequence[BenchRequest]],
-                      request_rate: float, log_round: Callable[[int, dict], None]
-                      ) -> dict[str, list[dict]]:
+                      request_rate: float, log_round: Callable[[int, dict], None],
+                      stop_on_failure: bool = True,
+                      watch: dict[str, CpuSampler] | None = None) -> dict[str, list[dict]]:
     """Warm each server up, then serve each round's requests on each server in turn,
     the others paused (``pause[name](signal)``), the order alternating by round; returns
-    each server's summaries by round. Raises if a request failed."""
+    each server's summaries by round. A failed request raises, or with
+    ``stop_on_failure=False`` is counted in its round's ``failed``, with the first
+    errors. ``watch``: a CpuSampler per server, entered while that server is measured."""
+    watch = watch or {}
     from kvserve.bench.serve import run_serve
 
     names = list(servers)
@@ -96,23 +112,33 @@ def serve_alternating(servers: dict[str, Any], pause: dict[str, Callable[[int], 
     for r, requests in enumerate(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             resume_only(name)
-            res = run_serve(requests, base_url=servers[name].url, model=SERVED_NAME,
-                            request_rate=request_rate, seed=r)
+            with watch.get(name) or contextlib.nullcontext():
+                res = run_serve(requests, base_url=servers[name].url, model=SERVED_NAME,
+                                request_rate=request_rate, seed=r)
             runs[name].append(_summary(res))
-            if res.metrics.failed:
+            if stop_on_failure and res.metrics.failed:
                 raise RuntimeError(f"{name}: {res.metrics.failed} requests failed: "
-                                   + "; ".join(sorted({x.error for x in res.records
-                                                       if x.error})[:3]))
+                                   + "; ".join(runs[name][-1]["errors"]))
         log_round(r, runs)
     return runs
 
 
+def _figures(rounds: Sequence[dict], key: str) -> list[float | None]:
+    """A server's ``key`` by round, None for a round in which a request failed."""
+    return [None if r["failed"] else r[key] for r in rounds]
+
+
+def paired_ratios(runs: dict[str, list[dict]], a: str, b: str) -> dict[str, PairedRatio | None]:
+    """``a``'s latencies over ``b``'s, paired by round; a round in which either failed a
+    request, or lacked the latency (ITL without a second token), is dropped from both."""
+    return {key: paired_ratio(_figures(runs[a], key), _figures(runs[b], key))
+            for key in RATIO_KEYS}
+
+
 def ratios_by_round(runs: dict[str, list[dict]], a: str, b: str) -> dict[str, list[float]]:
-    """``a``'s latencies over ``b``'s, round by round (a latency ``b``'s round did not
-    have, such as ITL without a second token, gives no ratio)."""
-    return {key: [x[key] / y[key] for x, y in zip(runs[a], runs[b]) if y[key]]
-            for key in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms",
-                        "itl_p99_ms")}
+    """The per-round ratios that paired_ratios keeps (``bench server-ab`` reads these)."""
+    return {key: list(ratio.per_round) if ratio else []
+            for key, ratio in paired_ratios(runs, a, b).items()}
 
 
 def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
@@ -125,11 +151,12 @@ def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                          "tensor parallelism")
 
     def log_round(r: int, runs: dict[str, list[dict]]) -> None:
-        log(f"  round {r + 1} of {len(rounds)}: P99 TPOT kvserve "
-            f"{runs['kvserve'][-1]['tpot_p99_ms']:.1f} ms, vLLM "
-            f"{runs['vllm'][-1]['tpot_p99_ms']:.1f}; P99 TTFT "
-            f"{runs['kvserve'][-1]['ttft_p99_ms']:.0f} vs "
-            f"{runs['vllm'][-1]['ttft_p99_ms']:.0f} ms")
+        ours, theirs = runs["kvserve"][-1], runs["vllm"][-1]
+        failed = "".join(f"; {name} failed {x['failed']} requests ({'; '.join(x['errors'])})"
+                         for name, x in (("kvserve", ours), ("vLLM", theirs)) if x["failed"])
+        log(f"  round {r + 1} of {len(rounds)}: P99 TPOT kvserve {ours['tpot_p99_ms']:.1f} ms, "
+            f"vLLM {theirs['tpot_p99_ms']:.1f}; P99 TTFT {ours['ttft_p99_ms']:.0f} vs "
+            f"{theirs['ttft_p99_ms']:.0f} ms" + failed)
 
     with tempfile.TemporaryDirectory(prefix="kvserve-serving-") as tmp:
         tmp_dir = Path(tmp)
@@ -144,16 +171,24 @@ def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
             vllm = servers["vllm"] = VllmServer(vllm_python, model_dir, tmp_dir / "vllm.log",
                                                 kv_cache_gib, "0-1")
             pause["vllm"] = vllm.signal
-            runs = serve_alternating(servers, pause, warmup, rounds, request_rate, log_round)
+            watch = {name: CpuSampler(server.proc.pid) for name, server in servers.items()}
+            runs = serve_alternating(servers, pause, warmup, rounds, request_rate, log_round,
+                                     stop_on_failure=False, watch=watch)
         finally:
             for name, server in servers.items():
                 pause[name](signal.SIGCONT)
                 server.close()
-    ratios = ratios_by_round(runs, "kvserve", "vllm")
+    if not any(not a["failed"] and not b["failed"] for a, b in zip(runs["kvserve"],
+                                                                   runs["vllm"])):
+        errors = {e for rs in runs.values() for r in rs for e in r.get("errors", [])}
+        raise RuntimeError("no round completed on both servers: " + "; ".join(sorted(errors)[:3]))
+    cpus = {name: sampler.usage for name, sampler in watch.items()}
+    check_same_cpus(cpus)
     return {"request_rate": request_rate, "requests_per_round": len(rounds[0]),
             "warmup_requests": len(warmup), "rounds": runs,
-            "kvserve_over_vllm_by_round": ratios,
-            "kvserve_over_vllm": {k: statistics.median(v) for k, v in ratios.items() if v}}
+            "kvserve_over_vllm": paired_ratios(runs, "kvserve", "vllm"),
+            "peers": {"vllm": vllm.build},
+            "cpus": {name: usage.to_dict() for name, usage in cpus.items()}}
 
 
 def cmd_serving(args) -> int:
@@ -181,14 +216,16 @@ def cmd_serving(args) -> int:
     except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"kvserve: error: {exc}") from None
     rows = []
-    for name in SERVERS:
-        rounds = result["rounds"][name]
-        rows.append((name, *(statistics.median(r[k] for r in rounds) for k in (
+    for name in SERVERS:  # every server completed a round: run_serving_bench says so
+        completed = [r for r in result["rounds"][name] if not r["failed"]]
+        rows.append((name, *(statistics.median(r[k] for r in completed) for k in (
             "ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "output_tok_s"))))
     print(report.format_table(["server", "TTFT median", "TTFT P99", "TPOT median",
                                "TPOT P99", "output tok/s"], rows))
-    print("kvserve / vLLM, median of rounds: " + ", ".join(
-        f"{k} {v:.3f}x" for k, v in result["kvserve_over_vllm"].items()))
+    print("each server's median of the rounds it completed; kvserve / vLLM, paired by round "
+          "(docs/statistics.md):")
+    for key, ratio in result["kvserve_over_vllm"].items():
+        print(f"  {key}: {describe_ratio(ratio)}")
     if args.json:
         write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0

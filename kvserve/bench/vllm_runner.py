@@ -19,10 +19,12 @@ import threading
 from pathlib import Path
 from typing import IO, Any, Sequence
 
+from kvserve.bench.cpu_sets import CpuSampler
 from kvserve.bench.throughput import ThroughputResult, median_result
 from kvserve.bench.workloads import BenchRequest
 
-__all__ = ["RUNNER_SOURCE", "VllmSession", "vllm_importable", "run_vllm_throughput"]
+__all__ = ["RUNNER_SOURCE", "VllmSession", "vllm_importable", "vllm_version",
+           "run_vllm_throughput"]
 
 MARKER = "KVSERVE_BENCH_RESULT "
 RUNNER_MODULE = "kvserve_vllm_runner"
@@ -53,7 +55,14 @@ def main():
               for n in spec["max_tokens"]]
     warm = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     llm.generate([TokensPrompt(prompt_token_ids=spec["prompts"][0][:8])], [warm], use_tqdm=False)
-    say({"ready": True, "load_s": load_s})
+    import os
+    import torch
+    import vllm
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    say({"ready": True, "load_s": load_s, "version": getattr(vllm, "__version__", None),
+         "torch_version": torch.__version__, "cpus": sorted(os.sched_getaffinity(0)),
+         "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "OMP_"))},
+         "engine_config": str(config)[:4000] if config is not None else None})
     for line in sys.stdin:
         if line.strip() != "run":
             break
@@ -95,6 +104,18 @@ def vllm_importable(python: str | Path, timeout_s: float = 300.0) -> bool:
     return proc.returncode == 0
 
 
+def vllm_version(python: str | Path, timeout_s: float = 300.0) -> str | None:
+    """The version of vLLM that ``python`` imports (None when it cannot)."""
+    try:
+        proc = subprocess.run([str(python), "-c", "import vllm; print(vllm.__version__)"],
+                              capture_output=True, text=True, timeout=timeout_s,
+                              env=_env(1, "0-1"))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() \
+        else None
+
+
 class VllmSession:
     """vLLM loaded in a subprocess of ``python``, timing ``requests`` on each :meth:`run`.
 
@@ -130,10 +151,15 @@ class VllmSession:
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
             text=True)
         try:
-            self.load_s = float(self._read()["load_s"])
+            ready = self._read()
         except RuntimeError:
             self.close()
             raise
+        self.load_s = float(ready["load_s"])
+        self.build = {"engine_args": self.engine_args,
+                      **{k: ready.get(k) for k in ("version", "torch_version", "cpus", "env",
+                                                   "engine_config")}}
+        self.cpu_sampler = CpuSampler(self._proc.pid)  # its runs, EngineCore process included
 
     def _read(self) -> dict[str, Any]:
         """The next result line; RuntimeError when the runner ends (or is stopped for
@@ -154,12 +180,13 @@ class VllmSession:
     def run(self) -> ThroughputResult:
         """One timed ``generate`` over the requests."""
         assert self._proc.stdin is not None
-        try:
-            self._proc.stdin.write("run\n")
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # the runner ended: _read reports why
-        run = self._read()
+        with self.cpu_sampler:
+            try:
+                self._proc.stdin.write("run\n")
+                self._proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # the runner ended: _read reports why
+            run = self._read()
         return ThroughputResult(
             wall_s=float(run["wall_s"]),
             num_requests=len(self.requests),

@@ -1,14 +1,12 @@
 """AsyncLLMEngine: the synchronous LLMEngine driven from one thread, for asyncio servers.
 
 The engine is not thread-safe, so exactly one thread (``kvserve-engine``) touches it.
-Built with :meth:`AsyncLLMEngine.from_engine_args`, that thread also loads the model, so
-every OpenMP parallel region of the process runs on it (with async scheduling, on the
-model thread it starts: :mod:`kvserve.worker.model_thread`). Why it matters: libgomp keeps one
-worker team per thread that ever ran a parallel region, and once its teams hold more
-threads than there are cores it stops letting idle workers spin between regions; each of
-a decode step's many small ops then waits for a sleeping worker to wake. Loading on the
-main thread and stepping on another made server decode steps much slower than offline
-ones (measured: docs/performance.md).
+The model loads and computes on kvserve's compute thread
+(:mod:`kvserve.worker.compute_thread`), so every OpenMP parallel region of the engine runs
+on one team. Why it matters: libgomp keeps one worker team per thread that ever ran a
+parallel region, and once its teams hold more threads than there are cores it stops
+letting idle workers spin between regions; each of a decode step's many small ops then
+waits for a sleeping worker to wake.
 
 That thread loops ``step()`` while requests exist and sleeps on a condition otherwise;
 adds and aborts reach it through a command list applied between steps. Each step's
@@ -20,8 +18,8 @@ Overlap: while the engine thread runs a step (torch releases the GIL during comp
 the event loop parses and validates requests, renders chat templates, tokenizes
 prompts, turns outputs into deltas and serializes the JSON / SSE of the previous step.
 Outputs are posted without waiting, so the next step starts at once. With async
-scheduling the model computes on a thread of its own and the next step is already
-running while this thread makes a step's outputs (:meth:`LLMEngine.step`).
+scheduling the next step is already running on the compute thread while this thread
+makes a step's outputs (:meth:`LLMEngine.step`).
 
 An abort (client gone) is applied before the next step, which frees the request's KV
 blocks at once. A failing step fails the requests in it (the engine reports

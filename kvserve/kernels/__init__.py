@@ -95,6 +95,7 @@ class Kernels:
         self._quantize_rows = bind(lib, "quantize_rows_int8")
         self._rescale_int32 = bind(lib, "rescale_int32")
         self._bind_threads = bind(lib, "bind_omp_threads")
+        self._release_threads = bind(lib, "release_omp_threads")
         self._captured_step = bind(lib, "captured_step")
         self.available = True
 
@@ -241,6 +242,12 @@ class Kernels:
         not be bound."""
         ids = torch.tensor(cpus, dtype=torch.int64)
         return self._bind_threads(cpus=ids.data_ptr(), n=len(cpus))
+
+    def release_threads(self, cpus: list[int], threads: int) -> int:
+        """Let each thread of the calling thread's OpenMP team of ``threads`` run on any
+        of ``cpus`` (what bind_threads narrowed); returns how many threads failed."""
+        ids = torch.tensor(cpus, dtype=torch.int64)
+        return self._release_threads(cpus=ids.data_ptr(), ncpus=len(cpus), n=threads)
 
     def quantize_rows(self, x):
         """Per-row symmetric int8 of float32 x [R, C] (contiguous) -> (q int8, scale [R])."""

@@ -47,6 +47,7 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
         "rescale_int32": (None, "acc:ptr row_scale:ptr col_scale:ptr bias:ptr out:ptr rows:i64 "
                                 "cols:i64"),
         "bind_omp_threads": ("i64", "cpus:ptr n:i64"),
+        "release_omp_threads": ("i64", "cpus:ptr ncpus:i64 n:i64"),
         "captured_step": ("i64", "plan:ptr tokens:ptr positions:ptr slots:ptr tables:ptr "
                                  "table_stride:i64 seq_lens:ptr rows:i64 eps:f32 scale:f32 "
                                  "logits:ptr timings:ptr"),

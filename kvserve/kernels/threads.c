@@ -22,3 +22,18 @@ int64_t bind_omp_threads(const int64_t *cpus, int64_t n) {
     }
     return failed;
 }
+
+/* Let every thread of an n-thread team of the calling thread run on any of the
+ * ncpus CPUs in cpus (undoing bind_omp_threads); returns how many threads failed. */
+int64_t release_omp_threads(const int64_t *cpus, int64_t ncpus, int64_t n) {
+    int64_t failed = 0;
+#pragma omp parallel num_threads((int)n) reduction(+ : failed)
+    {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int64_t i = 0; i < ncpus; i++)
+            CPU_SET((int)cpus[i], &set);
+        failed += omp_get_num_threads() != n || sched_setaffinity(0, sizeof(set), &set) != 0;
+    }
+    return failed;
+}

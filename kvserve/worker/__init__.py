@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 from kvserve.config.engine import EngineConfig
+from kvserve.worker.compute_thread import ComputeThreadWorker, compute_thread
 from kvserve.worker.worker_base import KVCacheLayout, TransferStats, Worker, WorkerDiedError
 
 
 def create_worker(config: EngineConfig, model=None) -> Worker:
     """The worker for this machine: the CPU worker, or one per rank behind a
-    TensorParallelWorker. ``model``: weights already loaded for ``config.model`` (the
-    tuner builds many engines over one; one process only)."""
-    if config.scheduler.async_scheduling:  # the model computes on a thread of its own
-        from kvserve.worker.model_thread import ModelThreadWorker
-        return ModelThreadWorker(lambda: _create(config, model))
-    return _create(config, model)
+    TensorParallelWorker, computing on kvserve's own thread (:mod:`compute_thread`: the
+    caller's threads keep their CPU mask). ``model``: weights already loaded for
+    ``config.model`` (the tuner builds many engines over one; one process only)."""
+    return ComputeThreadWorker(lambda: _create(config, model))
 
 
 def _create(config: EngineConfig, model) -> Worker:
@@ -26,4 +25,5 @@ def _create(config: EngineConfig, model) -> Worker:
     return CPUWorker(config, model)
 
 
-__all__ = ["Worker", "KVCacheLayout", "TransferStats", "WorkerDiedError", "create_worker"]
+__all__ = ["Worker", "KVCacheLayout", "TransferStats", "WorkerDiedError", "compute_thread",
+           "create_worker"]

@@ -35,7 +35,7 @@ from kvserve.worker.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.kv_pool_size import kv_cache_layout
 from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
-from kvserve.worker.platform import cpus_to_bind, freeze_startup_objects, \
+from kvserve.worker.platform import allowed_cpus, cpus_to_bind, freeze_startup_objects, \
     keep_freed_memory, physical_cores, return_freed_memory
 from kvserve.worker.gemv_weights import choose_gemv_weights
 from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
@@ -95,11 +95,14 @@ class CPUWorker(Worker):
         threads. Returns the CPUs, or None when not bound."""
         threads = torch.get_num_threads()
         cpus = cpus_to_bind(self.config.worker.omp_threads_bind, threads)
-        if cpus is None:
-            return None
         kernels = load_kernels()  # the binding call is native, whatever the attention
         if not kernels.available:
             logger.info("compute threads not bound: no native kernels (%s)", kernels.reason)
+            return None
+        if cpus is None:  # an earlier engine in this process may have bound the team
+            if kernels.release_threads(allowed_cpus(), threads):
+                logger.warning("compute threads could not all be let onto CPUs %s",
+                               ",".join(map(str, allowed_cpus())))
             return None
         failed = kernels.bind_threads(cpus)
         if failed:

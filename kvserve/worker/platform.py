@@ -11,7 +11,7 @@ from kvserve.config import parse_cpu_list
 
 
 # The CPUs this process may run on, read at import: binding the compute threads narrows
-# the binding thread's own mask, which later engines in the process must not take for
+# the compute thread's own mask, which later engines in the process must not take for
 # the machine's.
 _CPUS_AT_START = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") \
     else ()

@@ -5,8 +5,8 @@ depends on the platform: threads and memory settings, the model's weights and th
 its layers run, the KV pool (its size and its tensors), start-up warm-up and
 measurements. The engine talks to it through this interface only, so a GPU worker, or
 one worker per tensor-parallel rank behind an executor, fits in without the engine
-changing. Calls come in this order, all from one thread (the one that steps the engine,
-or with async scheduling the model's own, :mod:`kvserve.worker.model_thread`)::
+changing. Calls come in this order, all run on kvserve's compute thread
+(:mod:`kvserve.worker.compute_thread`)::
 
     worker = SomeWorker(config)                 # threads, model loaded
     layout = worker.determine_kv_cache_layout() # how many blocks fit, tiers' slots

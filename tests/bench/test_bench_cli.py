@@ -34,11 +34,11 @@ def test_engine_args_only_given() -> None:
                                       "swap_space": 2.5}
     assert engine_args_from(_parse(["bench", "compare"])) == {}
     from kvserve.bench import commands
-    assert args.func is commands.cmd_throughput
+    assert args.func.__wrapped__ is commands.cmd_throughput  # behind the results check
     for cmd in ("make-model", "roofline", "serve", "compare", "memory"):
         extra = ["custom", "--out", "x"] if cmd == "make-model" else []
         handler = getattr(commands, "cmd_" + cmd.replace("-", "_"))
-        assert _parse(["bench", cmd, *extra]).func is handler
+        assert _parse(["bench", cmd, *extra]).func.__wrapped__ is handler
 
 
 def test_workload_from_args(tiny_model_dir: Path) -> None:
@@ -75,12 +75,14 @@ def test_report_and_plot(tmp_path: Path) -> None:
     assert data["x"] == "inf" and data["r"]["useful_tok_s"] == 3.0
     info = report.machine_info()
     assert info["logical_cores"] and "torch" in report.machine_line(info)
+    from kvserve.bench.paired import summarize_ratios
     from kvserve.bench.plots import plot_compare
 
     from kvserve.bench.plots import plot_roofline, plot_serve
     from kvserve.bench.serve_metrics import RequestRecord, compute_serve_metrics
 
-    rows = [{"name": "a", "useful_tok_s": 1, "total_tok_s": 2, "vs_hf_static": 1.5}]
+    rows = [{"name": "a", "useful_tok_s": 1, "total_tok_s": 2,
+             "vs_hf_static": summarize_ratios([1.4, 1.5, 1.6])}]
     metrics = compute_serve_metrics([RequestRecord(0.0, 0.4, [0.1, 0.4], 3, 2, True)])
     pngs = [
         plot_compare(tmp_path / "c.png", rows, "t", "machine"),

@@ -16,7 +16,7 @@ REQS = [
 
 
 def test_static_batches_generate_full_length(tiny_model_dir: Path) -> None:
-    model = load_hf_model(tiny_model_dir, threads=None)
+    model = load_hf_model(tiny_model_dir)
     res = run_hf_static(model, REQS, batch_size=2)
     assert [(b.size, b.padded_prompt_len, b.max_new_tokens) for b in res.batches] == [(2, 5, 5), (1, 2, 4)]
     assert res.useful_output_tokens == 3 + 5 + 4
@@ -34,6 +34,6 @@ def test_static_batches_generate_full_length(tiny_model_dir: Path) -> None:
 
 def test_model_without_eos(tmp_path: Path) -> None:
     spec = BenchModelSpec(16, 1, 2, 1, 32, vocab_size=40, max_position_embeddings=64)
-    model = load_hf_model(make_bench_model(spec, tmp_path, copy_tokenizer=False), threads=None)
+    model = load_hf_model(make_bench_model(spec, tmp_path, copy_tokenizer=False))
     res = run_hf_static(model, REQS, batch_size=16, warmup=False)
     assert len(res.batches) == 1 and res.generated_tokens == 15 and res.useful_output_tokens == 12

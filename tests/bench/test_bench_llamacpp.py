@@ -52,3 +52,31 @@ def test_the_converter_wrapper_declares_gpt2s_pre_tokenizer():
     assert 'get_vocab_base_pre = lambda self, tokenizer: "gpt-2"' in llamacpp.CONVERT_SOURCE
     compile(llamacpp.CONVERT_SOURCE, "convert.py", "exec")
     compile(llamacpp.RUNNER_SOURCE, "runner.py", "exec")
+
+
+def test_ggml_features_read_from_the_system_line():
+    line = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | OPENMP = 1 | "
+    assert llamacpp.ggml_features(line) == {"SSE3": "1", "AVX2": "1", "AVX512": "1",
+                                            "OPENMP": "1"}
+
+
+def test_llama_bench_is_run_and_read(tmp_path):
+    """The binary's JSON (a stand-in printing llama-bench's record layout) gives the
+    tg rate, its build and the CPUs it ran on."""
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\ncat <<'JSON'\n[{\"n_prompt\": 0, \"n_gen\": 128, \"avg_ts\": "
+                    "80.5, \"stddev_ts\": 1.5, \"n_threads\": 2, \"build_commit\": \"abc\", "
+                    "\"build_number\": 7, \"cpu_info\": \"AMD EPYC\"}]\nJSON\n")
+    fake.chmod(0o755)
+    out = llamacpp.run_llama_bench(str(fake), tmp_path / "m.gguf", threads=2)
+    assert out["tg_tok_s"] == 80.5 and out["n_threads"] == 2 and out["build_commit"] == "abc"
+    assert "-n 128 -t 2" in out["command"] and "cpus" in out
+
+
+def test_llama_bench_and_the_runner_must_agree_or_say_why():
+    bench = {"tg_tok_s": 100.0}
+    near = llamacpp.llama_bench_check(bench, [{"decode_tok_s": 95.0}, {"decode_tok_s": 97.0}])
+    assert near["agree"] and "why" not in near
+    assert near["runner_over_llama_bench"] == pytest.approx(0.96)
+    far = llamacpp.llama_bench_check(bench, [{"decode_tok_s": 70.0}])
+    assert not far["agree"] and "-30 %" in far["why"]

