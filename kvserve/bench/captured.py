@@ -17,7 +17,8 @@ slower. After it, each round times the native GEMV's pass over all the linear we
 at 1, 2, 4 and 8 rows, as a share of that round's streaming read. So that a step and
 its floor are also measured at one moment, a last pass decodes a single stream in each
 mode with every step followed by a timed streaming read of the weights' bytes, from the
-memory the weights are on. The engine's start is timed too.
+memory the weights are on. The engine's start is timed too. Every ratio is the median
+of ratios each taken at one moment (kvserve.bench.paired).
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ import time
 from typing import Any, Callable, Sequence
 
 from kvserve.bench.decode import concurrent_decode_steps
+from kvserve.bench.paired import describe_ratio, paired_ratio, ratio_cell
 from kvserve.bench.workloads import BenchRequest
+from kvserve.worker import compute_thread
 
 CONCURRENCY = (1, 2, 4, 8)
 PROMPT_TOKENS = 128
@@ -180,7 +183,7 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
     chosen = captured.max_rows
     # eager as under --enforce-eager: its few-row GEMMs tuned (the engine skips that when
     # the captured step takes every few-row decode step)
-    engine.worker.tune_eager_few_rows()
+    compute_thread().call(engine.worker.tune_eager_few_rows)
     log(f"engine ready in {start_s:.1f}s; captured step for 1-{chosen} rows")
     weight_bytes = matmul_weight_bytes(engine.worker.runner.model)
     profiler, interval = captured.profiler, engine.worker.profiler.interval
@@ -189,12 +192,14 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
         _timed_rounds(engine, captured, chosen, prompts, 1, "warm")  # both modes, all sizes
         runs, outside, bandwidths, gemvs = _timed_rounds(
             engine, captured, chosen, prompts, rounds, "run", log, measure_stream_bandwidth,
-            lambda: gemv_pass_bandwidth(engine.worker.runner.model, engine.worker.kernels))
-        paired = {}
+            lambda: compute_thread().call(gemv_pass_bandwidth, engine.worker.runner.model,
+                                          engine.worker.kernels))
+        read_pairs = {}
         for mode in MODES:
             captured.max_rows = chosen if mode == "captured" else 0
             engine.reset_prefix_cache()
-            paired[mode] = _paired_reads(engine, prompts[0], f"paired-{mode}", weight_bytes)
+            read_pairs[mode] = _paired_reads(engine, prompts[0], f"paired-{mode}",
+                                             weight_bytes)
         captured.profiler = profiler  # the profiled pass reports through the profiler
         split = {}
         for mode in MODES:
@@ -208,7 +213,7 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
     bandwidth = max(bandwidths)
     floor_s = weight_bytes / (bandwidth * 1e9)
     step_ms = {m: {c: 1000 * statistics.median(runs[m][c]) for c in CONCURRENCY} for m in MODES}
-    result = {
+    return {
         "engine_start_s": start_s, "captured_rows": chosen,
         "captured_at_start_ms": {n: [1000 * e, 1000 * c] for n, (e, c) in
                                  captured.start_times.items()},
@@ -218,17 +223,12 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
         "step_ms": step_ms,
         "round_step_ms": {m: {c: [1000 * s for s in runs[m][c]] for c in CONCURRENCY}
                           for m in MODES},
-        "speedup": {c: step_ms["eager"][c] / step_ms["captured"][c] for c in CONCURRENCY},
+        # a floor is the least a step can take: the median step over the best read
         "single_stream_vs_floor": {m: step_ms[m][1] / (1000 * floor_s) for m in MODES},
-        # the native GEMV's pass over the weights, and over the same round's streaming read
         "round_gemv_bandwidth_gbs": {n: [g[n] for g in gemvs] for n in GEMV_ROWS},
-        "gemv_vs_stream": {n: statistics.median(g[n] / b for g, b in zip(gemvs, bandwidths))
-                           for n in GEMV_ROWS},
-        # each single-stream step over a streaming read of the weights' bytes right after it
-        "single_stream_vs_paired_read": {
-            m: statistics.quantiles([st / rd for st, rd in paired[m]], n=4) for m in MODES},
-        "paired_read_gbs": {m: weight_bytes / statistics.median(rd for _, rd in paired[m]) / 1e9
-                            for m in MODES},
+        **paired_figures(runs, bandwidths, gemvs, read_pairs),
+        "paired_read_gbs": {m: weight_bytes / statistics.median(rd for _, rd in read_pairs[m])
+                            / 1e9 for m in MODES},
         "profiled_step_ms": split,
         # a captured single-stream step less its linear layers and attention, by round
         "captured_outside_gemm_and_attention_ms": outside,
@@ -236,7 +236,24 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
         "profiled_outside_gemm_and_attention_ms": {
             m: split[m]["step"] - split[m]["linear"] - split[m]["attention"] for m in MODES},
     }
-    return result
+
+
+def paired_figures(runs: dict[str, dict[int, list[float]]], bandwidths: list[float],
+                   gemvs: list[dict[int, float]],
+                   read_pairs: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+    """The ratios, each the median of ratios taken at one moment (kvserve.bench.paired):
+    eager's step over captured's by round; the native GEMV's pass over the same round's
+    streaming read; each single-stream step over the read of its weights' bytes right
+    after it."""
+    return {
+        "speedup": {c: paired_ratio(runs["eager"][c], runs["captured"][c])
+                    for c in CONCURRENCY},
+        "gemv_vs_stream": {n: paired_ratio([g[n] for g in gemvs], bandwidths)
+                           for n in GEMV_ROWS},
+        "single_stream_vs_paired_read": {
+            m: paired_ratio([st for st, _ in read_pairs[m]], [rd for _, rd in read_pairs[m]])
+            for m in MODES},
+    }
 
 
 def cmd_captured(args) -> int:
@@ -253,7 +270,7 @@ def cmd_captured(args) -> int:
     print(report.format_table(
         ["requests at once", "eager ms/step", "captured ms/step", "speed-up"],
         [(c, result["step_ms"]["eager"][c], result["step_ms"]["captured"][c],
-          f"{result['speedup'][c]:.3f}x") for c in CONCURRENCY]))
+          ratio_cell(result["speedup"][c])) for c in CONCURRENCY]))
     print(f"streaming floor {floor:.2f} ms ({result['stream_bandwidth_gbs']:.1f} GB/s): "
           + ", ".join(f"{m} {result['single_stream_vs_floor'][m]:.2f}x" for m in MODES))
     for mode in MODES:
@@ -261,12 +278,12 @@ def cmd_captured(args) -> int:
         print(f"{mode} profiled step, ms: " + ", ".join(f"{p} {v:.2f}" for p, v in parts.items())
               + "; outside linear and attention "
               + f"{result['profiled_outside_gemm_and_attention_ms'][mode]:.2f}")
-    print("single-stream step over a streaming read of its weights right after it "
-          "(quartiles): " + ", ".join(
-              f"{m} {q[1]:.2f}x ({q[0]:.2f}-{q[2]:.2f})"
-              for m, q in result["single_stream_vs_paired_read"].items()))
-    print("native GEMV pass over the weights, share of the round's streaming read: "
-          + ", ".join(f"{n} rows {v:.0%}" for n, v in result["gemv_vs_stream"].items()))
+    for m, ratio in result["single_stream_vs_paired_read"].items():
+        print(f"{m} single-stream step over a streaming read of its weights right after "
+              f"it (each step a round): {describe_ratio(ratio)}")
+    for n, ratio in result["gemv_vs_stream"].items():
+        print(f"native GEMV pass over the weights at {n} rows over the round's streaming "
+              f"read: {describe_ratio(ratio)}")
     print("captured single-stream step outside linear and attention, ms by round: "
           + ", ".join(f"{v:.2f}" for v in result["captured_outside_gemm_and_attention_ms"]))
     if args.json:

@@ -8,6 +8,7 @@ import json
 from kvserve.bench import report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
 from kvserve.bench.bench_setup import _header, _wl_settings
+from kvserve.bench.paired import describe_ratio, ratio_cell
 
 
 DEFAULT_SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 4}
@@ -44,8 +45,9 @@ def cmd_spec(args: argparse.Namespace) -> int:
                                  not args.batched)
     print(report.format_table(
         ["mode", "off tok/s", "on tok/s", "speed-up", "acceptance", "mean accepted length"],
-        [(mode, result["off_tok_s"], result["on_tok_s"], result["speedup"],
+        [(mode, result["off_tok_s"], result["on_tok_s"], ratio_cell(result["speedup"]),
           result["acceptance_rate"] or 0.0, result["mean_acceptance_length"] or 1.0)]))
+    print(f"speed-up, on / off: {describe_ratio(result['speedup'])}")
     print("verify step cost vs one row, k drafts: " + "  ".join(
         f"k={k}: {v:.2f}x" for k, v in result["verify_cost_vs_one_row"].items()))
     if args.json:
@@ -67,9 +69,10 @@ def cmd_structured(args: argparse.Namespace) -> int:
     print(report.format_table(
         ["unconstrained tok/s", "json_schema tok/s", "ratio", "mask us/token", "mask share",
          "waited share"],
-        [(result["plain_tok_s"], result["constrained_tok_s"], result["ratio"],
+        [(result["plain_tok_s"], result["constrained_tok_s"], ratio_cell(result["ratio"]),
           result["mask_us_per_token"] or 0.0, result["mask_share_of_run"] or 0.0,
           result["mask_wait_share_of_run"] or 0.0)]))
+    print(f"json_schema / unconstrained tok/s: {describe_ratio(result['ratio'])}")
     if args.json:
         out = {"machine": info, "model": model_dir.name, "result": result}
         print(f"wrote {report.write_json(args.json, out)}")

@@ -3,10 +3,11 @@
 Two engines of the same settings, one with ``--huge-pages`` (the default) and one with
 ``--no-huge-pages``, in alternating rounds. Each round decodes 1, 8 and 32 requests at
 once on each engine and times the engine's decode steps (both engines capture the same
-row counts), then runs the whole workload through each engine's ``generate``. The prompts are the workload's first ones of 256 tokens or more, cut to
-256: 32 of them read about as many bytes of KV a step as of weights. Every round also
-measures a large ``sum`` over each kind of memory, the streaming read each engine's
-weights can at best be read at.
+row counts), then runs the whole workload through each engine's ``generate``. The
+prompts are the workload's first ones of 256 tokens or more, cut to 256: 32 of them read
+about as many bytes of KV a step as of weights. Every round also measures a large ``sum``
+over each kind of memory, the streaming read each engine's weights can at best be read
+at. Each figure of huge pages against torch's is the median of the rounds' ratios.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import statistics
 from typing import Any, Callable, Sequence
 
 from kvserve.bench.decode import concurrent_decode_steps
+from kvserve.bench.paired import describe_ratio, paired_ratio, ratio_cell
 from kvserve.bench.workloads import BenchRequest
 
 CONCURRENCY = (1, 8, 32)
@@ -116,24 +118,28 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
     finally:
         for engine in engines.values():
             engine.close()
-    step_ms = {m: {c: 1000 * statistics.median(runs[m][c]) for c in CONCURRENCY} for m in MODES}
+    return {"engine_start_s": start_s, "captured_rows": captured_rows, "rounds": rounds,
+            "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+            **huge_over_torch(runs, tok_s, bandwidth)}
+
+
+def huge_over_torch(runs: dict[str, dict[int, list[float]]], tok_s: dict[str, list[float]],
+                    bandwidth: dict[str, list[float]]) -> dict[str, Any]:
+    """The figures of the rounds' measurements (each mode's step seconds by concurrency,
+    workload tok/s and ``sum`` GB/s, by round): each side's medians, and huge pages
+    against torch's as the median of the rounds' ratios (kvserve.bench.paired)."""
     return {
-        "engine_start_s": start_s, "captured_rows": captured_rows, "rounds": rounds, "prompt_tokens": PROMPT_TOKENS,
-        "new_tokens": NEW_TOKENS, "step_ms": step_ms,
+        "step_ms": {m: {c: 1000 * statistics.median(runs[m][c]) for c in CONCURRENCY}
+                    for m in MODES},
         "round_step_ms": {m: {c: [1000 * s for s in runs[m][c]] for c in CONCURRENCY}
                           for m in MODES},
-        "speedup": {c: step_ms["torch"][c] / step_ms["huge"][c] for c in CONCURRENCY},
-        "round_speedup": {c: [t / h for t, h in zip(runs["torch"][c], runs["huge"][c])]
-                          for c in CONCURRENCY},
-        # the pairs measured back to back: the steadier figure on a machine that drifts
-        "median_round_speedup": {c: statistics.median(
-            t / h for t, h in zip(runs["torch"][c], runs["huge"][c])) for c in CONCURRENCY},
+        # torch's step over huge pages' step
+        "speedup": {c: paired_ratio(runs["torch"][c], runs["huge"][c]) for c in CONCURRENCY},
         # the whole workload through generate, useful output tokens a second
         "round_workload_tok_s": tok_s,
-        "workload_speedup_by_round": [h / t for h, t in zip(tok_s["huge"], tok_s["torch"])],
+        "workload_speedup": paired_ratio(tok_s["huge"], tok_s["torch"]),
         "round_sum_bandwidth_gbs": bandwidth,
-        "sum_bandwidth_ratio": statistics.median(
-            h / t for h, t in zip(bandwidth["huge"], bandwidth["torch"])),
+        "sum_bandwidth_ratio": paired_ratio(bandwidth["huge"], bandwidth["torch"]),
     }
 
 
@@ -148,18 +154,16 @@ def cmd_huge_pages(args) -> int:
     except ValueError as exc:
         raise SystemExit(f"kvserve: error: {exc}") from None
     print(report.format_table(
-        ["requests at once", "torch pages ms/step", "huge pages ms/step", "speed-up",
-         "by round", "median of rounds"],
+        ["requests at once", "torch pages ms/step", "huge pages ms/step", "speed-up"],
         [(c, result["step_ms"]["torch"][c], result["step_ms"]["huge"][c],
-          f"{result['speedup'][c]:.3f}x",
-          ", ".join(f"{v:.2f}" for v in result["round_speedup"][c]),
-          f"{result['median_round_speedup'][c]:.3f}x") for c in CONCURRENCY]))
+          ratio_cell(result["speedup"][c])) for c in CONCURRENCY]))
     tok = result["round_workload_tok_s"]
     print(f"workload ({len(wl.requests)} requests), useful tok/s: torch's pages "
-          f"{statistics.median(tok['torch']):.1f}, huge pages {statistics.median(tok['huge']):.1f}; "
-          "by round " + ", ".join(f"{v:.2f}" for v in result["workload_speedup_by_round"]))
-    print(f"streaming read, huge pages over torch's: {result['sum_bandwidth_ratio']:.3f}x "
-          "(median of rounds)")
+          f"{statistics.median(tok['torch']):.1f}, huge pages "
+          f"{statistics.median(tok['huge']):.1f}; huge pages over torch's "
+          f"{describe_ratio(result['workload_speedup'])}")
+    print("streaming read, huge pages over torch's: "
+          f"{describe_ratio(result['sum_bandwidth_ratio'])}")
     if args.json:
         write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0

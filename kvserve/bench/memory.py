@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvserve.bench.paired import PairedRatio, paired_ratio
 from kvserve.bench.workloads import BenchRequest, Workload
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
@@ -94,7 +95,9 @@ class MemoryResult:
     recompute_overhead: float  # extra tokens computed / the tokens a run needs at least
     output_tok_s: float | None
     p99_latency_s: float | None
-    relative_tok_s: float | None  # output tok/s / the first combination's, same round
+    # output tok/s over the first combination's in the same round: the median of the
+    # rounds' ratios (kvserve.bench.paired)
+    relative_tok_s: PairedRatio | None
     output_tok_per_cpu_s: float | None  # per second of this process's CPU time: steadier
                                         # than wall time when other jobs share the cores
     mean_running: float
@@ -258,8 +261,8 @@ def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv
 
 def combine_rounds(rounds: Sequence[Sequence[MemoryResult]]) -> list[MemoryResult]:
     """One result per combination over repeated rounds (each round runs every combination
-    once, in the same order): memory figures of the first round, medians of throughput,
-    latency and of throughput relative to the round's first combination."""
+    once, in the same order): memory figures of the first round, medians of throughput
+    and latency, and throughput over the round's first combination's, paired by round."""
     import statistics
 
     out = []
@@ -268,13 +271,13 @@ def combine_rounds(rounds: Sequence[Sequence[MemoryResult]]) -> list[MemoryResul
         toks = [r.output_tok_s for r in runs if r.output_tok_s]
         p99s = [r.p99_latency_s for r in runs if r.p99_latency_s is not None]
         cpus = [r.output_tok_per_cpu_s for r in runs if r.output_tok_per_cpu_s]
-        rel = [r[j].output_tok_s / r[0].output_tok_s for r in rounds
-               if len(r) > j and r[j].output_tok_s and r[0].output_tok_s]
+        with_j = [r for r in rounds if len(r) > j]
         out.append(MemoryResult(**{
             **first.to_dict(),
             "output_tok_s": statistics.median(toks) if toks else None,
             "p99_latency_s": statistics.median(p99s) if p99s else None,
-            "relative_tok_s": statistics.median(rel) if rel else None,
+            "relative_tok_s": paired_ratio([r[j].output_tok_s for r in with_j],
+                                           [r[0].output_tok_s for r in with_j]),
             "output_tok_per_cpu_s": statistics.median(cpus) if cpus else None,
             "extra": {**first.extra, "rounds": len(runs),
                       "output_tok_s_runs": [r.output_tok_s for r in runs],
@@ -302,8 +305,10 @@ def format_markdown(results: Sequence[MemoryResult], context: str = "") -> str:
             f"| {pct(r.internal_fragmentation)} | {pct(r.external_fragmentation)} "
             f"| {r.peak_running} | {r.mean_running:.1f} | {r.preemptions} | {r.moved_blocks} "
             f"| {pct(r.recompute_overhead)} | {r.steps} "
-            f"| {num_or_dash(r.output_tok_s, '.1f')} | {num_or_dash(r.relative_tok_s, '.2f')} "
-            f"| {num_or_dash(r.output_tok_per_cpu_s, '.1f')} | {num_or_dash(r.p99_latency_s, '.1f')} |")
+            f"| {num_or_dash(r.output_tok_s, '.1f')} "
+            f"| {'–' if r.relative_tok_s is None else r.relative_tok_s.cell()} "
+            f"| {num_or_dash(r.output_tok_per_cpu_s, '.1f')} "
+            f"| {num_or_dash(r.p99_latency_s, '.1f')} |")
     out = "\n".join(lines)
     summary = ordering_summary(results)
     return (context + "\n\n" if context else "") + out + ("\n\n" + summary if summary else "")
@@ -329,11 +334,11 @@ def ordering_summary(results: Sequence[MemoryResult]) -> str:
     if conc:
         lines.append("mean running requests (continuous): " + " > ".join(
             f"{r.kv_manager} {r.mean_running:.1f}" for r in conc))
-    timed = [r for r in results if r.relative_tok_s]
+    timed = [r for r in results if r.relative_tok_s is not None]
     for kv in KV_MANAGERS.names():
         rows = sorted((r for r in timed if r.kv_manager == kv),
-                      key=lambda r: r.relative_tok_s, reverse=True)
+                      key=lambda r: r.relative_tok_s.median, reverse=True)
         if rows:
             lines.append(f"output tok/s ratio ({kv}): " + " > ".join(
-                f"{r.batching} {r.relative_tok_s:.2f}" for r in rows))
+                f"{r.batching} {r.relative_tok_s.cell()}" for r in rows))
     return "\n".join(f"- {line}" for line in lines)

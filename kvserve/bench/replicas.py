@@ -2,8 +2,8 @@
 
 1. What the ingress costs: the plain server and ``--replicas 1`` (the same engine
    settings on the same cores) take the same load (``kvserve bench serve``'s client)
-   once untimed, then in alternating rounds (ABBA order); the figure is the median
-   ratio of useful tokens per second.
+   once untimed, then in alternating rounds (ABBA order); the figure is the median of
+   the rounds' ratios of useful tokens per second (kvserve.bench.paired).
 2. What routing keeps of the prefix cache: ``shared-prefix`` with several prefixes at a
    request rate, served by one engine, then by two replicas (each on its own core)
    routed cache-aware and round-robin. The hit rate is prefix-cache hits over queries,
@@ -15,12 +15,12 @@ namespace (``unshare -n sh -c 'ip link set lo up && kvserve bench replicas ...'`
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 from kvserve.bench import report
+from kvserve.bench.paired import paired_ratio, ratio_cell
 from kvserve.bench.server_process import SERVED_NAME, ServerProcess, server_flags
 from kvserve.bench.workloads import BenchRequest
 
@@ -60,9 +60,14 @@ def ingress_cost(model_dir: Path, work: Path, flags: list[str],
     finally:
         for server in servers.values():
             server.close()
-    ratios = [ray["useful_tok_s"] / plain["useful_tok_s"]
-              for plain, ray in zip(out["plain"], out["replicas_1"])]
-    return {"rounds": out, "ratio_rounds": ratios, "ratio_median": statistics.median(ratios)}
+    return {"rounds": out, "replicas_1_over_plain": paired_ratio(
+        _useful_tok_s(out["replicas_1"]), _useful_tok_s(out["plain"]))}
+
+
+def _useful_tok_s(rounds: Sequence[dict[str, Any]]) -> list[float | None]:
+    """A server's useful tok/s by round; None for a round in which a request failed (the
+    round is dropped from both sides' ratio)."""
+    return [None if r["failed"] else r["useful_tok_s"] for r in rounds]
 
 
 def routing(model_dir: Path, work: Path, flags: list[str], requests: Sequence[BenchRequest],
@@ -112,8 +117,9 @@ def cmd_replicas(args: argparse.Namespace) -> int:
         work = Path(tmp)
         cost = ingress_cost(model_dir, work, flags, load.requests, args.rounds)
         routed = routing(model_dir, work, flags, shared.requests, args.prefix_rate, args.seed)
-    rows = [("replicas 1 / plain server, useful tok/s", f"{cost['ratio_median']:.3f}",
-             ", ".join(f"{r:.3f}" for r in cost["ratio_rounds"]))]
+    ratio = cost["replicas_1_over_plain"]
+    rows = [("replicas 1 / plain server, useful tok/s", ratio_cell(ratio),
+             f"median of {ratio.rounds if ratio else 0} rounds' ratios")]
     rows += [(f"{name}: prefix hit rate", f"{r['prefix_hit_rate']:.3f}",
               f"{r['hit_rate_vs_single']:.3f}x single engine") for name, r in routed.items()]
     print(report.format_table(["", "value", "detail"], rows))

@@ -6,8 +6,9 @@ Both servers are started once with the same settings but that flag, on loopback,
 warmed up. For each load, rounds alternate between them as ``bench serving``'s do (the
 one not measured is paused): at ``--request-rate`` (the README's serving rate, few
 requests at once) and with every request of the round sent at once (as many at once
-as the round holds). Each round serves fresh requests. Reported per load: TTFT, TPOT
-and ITL of each server by round, on over off by round, and their medians.
+as the round holds). Each round serves fresh requests. Reported per load: TTFT, TPOT,
+ITL and output tok/s of each server by round, and on over off as the median of the
+rounds' ratios (kvserve.bench.paired).
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kvserve.bench.paired import describe_ratio, paired_ratio
 from kvserve.bench.server_process import ServerProcess, server_flags
-from kvserve.bench.serving import ratios_by_round, serve_alternating
+from kvserve.bench.serving import paired_ratios, serve_alternating
 from kvserve.bench.workloads import BenchRequest
 
 MODES = ("off", "on")
@@ -79,14 +81,13 @@ def run_server_ab_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                         f"{runs['on'][-1]['tpot_p99_ms']:.2f}")
                 runs = serve_alternating(servers, pause, warmup if not out else [],
                                          rounds, rate, log_round)
-                ratios = ratios_by_round(runs, "on", "off")
-                ratios["output_tok_s"] = [a["output_tok_s"] / s["output_tok_s"]
-                                          for a, s in zip(runs["on"], runs["off"])]
+                on_over_off = paired_ratios(runs, "on", "off")
+                on_over_off["output_tok_s"] = paired_ratio(
+                    [r["output_tok_s"] for r in runs["on"]],
+                    [r["output_tok_s"] for r in runs["off"]])
                 out[name] = {"request_rate": rate, "requests_per_round": len(rounds[0]),
                              "kv_blocks": blocks["off"], "flag": flag,
-                             "rounds": runs, "on_over_off_by_round": ratios,
-                             "on_over_off": {k: statistics.median(v)
-                                             for k, v in ratios.items() if v}}
+                             "rounds": runs, "on_over_off": on_over_off}
         finally:
             for server in servers.values():
                 server.proc.send_signal(signal.SIGCONT)
@@ -127,8 +128,9 @@ def cmd_server_ab(args) -> int:
     print(report.format_table(["load", flag, "TTFT median", "TPOT median", "TPOT P99",
                                "output tok/s"], rows))
     for name, res in result.items():
-        print(f"{name}: {flag} on / off, median of rounds: " + ", ".join(
-            f"{k} {v:.3f}x" for k, v in res["on_over_off"].items()))
+        print(f"{name}: {flag} on / off, paired by round:")
+        for key, ratio in res["on_over_off"].items():
+            print(f"  {key}: {describe_ratio(ratio)}")
     if args.json:
         write_result_json(args.json, info, model_dir, wl, engine_args, result)
     return 0

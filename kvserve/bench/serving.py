@@ -135,12 +135,6 @@ def paired_ratios(runs: dict[str, list[dict]], a: str, b: str) -> dict[str, Pair
             for key in RATIO_KEYS}
 
 
-def ratios_by_round(runs: dict[str, list[dict]], a: str, b: str) -> dict[str, list[float]]:
-    """The per-round ratios that paired_ratios keeps (``bench server-ab`` reads these)."""
-    return {key: list(ratio.per_round) if ratio else []
-            for key, ratio in paired_ratios(runs, a, b).items()}
-
-
 def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                       rounds: Sequence[Sequence[BenchRequest]], engine_args: dict[str, Any],
                       vllm_python: str, request_rate: float, kv_cache_gib: float = 4.0,

@@ -4,7 +4,9 @@ Each round runs each setting in a fresh process of its own (torch's thread count
 compute threads' binding are per process, so two engines in one would share them): the
 workload offline, then single-stream decode. With tensor parallelism, each rank gets its
 share of the CPUs, and rank 0 reports what the collectives cost: the all-reduces and the
-logits' all-gather, and broadcasting the step's inputs, per decode step.
+logits' all-gather, and broadcasting the step's inputs, per decode step. Tensor
+parallelism against one process is the median of the rounds' ratios
+(kvserve.bench.paired).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 from kvserve.bench import report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
 from kvserve.bench.bench_setup import _header, _wl_settings, write_result_json
+from kvserve.bench.paired import describe_ratio, paired_ratio
 from kvserve.bench.workloads import BenchRequest
 
 DECODE_PROMPT_TOKENS = 128
@@ -66,6 +69,20 @@ def _run_setting(model_dir: str, requests: list[BenchRequest], engine_args: dict
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def tp_over_tp1(runs: dict[str, list[dict[str, Any]]], tp_name: str) -> dict[str, Any]:
+    """Each setting's median of every figure, and ``tp_name``'s throughput and decode step
+    over tp1's, paired by round."""
+    def by_round(name: str, key: str) -> list[float]:
+        return [r[key] for r in runs[name]]
+    return {"median": {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+                       for name, rs in runs.items()},
+            "throughput_ratio": paired_ratio(by_round(tp_name, "useful_tok_s"),
+                                             by_round("tp1", "useful_tok_s")),
+            "decode_step_ratio": paired_ratio(by_round(tp_name, "decode_step_ms"),
+                                              by_round("tp1", "decode_step_ms")),
+            "rounds": runs}
+
+
 def cmd_tp(args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(args.model)
     engine_args = engine_args_from(args)
@@ -86,20 +103,15 @@ def cmd_tp(args: argparse.Namespace) -> int:
               f"{a['decode_step_ms']:.2f} ms/step; tp{size} {b['useful_tok_s']:.1f} tok/s, "
               f"{b['decode_step_ms']:.2f} ms/step (collectives {b['collective_ms_per_step']:.2f} "
               f"ms, broadcast {b['broadcast_ms_per_step']:.2f} ms)", flush=True)
-    med = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
-           for name, rs in runs.items()}
-    tp_name = f"tp{size}"
-    result = {"median": med,
-              "throughput_ratio": med[tp_name]["useful_tok_s"] / med["tp1"]["useful_tok_s"],
-              "decode_step_ratio": med[tp_name]["decode_step_ms"] / med["tp1"]["decode_step_ms"],
-              "rounds": runs}
+    result = tp_over_tp1(runs, f"tp{size}")
+    med = result["median"]
     print(report.format_table(
         ["setting", "useful tok/s", "decode ms/step", "collectives ms/step",
          "broadcast ms/step"],
         [(name, m["useful_tok_s"], m["decode_step_ms"], m.get("collective_ms_per_step", 0.0),
           m.get("broadcast_ms_per_step", 0.0)) for name, m in med.items()]))
-    print(f"tp{size} / tp1: throughput {result['throughput_ratio']:.3f}x, decode step "
-          f"{result['decode_step_ratio']:.3f}x")
+    print(f"tp{size} / tp1, throughput: {describe_ratio(result['throughput_ratio'])}")
+    print(f"tp{size} / tp1, decode step: {describe_ratio(result['decode_step_ratio'])}")
     if args.json:
         write_result_json(args.json, info, model_dir, wl, engine_args, result,
                           tensor_parallel_size=size)

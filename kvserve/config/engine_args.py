@@ -50,7 +50,7 @@ class EngineArgs:
     # 2048, as vLLM's CPU server: a prompt up to that length is never split across steps
     # (a split leaves its last tokens to share a step with the next prompt's prefill,
     # which delays the first token; serving tail TTFT was lower at 2048); offline
-    # throughput did not depend on it (measured: docs/performance.md).
+    # throughput did not depend on it.
     max_num_batched_tokens: int = field(default=2048, metadata=_help(
         "token budget of one engine step (prefill chunks + decodes)"))
     prefill_join_tokens: int = field(default=0, metadata=_help(

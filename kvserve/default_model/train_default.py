@@ -74,7 +74,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                    help="torch.compile the model for training (faster: docs/performance.md)")
+                    help="torch.compile the model for training (faster than eager)")
     ap.add_argument("--ckpt-minutes", type=float, default=4.0, help="checkpoint interval")
     ap.add_argument("--eval-minutes", type=float, default=3.0, help="held-out loss interval (loss curve)")
     ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the periodic loss")

@@ -17,8 +17,7 @@
  * items are a row group by GEMM_CHUNK panels (contiguous in memory), taken by whichever
  * thread is free: on a shared host one core can run at a fraction of the other's pace
  * for a while, and a fixed split would leave the faster one waiting. The weight is
- * streamed once per row group. The sizes were chosen by measurement on AVX2 Zen 3
- * (docs/performance-avx2.md).
+ * streamed once per row group. The sizes were chosen by measurement on AVX2 Zen 3.
  *
  * With AVX-512 the tile is 6 rows by four panels (64 columns): at each k four loads of
  * 16 weights and six broadcasts feed 24 FMAs into 24 of the 32 registers, so two FMA
@@ -218,7 +217,7 @@ int64_t gemm_panels(const float *x, int64_t m, int64_t k, const float *panels, i
  * so the FMAs' latency never paces a panel that comes from the cache. From two rows on,
  * the work per byte leaves the prefetcher behind and the panel is fetched GEMV_AHEAD
  * bytes ahead; at one row the loop is nothing but loads and runs faster without
- * (measured on AVX2 Zen 3, docs/performance-avx2.md). */
+ * (measured on AVX2 Zen 3). */
 static inline __attribute__((always_inline)) void gemv_tile(
         const float *x, int64_t k, const float *b, float *y, int64_t n, const int R,
         const float *bias) {

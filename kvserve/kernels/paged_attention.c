@@ -13,8 +13,7 @@
  * then read like one array, which the hardware prefetcher follows (decode attention
  * reads clearly faster than from a token-major pool); where the table jumps, the next
  * block's run is prefetched. The softmax's exponentials are vectorised (AVX2/AVX-512):
- * as scalar expf calls they took a large share of the time with the context in cache
- * (measured: docs/performance.md).
+ * as scalar expf calls they took a large share of the time with the context in cache.
  *
  * Layouts: q/out [S, H, D] float32, out contiguous, q rows q_stride floats apart (the
  * queries of a fused qkv activation are read in place); k pool [blocks, KVH, D,
@@ -25,15 +24,15 @@
  * A prompt chunk's rows read the same keys and values, from cache. With one row at a
  * time each key load feeds a group of query heads, and the loads, not the FMAs, set the
  * pace; consecutive rows of one chunk are therefore attended a few at a time, each key
- * and value load shared by all their query heads (much faster: docs/performance.md),
- * with each row's result the same bits as alone.
+ * and value load shared by all their query heads (much faster), with each row's result
+ * the same bits as alone.
  *
  * Built for a CPU with AVX-512, the compute-bound parts (prompt scores, value sums,
  * softmax) run sixteen lanes a vector, the scores in chunks of 16 keys across blocks so
  * that enough FMA chains are in flight (a clear gain on a CPU that runs 512-bit operations
- * whole: docs/performance.md). A decode row's scores take chunks across blocks too: with
- * three query heads a kv head, one chunk left its FMA chains' latency setting the pace
- * even with the keys coming from memory (docs/performance-xeon.md).
+ * whole). A decode row's scores take chunks across blocks too: with three query heads a
+ * kv head, one chunk left its FMA chains' latency setting the pace even with the keys
+ * coming from memory.
  */
 #include <math.h>
 #include <stdint.h>

@@ -314,7 +314,7 @@ void KV_NAME(write_kv)(const KV_T *k, const KV_T *v, int64_t k_stride, int64_t v
     const int64_t run = head_dim * block_size;
     /* rows write distinct slots; in two halves, they share at most one block's lines.
      * A key row is a cache line per dim, cold in a decode step: split from 16 rows on,
-     * where the threads beat one thread clearly (measured: docs/performance.md) */
+     * where the threads beat one thread clearly */
 #pragma omp parallel for schedule(static) if (n >= 16)
     for (int64_t r = 0; r < n; r++) {
         const int64_t block = slots[r] / block_size, off = slots[r] % block_size;

@@ -4,7 +4,7 @@ The flat batch holds decode tokens first (one per request), then the prefill chu
 each request's tokens contiguous. With the native kernel every row — decode or prefill
 token — is one call: each row attends to its own number of keys through its block
 table, which is causal attention for a chunk whose K/V were just written to the pool,
-and it beats SDPA on prompts as well as decodes (measured: docs/performance.md). The
+and it beats SDPA on prompts as well as decodes (no gathered copy, no mask). The
 torch path runs the decodes as one batched SDPA over gathered blocks, and each prefill
 chunk as one SDPA at its own shape (one padded batch wasted more on padding and lost the
 causal fast path than the loop costs).

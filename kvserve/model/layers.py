@@ -19,9 +19,9 @@ class Linear(nn.Linear):
     step of a model larger than the cache) well below the CPU's peak; oneDNN with the
     weight reordered once into its blocked layout streams them well at every batch
     size. The packed copy doubles the memory of the linear weights; the dense copy is
-    kept for few-row GEMMs, which ran slower on oneDNN's (docs/performance.md), unless the
-    layer has panels (below) that serve them: the worker then lets it go at the end of
-    start-up (``release_dense_weight``).
+    kept for few-row GEMMs, which ran slower on oneDNN's (its fixed cost per call), unless
+    the layer has panels (below) that serve them: the worker then lets it go at the end
+    of start-up (``release_dense_weight``).
     """
 
     step_part = "linear"  # for the step profiler (kvserve/worker/step_profiler.py)
@@ -138,7 +138,7 @@ def packable(dtype: torch.dtype) -> bool:
 
 # glibc serves allocations of 32 MiB and more (its largest mmap threshold) with fresh
 # pages from the kernel at every call; keeping each MLP intermediate under half that
-# lets the heap reuse it (docs/performance.md).
+# lets the heap reuse it, with no page faults inside a step.
 MAX_INTERMEDIATE_BYTES = 16 * 2**20
 
 

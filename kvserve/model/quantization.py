@@ -11,7 +11,7 @@ exactly by a reference that quantizes the same way (``int8_reference_linear``).
 
 Why not weight-only int8 with float activations: the multiplications would still run
 in float32, so batched steps would be no faster; torch's weight-only int8 CPU kernel
-is in fact far slower than float32 GEMM (measured: docs/performance.md).
+is in fact far slower than float32 GEMM.
 
 The embeddings and the LM head stay in the compute dtype (as vLLM's int8 schemes
 leave them): the head is a small share of the FLOPs and most sensitive to rounding.

@@ -4,9 +4,9 @@ oneDNN generates (JIT-compiles) a kernel for each GEMM shape the first time it m
 and keeps it in a cache. A decode step's GEMMs have as many rows as the step has
 sequences, so a server or an offline run keeps meeting new row counts as requests
 arrive and finish, and a step that meets a row count for the first time pays for the
-kernel's generation (measured: docs/performance.md). Running each distinct linear shape
-once at every row count up to ``max_num_seqs`` at start moves that cost out of the
-steps — the CPU counterpart of capturing a CUDA graph per batch size.
+kernel's generation. Running each distinct linear shape once at every row count up to
+``max_num_seqs`` at start moves that cost out of the steps — the CPU counterpart of
+capturing a CUDA graph per batch size.
 
 Both caches involved (oneDNN's primitive cache and the one of ideep, torch's oneDNN
 wrapper) hold 1024 kernels unless their environment variables say otherwise; the

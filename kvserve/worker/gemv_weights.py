@@ -6,11 +6,10 @@ streams depends on how it is read. Over the panels ([n/16][k][16]) each thread r
 contiguous run; over the dense [n][k] weight the GEMV reads a few weight rows side by
 side, several streams at once (``kernels/gemv.c``). Some CPUs keep more reads in flight
 with one stream and its prefetches, others with several: on AVX2 Zen 3 the panels were
-faster, on an AVX-512 Intel Xeon the dense weight, by a little (docs/performance-avx2.md,
-docs/performance-xeon.md). So the worker
-times one pass over every layer on each copy, alternating, and keeps the panels unless
-the dense weight was clearly faster. One choice for the whole model: the captured
-step's plan reads one kind of weight (``kernels/decode_step.c``).
+faster, on an AVX-512 Intel Xeon the dense weight, by a little. So the worker times one
+pass over every layer on each copy, alternating, and keeps the panels unless the dense
+weight was clearly faster. One choice for the whole model: the captured step's plan
+reads one kind of weight (``kernels/decode_step.c``).
 
 The copy the GEMV does not read may still serve the panel GEMM (the panels) or torch's
 few-row GEMMs (the dense weight); what nothing reads goes at the end of start-up

@@ -8,7 +8,7 @@ closer, is the CPU's business, so the worker measures. It times whole decode ste
 ladder of row counts with the layers on each path, not the GEMMs alone: in a step the
 GEMMs alternate with the native kernels (norms, rotary, attention), and on the machine
 the kernel was built on the two tied as lone GEMMs from 128 rows up while whole steps
-ran clearly faster on the panel GEMM (docs/performance-avx2.md). The panel GEMM gets the
+ran clearly faster on the panel GEMM. The panel GEMM gets the
 rows up to the largest count it won, having won every count below too: clearly faster at
 the smallest, not slower at each larger one. Where it won the whole ladder it takes
 every larger count as well (a prompt chunk's thousands of rows), unless lone GEMMs at a
@@ -42,7 +42,7 @@ ROW_LADDER = (16, 64, 128)  # decode steps of this many requests are timed
 REQUIRED_GAIN = 0.05  # the panel GEMM's step must be at least this much faster at the
 # smallest count; at each larger one, not slower: the count below already showed it
 # ahead, and the same 5 % bar on steps this noisy left larger counts on oneDNN where
-# whole runs were faster on the panel GEMM (docs/performance-xeon.md)
+# whole runs were faster on the panel GEMM
 EXTEND_GAIN = 0.0
 ROUNDS = 3
 ALL_ROWS = 2**62  # panel_max_rows when the panel GEMM won the whole ladder

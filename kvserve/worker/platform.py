@@ -101,7 +101,7 @@ def keep_freed_memory() -> bool:
     A step's activations are a few MB each (a 512-token prefill: ~8 MB for the MLP);
     by default glibc serves such blocks with mmap and unmaps them on free, so every
     step faults its pages back in, zero-filled by the kernel; with this setting a
-    prefill takes no page faults and runs faster (measured: docs/performance.md).
+    prefill takes no page faults and runs faster.
     Blocks up to 32 MB now come from the heap, and up to 1 GiB of freed heap is kept
     for reuse. Returns False where the C library is not glibc.
     """
@@ -125,9 +125,8 @@ def freeze_startup_objects() -> int:
     """Take every object alive after start-up (imported modules, the model's modules and
     parameters, a great many objects) out of the garbage collector's reach, as vLLM
     does after its start-up. A full collection walked them all while the engine stood
-    still: a stall in the latency of whichever requests were running (measured:
-    docs/performance.md). Objects created later are collected as usual. Returns how
-    many were frozen."""
+    still: a stall in the latency of whichever requests were running. Objects created
+    later are collected as usual. Returns how many were frozen."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -3,7 +3,7 @@
 A decode step with a few sequences is a pass of few-row GEMMs over every weight of the
 model, bound by memory. How fast oneDNN streams the weights depends on the kernel it
 picks for the row count, and more rows is not always slower: on some CPUs a 6-row pass
-beats a 1-row one (docs/performance.md). Which count wins is the kernel library's and
+beats a 1-row one. Which count wins is the kernel library's and
 the CPU's business, so the worker measures it at start on the model's own layers, not
 assumed: the fastest row count of a cold pass is kept when it beats the smaller counts
 clearly. This module only measures and chooses; the worker applies the choice through

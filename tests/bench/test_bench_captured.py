@@ -2,14 +2,16 @@
 derived from what was measured, and the settings it cannot compare refused."""
 from __future__ import annotations
 
-import statistics
+import json
 from pathlib import Path
 
 import pytest
 
-from kvserve.bench.captured import CONCURRENCY, GEMV_ROWS, MODES, gemv_pass_bandwidth, \
-    run_captured_bench
+from kvserve.bench.captured import CONCURRENCY, GEMV_ROWS, MODES, NEW_TOKENS, \
+    gemv_pass_bandwidth, paired_figures, run_captured_bench
+from kvserve.bench.paired import PairedRatio
 from kvserve.bench.workloads import BenchRequest
+from kvserve.entrypoints.cli import main
 from kvserve.worker.captured_step import MAX_ROWS
 
 
@@ -18,7 +20,6 @@ def _requests(n: int) -> list[BenchRequest]:
 
 
 def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path, monkeypatch) -> None:
-    from kvserve.bench.captured import NEW_TOKENS
     from kvserve.worker.captured_step import CapturedStep
 
     calls = []
@@ -35,19 +36,20 @@ def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path, monke
             assert len(result["round_step_ms"][mode][c]) == 2
             assert result["step_ms"][mode][c] > 0
     for c in CONCURRENCY:
-        assert result["speedup"][c] == pytest.approx(
-            result["step_ms"]["eager"][c] / result["step_ms"]["captured"][c])
+        assert result["speedup"][c].per_round == pytest.approx(
+            [eager / captured for eager, captured in zip(
+                result["round_step_ms"]["eager"][c], result["round_step_ms"]["captured"][c])])
     assert result["stream_bandwidth_gbs"] == max(result["round_bandwidth_gbs"])
     for rows in GEMV_ROWS:  # the GEMV measured every round, over the same round's read
         gemv = result["round_gemv_bandwidth_gbs"][rows]
         assert len(gemv) == 2 and all(g > 0 for g in gemv)
-        assert result["gemv_vs_stream"][rows] == pytest.approx(statistics.median(
-            g / b for g, b in zip(gemv, result["round_bandwidth_gbs"])))
+        assert result["gemv_vs_stream"][rows].per_round == pytest.approx(
+            [g / b for g, b in zip(gemv, result["round_bandwidth_gbs"])])
     assert result["single_stream_vs_floor"]["captured"] == pytest.approx(
         result["step_ms"]["captured"][1] / result["stream_floor_ms"])
-    for mode in MODES:  # quartiles of step / read pairs, and the reads' rate
-        q = result["single_stream_vs_paired_read"][mode]
-        assert len(q) == 3 and 0 < q[0] <= q[1] <= q[2]
+    for mode in MODES:  # a ratio for every decode step and its read, and the reads' rate
+        paired = result["single_stream_vs_paired_read"][mode]
+        assert paired.rounds == NEW_TOKENS - 1 and 0 < paired.min <= paired.median
         assert result["paired_read_gbs"][mode] > 0
     split = result["profiled_step_ms"]["captured"]
     assert split["linear"] > 0 and split["attention"] > 0
@@ -59,6 +61,25 @@ def test_both_modes_are_timed_and_the_figures_follow(tiny_model_dir: Path, monke
     assert len(outside) == 2 and all(v > 0 for v in outside)
     assert split["step"] >= split["linear"] + split["attention"]
     assert result["captured_rows"] == MAX_ROWS  # the suite captures every step it can
+
+
+def test_every_ratio_is_the_median_of_ratios_taken_at_one_moment() -> None:
+    # eager over captured by round 2, 2, 6 (median 2); the medians' ratio is 4
+    runs = {"eager": {c: [0.002, 0.004, 0.006] for c in CONCURRENCY},
+            "captured": {c: [0.001, 0.002, 0.001] for c in CONCURRENCY}}
+    bandwidths = [10.0, 20.0, 10.0]
+    gemvs = [{n: 20.0 for n in GEMV_ROWS}, {n: 40.0 for n in GEMV_ROWS},
+             {n: 60.0 for n in GEMV_ROWS}]
+    read_pairs = {"eager": [(2.0, 1.0), (4.0, 2.0), (6.0, 1.0)],
+                  "captured": [(1.0, 1.0), (3.0, 1.0)]}
+    figures = paired_figures(runs, bandwidths, gemvs, read_pairs)
+    for c in CONCURRENCY:
+        assert figures["speedup"][c] == PairedRatio(2.0, 2.0, 6.0, 3, (2.0, 2.0, 6.0))
+    for n in GEMV_ROWS:
+        assert figures["gemv_vs_stream"][n] == PairedRatio(2.0, 2.0, 6.0, 3, (2.0, 2.0, 6.0))
+    assert figures["single_stream_vs_paired_read"]["eager"].median == 2.0
+    assert figures["single_stream_vs_paired_read"]["captured"] == PairedRatio(
+        2.0, 1.0, 3.0, 2, (1.0, 3.0))
 
 
 @pytest.mark.parametrize("engine_args, match", [
@@ -100,3 +121,34 @@ def test_gemv_pass_reads_every_float32_linear_weight_as_the_captured_step_does(
         passes = [w for n, w in read if n == rows]
         assert len(passes) == 4 * len(weights)
         assert all(a is b for a, b in zip(passes, weights * 4))
+
+
+def test_the_command_prints_and_saves_the_paired_ratios(tiny_model_dir: Path, tmp_path: Path,
+                                                       monkeypatch, capsys) -> None:
+    from kvserve.bench import captured
+
+    runs = {"eager": {c: [0.002, 0.004, 0.006] for c in CONCURRENCY},
+            "captured": {c: [0.001, 0.002, 0.001] for c in CONCURRENCY}}
+    gemvs = [{n: 5.0 for n in GEMV_ROWS}, {n: 10.0 for n in GEMV_ROWS},
+             {n: 15.0 for n in GEMV_ROWS}]
+    read_pairs = {m: [(2.0, 1.0), (3.0, 1.0)] for m in MODES}
+    parts = {"linear": 1.0, "attention": 0.5, "step": 2.0}
+    result = {"stream_floor_ms": 1.0, "stream_bandwidth_gbs": 20.0,
+              "step_ms": {m: {c: 1.0 for c in CONCURRENCY} for m in MODES},
+              "single_stream_vs_floor": {m: 1.5 for m in MODES},
+              "profiled_step_ms": {m: parts for m in MODES},
+              "profiled_outside_gemm_and_attention_ms": {m: 0.5 for m in MODES},
+              "captured_outside_gemm_and_attention_ms": [0.4, 0.5, 0.6],
+              **paired_figures(runs, [10.0, 20.0, 10.0], gemvs, read_pairs)}
+    monkeypatch.setattr(captured, "run_captured_bench", lambda *args: result)
+    assert main(["bench", "captured", "--model", str(tiny_model_dir), "--workload", "random",
+                 "--num-prompts", "2", "--input-len", "8", "--output-len", "3",
+                 "--json", str(tmp_path / "c.json")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("2.00x (2.00–6.00)") == len(CONCURRENCY)  # the table's rows
+    assert ("eager single-stream step over a streaming read of its weights right after it "
+            "(each step a round): 2.50x (median of 2 rounds' ratios; 2.00–3.00)") in printed
+    assert ("native GEMV pass over the weights at 1 rows over the round's streaming read: "
+            "0.50x (median of 3 rounds' ratios; 0.50–1.50)") in printed
+    saved = json.loads((tmp_path / "c.json").read_text())["result"]
+    assert saved["speedup"]["8"]["per_round"] == [2.0, 2.0, 6.0]

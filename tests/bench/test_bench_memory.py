@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from kvserve.bench.cli import main
-from kvserve.bench.memory import combos, parse_kv_budget, run_combo
+from kvserve.bench.memory import MemoryResult, combine_rounds, combos, format_markdown, \
+    parse_kv_budget, run_combo
+from kvserve.bench.paired import PairedRatio
+from kvserve.bench.report import to_jsonable
 from kvserve.bench.workloads import mixed_workload, random_workload
 
 KEYS = {"kv_manager", "batching", "kv_utilization", "internal_fragmentation",
@@ -59,3 +63,25 @@ def test_real_run_measures_throughput_and_latency(llama_dir):
                     {"block_size": 4, "max_batch_size": 4})
     assert res.output_tok_s > 0 and res.p99_latency_s > 0
     assert res.peak_running <= 4 and res.steps > 0
+
+
+def test_relative_tok_s_is_the_median_of_the_rounds_ratios():
+    wl = random_workload(100, num_requests=4, input_len=30, output_len=10)
+    dry = run_combo(None, wl.requests, "paged", "continuous", 40, dry_run=True)
+
+    def measured(batching: str, tok_s: float) -> MemoryResult:
+        return replace(dry, batching=batching, output_tok_s=tok_s, wall_s=1.0)
+    # each round: the first combination, then another; the other's over the first's by
+    # round 2, 2, 6 (median 2), where the medians' ratio is 40 / 10
+    rounds = [[measured("continuous", a), measured("static", b)]
+              for a, b in ((10.0, 20.0), (20.0, 40.0), (10.0, 60.0))]
+    first, other = combine_rounds(rounds)
+    assert first.relative_tok_s == PairedRatio(1.0, 1.0, 1.0, 3, (1.0, 1.0, 1.0))
+    assert other.relative_tok_s == PairedRatio(2.0, 2.0, 6.0, 3, (2.0, 2.0, 6.0))
+    assert other.output_tok_s == 40.0
+    md = format_markdown([first, other])
+    assert "| 2.00x (2.00–6.00) |" in md
+    assert "output tok/s ratio (paged): static 2.00x (2.00–6.00) > continuous" in md
+    saved = json.loads(json.dumps(to_jsonable(other)))["relative_tok_s"]
+    assert saved == {"median": 2.0, "min": 2.0, "max": 6.0, "rounds": 3,
+                     "per_round": [2.0, 2.0, 6.0]}

@@ -2,11 +2,15 @@
 measured in every round of both loads, the idle one paused."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from kvserve.bench.paired import PairedRatio, paired_ratio
 from kvserve.bench.server_ab import MODES, run_server_ab_bench
+from kvserve.bench.serving import RATIO_KEYS
 from kvserve.bench.server_process import server_flags
 from kvserve.bench.workloads import BenchRequest
 from tests.bench.conftest import record_served
@@ -47,7 +51,7 @@ def test_both_servers_every_round_of_both_loads(tiny_model_dir: Path,
         assert res["kv_blocks"] > 0 and res["flag"] == "async_scheduling"
         for mode in MODES:
             assert [r["completed"] for r in res["rounds"][mode]] == [3, 3]
-        by_round = res["on_over_off_by_round"]["tpot_median_ms"]
+        by_round = res["on_over_off"]["tpot_median_ms"].per_round
         assert by_round == pytest.approx([a["tpot_median_ms"] / s["tpot_median_ms"] for a, s in
                                           zip(res["rounds"]["on"], res["rounds"]["off"])])
     for server in started.values():
@@ -61,3 +65,58 @@ def test_the_flag_is_a_bool_setting_the_bench_sets_itself(tiny_model_dir: Path) 
         run_server_ab_bench(tiny_model_dir, [], {}, {}, "max_num_seqs")
     with pytest.raises(ValueError, match="without tensor parallelism"):
         run_server_ab_bench(tiny_model_dir, [], {}, {"tensor_parallel_size": 2}, "huge_pages")
+
+
+def _round(figure: float) -> dict:
+    """A round's summary in which every latency and the output rate are ``figure``."""
+    return {"completed": 3, "failed": 0, "output_tok_s": figure,
+            **{key: figure for key in RATIO_KEYS}}
+
+
+def test_on_over_off_is_the_median_of_the_rounds_ratios(tiny_model_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvserve.bench import server_ab
+
+    class FakeServer:
+        def __init__(self, model_dir, state_dir, flags, log_path) -> None:
+            self.proc = SimpleNamespace(send_signal=lambda sig: None)
+
+        def close(self) -> None:
+            pass
+    # on over off by round 2, 2, 6 (median 2); the medians' ratio is 40 / 10
+    runs = {"on": [_round(20.0), _round(40.0), _round(60.0)],
+            "off": [_round(10.0), _round(20.0), _round(10.0)]}
+    monkeypatch.setattr(server_ab, "ServerProcess", FakeServer)
+    monkeypatch.setattr(server_ab, "_kv_blocks", lambda server: 64)
+    monkeypatch.setattr(server_ab, "serve_alternating", lambda *args: runs)
+    result = run_server_ab_bench(tiny_model_dir, [], {"low": (1.0, [[]] * 3)}, {},
+                                 "async_scheduling", log=lambda line: None)
+    on_over_off = result["low"]["on_over_off"]
+    assert set(on_over_off) == {*RATIO_KEYS, "output_tok_s"}
+    for ratio in on_over_off.values():
+        assert ratio == PairedRatio(2.0, 2.0, 6.0, 3, (2.0, 2.0, 6.0))
+
+
+def test_the_command_prints_and_saves_the_paired_ratios(tiny_model_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys) -> None:
+    from kvserve.bench import server_ab
+    from kvserve.entrypoints.cli import main
+
+    on, off = [_round(20.0), _round(40.0), _round(60.0)], [_round(10.0), _round(20.0),
+                                                          _round(10.0)]
+    ratio = paired_ratio([r["output_tok_s"] for r in on], [r["output_tok_s"] for r in off])
+
+    def bench(model_dir, warmup, loads, engine_args, flag):
+        return {name: {"rounds": {"on": on, "off": off},
+                       "on_over_off": {"output_tok_s": ratio}} for name in loads}
+    monkeypatch.setattr(server_ab, "run_server_ab_bench", bench)
+    assert main(["bench", "server-ab", "--model", str(tiny_model_dir), "--flag",
+                 "async-scheduling", "--workload", "random", "--num-prompts", "2",
+                 "--input-len", "8", "--output-len", "3", "--rounds", "3",
+                 "--json", str(tmp_path / "ab.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "output_tok_s: 2.00x (median of 3 rounds' ratios; 2.00–6.00)" in printed
+    saved = json.loads((tmp_path / "ab.json").read_text())["result"]
+    assert all(load["on_over_off"]["output_tok_s"]["per_round"] == [2.0, 2.0, 6.0]
+               for load in saved.values())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.bench.serving import SERVERS, paired_ratios, ratios_by_round, run_serving_bench
+from kvserve.bench.serving import SERVERS, paired_ratios, run_serving_bench
 from kvserve.bench.workloads import BenchRequest
 from tests.bench.conftest import record_served
 
@@ -86,7 +86,6 @@ def test_ratios_are_paired_by_round_and_a_failed_round_is_dropped_from_both() ->
     assert ratios["itl_p99_ms"].per_round == (1.0,)  # no ITL in kvserve's round 3
     runs["vllm"][0]["failed"] = 2
     assert paired_ratios(runs, "kvserve", "vllm")["itl_p99_ms"] is None
-    assert ratios_by_round(runs, "kvserve", "vllm")["itl_p99_ms"] == []
 
 
 def test_tensor_parallel_is_refused(tiny_model_dir: Path) -> None:

@@ -38,7 +38,7 @@ class BlockPool:
         blocks after ``after`` are taken while they are free, and the rest, least
         recently freed first, are handed out in address order. Once earlier requests
         have come and gone, the free list is in no address order; handed out in its
-        order, their tables made whole runs measurably longer (docs/performance.md).
+        order, their tables made whole runs measurably longer.
 
         A new table takes never-used blocks while there are any, and the next new table
         starts ``room`` blocks after it: packed back to back, each table's growth would
