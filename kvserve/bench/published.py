@@ -12,6 +12,7 @@ module prints from the files, so no figure is typed by hand. ``--write`` puts th
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -99,17 +100,17 @@ def _ratio(r: dict[str, Any] | None) -> str:
     return f"{r['median']:.2f}x ({r['min']:.2f}–{r['max']:.2f})"
 
 
-def _link(res: Result, depth: str) -> str:
-    return f"[{res.path.name}]({depth}{res.path.as_posix()})"
+def _link(res: Result, base: str) -> str:
+    return f"[{res.path.name}]({Path(os.path.relpath(res.path, base)).as_posix()})"
 
 
-def _provenance(res: Result, depth: str) -> str:
+def _provenance(res: Result, base: str) -> str:
     m = res.machine
-    return f"{_link(res, depth)}, commit `{(m.get('commit') or 'unknown')[:10]}`, " \
+    return f"{_link(res, base)}, commit `{(m.get('commit') or 'unknown')[:10]}`, " \
            f"{(m.get('date_utc') or '?')[:10]}"
 
 
-def _compare_lines(res: Result, depth: str) -> list[str]:
+def _compare_lines(res: Result, base: str) -> list[str]:
     d = res.data
     rows = {row["name"]: row for row in d["rows"]}
     wl = d.get("workload", {})
@@ -133,7 +134,7 @@ def _compare_lines(res: Result, depth: str) -> list[str]:
                      f"batches of {hf_build.get('batch_size', '?')} | {hf['useful_tok_s']:.1f} "
                      f"| {_ratio(ours.get('vs_hf_static'))} | {share(hf)} |")
     peak = d.get("gemm_peak")
-    notes = [f"`bench compare`, {_provenance(res, depth)}"]
+    notes = [f"`bench compare`, {_provenance(res, base)}"]
     if peak:
         notes.append(f"roofline: the run's best GEMM, {peak['gflops']:.1f} GFLOP/s")
     lines += ["", "; ".join(notes) + "."]
@@ -161,7 +162,7 @@ def _compare_lines(res: Result, depth: str) -> list[str]:
     return lines
 
 
-def _serving_lines(res: Result, depth: str) -> list[str]:
+def _serving_lines(res: Result, base: str) -> list[str]:
     d = res.data["result"]
     ratios = d["kvserve_over_vllm"]
     version = d.get("peers", {}).get("vllm", {}).get("version") or ""
@@ -171,21 +172,21 @@ def _serving_lines(res: Result, depth: str) -> list[str]:
             f"P99 TPOT {_ratio(ratios.get('tpot_p99_ms'))}, median TPOT "
             f"{_ratio(ratios.get('tpot_median_ms'))}, P99 TTFT "
             f"{_ratio(ratios.get('ttft_p99_ms'))} (`bench serving`, "
-            f"{_provenance(res, depth)})."]
+            f"{_provenance(res, base)})."]
 
 
-def machine_sections(results: Iterable[Result], depth: str = "") -> list[list[str]]:
-    """Each machine's lines, the machine measured last first; ``depth``: the prefix that
-    makes a repository path a link from the document (``""`` or ``"../"``)."""
+def machine_sections(results: Iterable[Result], base: str = ".") -> list[list[str]]:
+    """Each machine's lines, the machine measured last first; ``base``: the folder of the
+    document the links are written from, relative to the repository."""
     out = []
     for group in _by_machine(results):
         if group.compare is None and group.serving is None:
             continue
         lines = [f"**{_machine_title(group.machine)}**", ""]
         if group.compare is not None:
-            lines += _compare_lines(group.compare, depth)
+            lines += _compare_lines(group.compare, base)
         if group.serving is not None:
-            lines += _serving_lines(group.serving, depth)
+            lines += _serving_lines(group.serving, base)
         out.append(lines)
     return out
 
@@ -195,7 +196,7 @@ def readme_section(results: list[Result]) -> str:
     sections = machine_sections(results)
     body = sections[0] if sections else ["No figures are published for the current code."]
     return "\n".join(["## Performance", "",
-                      f"Measured on the current code by `kvserve bench`; "
+                      "Measured by `kvserve bench` at the commit named under each figure; "
                       + STATISTIC.format(stats="docs/statistics.md") + ". "
                       "Other machines, how each figure is measured and the design choices "
                       "behind them: [docs/performance.md](docs/performance.md).", "",
@@ -204,7 +205,7 @@ def readme_section(results: list[Result]) -> str:
 
 def performance_section(results: list[Result]) -> str:
     """docs/performance.md's "## Current figures" section (heading included)."""
-    sections = machine_sections(results, depth="../")
+    sections = machine_sections(results, base="docs")
     body: list[str] = []
     for lines in sections:
         body += [*lines, ""]

@@ -55,7 +55,7 @@ def test_the_newest_run_of_a_machine_is_the_readme_table(tmp_path):
     assert "| vLLM 0.32.0 CPU | 250.0 | 1.21x (1.16–1.26) | 60.0 % |" in readme
     assert "1.10x" not in readme and "commit `bbbbbbbbbb`" in readme
     assert "[new.json](docs/results/new.json)" in readme
-    assert "(../docs/results/new.json)" in published.performance_section(loaded)
+    assert "[new.json](results/new.json)" in published.performance_section(loaded)
     # the generated sections replace the old ones in place, the rest untouched
     (tmp_path / "README.md").write_text("# x\n\n## Performance\n\nold\n")
     (tmp_path / "docs" / "performance.md").write_text(
