@@ -13,7 +13,7 @@ from typing import Any
 
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
-from kvserve.bench import commands, decoding_commands, memory, spec
+from kvserve.bench import commands, decoding_commands, memory, published, spec
 from kvserve.bench.provenance import check_results_target
 from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
 
@@ -314,7 +314,7 @@ def _add_report(sub: Any) -> None:
     p.add_argument("--root", default=None,
                    help="the repository (default: the checkout kvserve runs from)")
     p.add_argument("--write", action="store_true", help="write both sections in place")
-    p.set_defaults(func=commands.cmd_report)
+    p.set_defaults(func=published.cmd_report)
 
 
 def add_bench_parser(subparsers: Any) -> None:

@@ -401,20 +401,3 @@ def _bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None
     except Exception:  # only needed for a size budget; parse_kv_budget says so if missing
         return None
 
-
-def cmd_report(args: argparse.Namespace) -> int:
-    """``kvserve bench report``: the published figures, regenerated from docs/results/."""
-    from kvserve.bench import published
-    from kvserve.bench.provenance import REPO_ROOT
-
-    root = Path(args.root) if args.root else REPO_ROOT
-    if root is None:
-        raise SystemExit("kvserve: error: not run from a checkout: give --root REPOSITORY")
-    if args.write:
-        for path in published.write_sections(root):
-            print(f"wrote {path}")
-        return 0
-    results = published.load_results(root)
-    print(published.readme_section(results))
-    print(published.performance_section(results))
-    return 0

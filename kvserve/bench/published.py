@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 __all__ = ["Result", "load_results", "machine_sections", "readme_section",
-           "performance_section", "write_sections", "cited_results"]
+           "performance_section", "write_sections", "cited_results", "cmd_report"]
 
 STATISTIC = ("each ratio is the median of the per-round ratios of alternating rounds, the "
              "smallest and largest beside it ([statistics]({stats}))")
@@ -265,3 +265,20 @@ def cited_results(root: Path) -> set[Path]:
             if results in path.parents:
                 cited.add(path.relative_to(root.resolve()))
     return cited
+
+
+def cmd_report(args) -> int:
+    """``kvserve bench report``: the published figures, regenerated from docs/results/."""
+    from kvserve.bench.provenance import REPO_ROOT
+
+    root = Path(args.root) if args.root else REPO_ROOT
+    if root is None:
+        raise SystemExit("kvserve: error: not run from a checkout: give --root REPOSITORY")
+    if args.write:
+        for path in write_sections(root):
+            print(f"wrote {path}")
+        return 0
+    results = load_results(root)
+    print(readme_section(results))
+    print(performance_section(results))
+    return 0

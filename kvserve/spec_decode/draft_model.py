@@ -87,9 +87,9 @@ class DraftModelProposer(Proposer):
         self.block_size = block_size
         self.max_positions = max_positions
         self._states: dict[str, _DraftState] = {}
-        # a pass's seconds by the requests in it, measured at start on one-token passes
-        # (measured once: a moving correction locked drafting off after one slow pass,
-        # since no pass then came to correct it)
+        # a pass's seconds by the requests in it, measured at start on one-token passes;
+        # the controller scales it by what real passes take (the median of its recent
+        # calls, so one slow pass does not lock drafting off; trials bring new ones)
         from kvserve.spec_decode.controller import ROW_GRID, StepCostModel
         grid = [n for n in ROW_GRID if n <= max(1, max_requests)] or [1]
         self.pass_model = StepCostModel(runner.time_decodes(grid) or {1: 0.0})

@@ -8,7 +8,6 @@ growing array, so a step only appends what is new.
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from kvserve.request import Request
 from kvserve.spec_decode.proposer import Proposer
@@ -16,15 +15,32 @@ from kvserve.spec_decode.proposer import Proposer
 
 def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
     """Up to ``k`` tokens following the most recent earlier match of the longest
-    suffix of ``tokens`` of length n_min..n_max."""
+    suffix of ``tokens`` of length n_min..n_max.
+
+    Every earlier occurrence of the last token is a candidate end of a match (one
+    comparison over the context); the candidates are then extended backwards together,
+    a token at a time, as long as any still matches. Most steps of most texts have few
+    candidates, so this costs little more than the one comparison."""
     size = len(tokens)
-    for n in range(min(n_max, size - 1), n_min - 1, -1):
-        windows = sliding_window_view(tokens[:size - 1], n)  # starts that leave a follower
-        hits = np.flatnonzero((windows == tokens[size - n:]).all(axis=1))
-        if len(hits):
-            start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
-    return []
+    if size < 2 or n_min > size - 1:
+        return []
+    ends = np.flatnonzero(tokens[:size - 1] == tokens[size - 1])  # each leaves a follower
+    if not len(ends):
+        return []
+    matched = np.ones(len(ends), dtype=np.int64)  # suffix tokens matched, ending there
+    alive = np.ones(len(ends), dtype=bool)
+    for back in range(1, min(n_max, size - 1)):
+        starts = ends - back
+        alive &= starts >= 0
+        alive[alive] = tokens[starts[alive]] == tokens[size - 1 - back]
+        if not alive.any():
+            break
+        matched += alive
+    longest = int(matched.max())
+    if longest < n_min:
+        return []
+    end = int(ends[np.flatnonzero(matched >= longest)[-1]])
+    return tokens[end + 1:end + 1 + k].tolist()
 
 
 class _History:

@@ -6,7 +6,8 @@ pool) over the same weights, replaying the workload on a simulated clock
 settings it shows cannot meet the SLOs are pruned from the space (a decode batch of
 ``max_num_seqs`` rows slower than the TPOT SLO, a prompt chunk of
 ``max_num_batched_tokens`` slower than the TTFT SLO). The rest is searched with
-optuna's TPE sampler (seeded) until the budget is spent.
+optuna's TPE sampler (seeded) for as long as the budget leaves room for the final
+re-measurement and the report (:mod:`kvserve.tune.budget`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from kvserve.bench.workloads import BenchRequest
+from kvserve.tune.budget import (FINAL_MARGIN, FINAL_ROUNDS, REPORT_RESERVE_S, Budget,
+                                 longest_candidate_s, refuse_if_too_small)
 from kvserve.tune.replay import ReplayResult, replay
 
 SPACE: dict[str, list] = {
@@ -95,14 +98,19 @@ class Tuner:
     def __init__(self, model_dir: str, requests: Sequence[BenchRequest],
                  arrivals: Sequence[float], slos: Slos, objective: str = "goodput",
                  fixed: dict | None = None, space: dict | None = None, seed: int = 0,
-                 log: Callable[[str], None] = print, concurrency: int | None = None) -> None:
-        """``arrivals`` None: a closed loop of ``concurrency`` requests in flight."""
+                 log: Callable[[str], None] = print, concurrency: int | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 warm_up_until: float = float("inf")) -> None:
+        """``arrivals`` None: a closed loop of ``concurrency`` requests in flight;
+        ``clock``: what budgets are read on; the first replay (which warms the kernels
+        and shows what a replay takes) stops when ``clock()`` reaches ``warm_up_until``."""
         from kvserve.config import EngineArgs
         from kvserve.engine.llm_engine import LLMEngine
 
         self.model_dir, self.requests, self.arrivals = model_dir, requests, arrivals
         self.concurrency = concurrency
         self.slos, self.objective, self.seed, self.log = slos, objective, seed, log
+        self.clock = clock
         self.fixed = dict(fixed or {})
         self.space = {k: list(v) for k, v in (space or SPACE).items()}
         if "num_threads" not in self.space:
@@ -114,7 +122,12 @@ class Tuner:
         self.model = first.worker.model
         self.step_cost = first.worker.time_step_rows(ROW_COUNTS)
         self.pruned = self._prune()
-        replay(first, requests, arrivals, concurrency=concurrency)  # warm: oneDNN makes each new GEMM shape once
+        # warm: oneDNN makes each new GEMM shape once; and a first measure of a replay
+        started = clock()
+        warm = replay(first, requests, arrivals, max(0.0, warm_up_until - started),
+                      concurrency)
+        self.first_replay_s = clock() - started
+        self.first_replay_complete = warm.complete  # False: cut, it takes longer
         first.close()
 
     # -- pruning -------------------------------------------------------------------------
@@ -143,25 +156,30 @@ class Tuner:
 
     # -- measuring -----------------------------------------------------------------------
 
-    def measure(self, settings: dict, deadline_s: float = float("inf")) -> Trial:
+    def measure(self, settings: dict, until: float = float("inf")) -> Trial:
+        """Build and replay a candidate; its replay is cut when ``clock()`` reaches
+        ``until`` (the candidate then fails)."""
         from kvserve.config import EngineArgs
         from kvserve.engine.llm_engine import LLMEngine
         from kvserve.worker.platform import available_memory_bytes
 
         trial = Trial(settings)
-        start = time.perf_counter()
+        start = self.clock()
         try:
             args = EngineArgs(model=self.model_dir, **{**self.fixed, **engine_args_of(settings)})
             engine = LLMEngine(args, model=self.model)
         except (ValueError, RuntimeError) as e:
             trial.error = str(e)
+            trial.seconds = self.clock() - start
             return trial
         try:
-            result = replay(engine, self.requests, self.arrivals, deadline_s, self.concurrency)
+            result = replay(engine, self.requests, self.arrivals,
+                            max(0.0, until - self.clock()), self.concurrency)
             kv_bytes = engine.kv_layout.num_blocks * engine.kv_layout.bytes_per_block
             trial.diagnostics = diagnose(result, settings, kv_bytes, available_memory_bytes())
         finally:
             engine.close()
+        trial.seconds = self.clock() - start
         if not result.complete:
             trial.error = "the budget ran out during this candidate's replay"
             return trial
@@ -174,7 +192,6 @@ class Tuner:
         trial.goodput = met / result.duration_s
         trial.p99_ttft_ms = 1e3 * _p99(result.ttft_s)
         trial.p99_tpot_ms = 1e3 * _p99(result.tpot_s)
-        trial.seconds = time.perf_counter() - start
         return trial
 
     def score(self, trial: Trial) -> float:
@@ -184,24 +201,39 @@ class Tuner:
 
     # -- searching -----------------------------------------------------------------------
 
-    def search(self, budget_s: float, defaults: dict, progress=None) -> Trial:
-        """Measure the defaults, then candidates until ``budget_s`` is spent; the best."""
+    def search(self, budget: Budget, defaults: dict, progress=None,
+               report_s: float = REPORT_RESERVE_S) -> Trial:
+        """Measure the defaults, then candidates while the budget leaves room for one more
+        and the end (:mod:`kvserve.tune.budget`); the best. Raises BudgetTooSmall, before
+        any candidate, when the budget cannot hold the defaults, one candidate and the
+        end."""
         try:
             import optuna
         except ImportError as e:
             raise ValueError("kvserve tune searches with optuna: pip install "
                              "'kvserve[tune]'") from e
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        deadline = time.monotonic() + budget_s
-        self.trials.append(self.measure(defaults))
-        best = self.trials[0]
+        refuse_if_too_small(budget, budget.elapsed(), self.first_replay_s, report_s,
+                            defaults_measured=False,
+                            candidate_known=self.first_replay_complete)
+        first = self.measure(defaults, budget.deadline - report_s)
+        self.trials.append(first)
+        if first.error:
+            if first.error.startswith("the budget ran out"):  # cut: a lower bound
+                refuse_if_too_small(budget, budget.elapsed(), first.seconds, report_s,
+                                    defaults_measured=True, candidate_known=False)
+            raise ValueError(f"the defaults do not run: {first.error}")
+        refuse_if_too_small(budget, budget.elapsed(), first.seconds, report_s,
+                            defaults_measured=True)
+        best = first
         study = optuna.create_study(direction="maximize",
                                     sampler=optuna.samplers.TPESampler(seed=self.seed))
 
         def objective(t: optuna.Trial) -> float:
             nonlocal best
             settings = self._suggest(t)
-            trial = self.measure(settings, max(1.0, deadline - time.monotonic()))
+            longest = longest_candidate_s(budget, first.seconds, best.seconds, report_s)
+            trial = self.measure(settings, self.clock() + longest)
             self.trials.append(trial)
             if self.score(trial) > self.score(best):
                 best = trial
@@ -209,9 +241,32 @@ class Tuner:
                 progress(trial, best)
             return self.score(trial) if not trial.error else -1.0
 
-        while time.monotonic() < deadline:
+        while self._typical_candidate_s() <= longest_candidate_s(
+                budget, first.seconds, best.seconds, report_s):
             study.optimize(objective, n_trials=1)
         return best
+
+    def remeasure(self, budget: Budget, defaults: dict, best: Trial,
+                  report_s: float = REPORT_RESERVE_S) -> dict[str, list[float]]:
+        """The defaults and the best measured again, alternately, FINAL_ROUNDS times
+        each; their scores by name. A measurement starts only if it can end before the
+        report's reserve at what it took before (with FINAL_MARGIN), and is cut there."""
+        settings = {"defaults": defaults, "best": best.settings}
+        took = {"defaults": self.trials[0].seconds, "best": best.seconds}
+        again: dict[str, list[float]] = {"defaults": [], "best": []}
+        for i in range(FINAL_ROUNDS):
+            for name in ("defaults", "best") if i % 2 == 0 else ("best", "defaults"):
+                if budget.left() - report_s < FINAL_MARGIN * took[name]:
+                    continue
+                trial = self.measure(settings[name], budget.deadline - report_s)
+                if not trial.error:
+                    again[name].append(self.score(trial))
+        return again
+
+    def _typical_candidate_s(self) -> float:
+        """What a candidate takes: the median of those measured to the end."""
+        done = [t.seconds for t in self.trials if not t.error]
+        return statistics.median(done) if done else self.first_replay_s
 
     def _suggest(self, t) -> dict:
         s = {k: t.suggest_categorical(k, self.space[k]) for k in (

@@ -28,6 +28,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable
 
+import torch
+
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.worker.step_profiler import StepTimeStats
 from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, Worker
@@ -45,8 +47,12 @@ class ComputeThread:
         self.thread.start()
 
     def submit(self, fn: Callable, *args, **kwargs) -> Future:
+        """Queue ``fn(*args, **kwargs)``; it runs in the caller's autograd mode (inference
+        mode and grad mode are per thread: a proposer's ``torch.inference_mode()`` holds
+        for the draft pass it sends here)."""
         future: Future = Future()
-        self._jobs.put((future, fn, args, kwargs))
+        modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+        self._jobs.put((future, fn, args, kwargs, modes))
         return future
 
     def call(self, fn: Callable, *args, **kwargs) -> Any:
@@ -60,10 +66,11 @@ class ComputeThread:
     def _run(self) -> None:
         _name_native_thread(self.thread.name)
         while True:
-            future, fn, args, kwargs = self._jobs.get()
+            future, fn, args, kwargs, (inference, grad) = self._jobs.get()
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(fn(*args, **kwargs))
+                    with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                        future.set_result(fn(*args, **kwargs))
                 except BaseException as e:  # noqa: BLE001 - the caller's to handle
                     future.set_exception(e)
 

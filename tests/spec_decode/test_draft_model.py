@@ -21,11 +21,14 @@ def draft_config(model_dir: str, k: int = 4) -> dict:
 
 @pytest.fixture(autouse=True)
 def slow_target_steps(monkeypatch):
-    """Target steps far dearer than a draft pass, at any row count, so the controller
-    always drafts (a tiny random target is as cheap as its draft)."""
+    """Target steps far dearer than a draft pass, at any row count, and trusted as they
+    are (not measured as the steps run), so the controller always drafts (a tiny random
+    target is as cheap as its draft: measured, drafting would not pay)."""
+    from kvserve.spec_decode import controller
     from kvserve.worker.cpu_worker import CPUWorker
     monkeypatch.setattr(CPUWorker, "time_step_rows",
                         lambda self, rows: {r: 1.0 * (1 + r / 1000) for r in rows})
+    monkeypatch.setattr(controller, "LEARN_FROM_STEPS", False)
 
 
 @pytest.fixture(scope="module")

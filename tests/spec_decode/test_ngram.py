@@ -32,6 +32,30 @@ def test_no_match_or_too_short_gives_nothing():
     assert lookup(_a(1, 2, 1, 3), 2, 3, 4) == []  # (1, 3) never occurred before
 
 
+def _lookup_by_every_window(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
+    """The definition, done the slow way: for n from n_max down, every earlier window
+    of n tokens that leaves a follower, compared with the last n."""
+    size = len(tokens)
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        suffix = tokens[size - n:].tolist()
+        starts = [s for s in range(size - n) if tokens[s:s + n].tolist() == suffix]
+        if starts:
+            return tokens[starts[-1] + n:starts[-1] + n + k].tolist()
+    return []
+
+
+def test_lookup_agrees_with_the_definition_on_random_texts():
+    rng = np.random.default_rng(0)
+    for trial in range(3000):
+        vocab = int(rng.integers(2, 12))  # small vocabularies: many partial matches
+        tokens = rng.integers(0, vocab, size=int(rng.integers(1, 60))).astype(np.int64)
+        n_min = int(rng.integers(1, 4))
+        n_max = n_min + int(rng.integers(0, 4))
+        k = int(rng.integers(1, 6))
+        assert lookup(tokens, n_min, n_max, k) == _lookup_by_every_window(
+            tokens, n_min, n_max, k), (tokens.tolist(), n_min, n_max, k)
+
+
 def test_proposer_follows_a_growing_request_and_respects_limits():
     req = Request("r", [1, 2, 3, 4, 1, 2], SamplingParams(max_tokens=20), None, max_tokens=20)
     proposer = NgramProposer(prompt_lookup_min=1, prompt_lookup_max=3)
