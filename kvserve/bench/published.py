@@ -20,8 +20,8 @@ from typing import Any, Iterable
 __all__ = ["Result", "load_results", "machine_sections", "readme_section",
            "performance_section", "write_sections", "cited_results", "cmd_report"]
 
-STATISTIC = ("each ratio is the median of the per-round ratios of alternating rounds, the "
-             "smallest and largest beside it ([statistics]({stats}))")
+STATISTIC = ("a ratio is the median of per-round ratios of alternating rounds, min–max "
+             "beside it ([statistics]({stats}))")
 
 
 @dataclass
@@ -157,7 +157,9 @@ def _compare_lines(res: Result, base: str) -> list[str]:
             text += (f". llama-bench tg{check['n_gen']} on the same file: "
                      f"{check['llama_bench_tg_tok_s']:.1f} tok/s, the runner "
                      f"{check['runner_decode_tok_s']:.1f} "
-                     + ("(within 10 %)" if check["agree"] else f"({check['why']})"))
+                     + ("(within 10 %)" if check["agree"] else
+                        f"({100 * (check['runner_over_llama_bench'] - 1):+.0f} %: llama-bench "
+                        "decodes from an empty context and samples nothing)"))
         lines += ["", text + "."]
     return lines
 
@@ -196,10 +198,9 @@ def readme_section(results: list[Result]) -> str:
     sections = machine_sections(results)
     body = sections[0] if sections else ["No figures are published for the current code."]
     return "\n".join(["## Performance", "",
-                      "Measured by `kvserve bench` at the commit named under each figure; "
-                      + STATISTIC.format(stats="docs/statistics.md") + ". "
-                      "Other machines, how each figure is measured and the design choices "
-                      "behind them: [docs/performance.md](docs/performance.md).", "",
+                      "From `kvserve bench` at the commit named with each figure; "
+                      + STATISTIC.format(stats="docs/statistics.md") + ". Other machines, "
+                      "methods, design: [docs/performance.md](docs/performance.md).", "",
                       *body]) + "\n"
 
 
