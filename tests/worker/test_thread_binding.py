@@ -82,33 +82,33 @@ def test_team_threads_are_bound():
         torch.set_num_threads(threads)
 
 
-def _threads_on(cpu: int) -> int:
-    """Threads of this process whose CPU mask is exactly {cpu}."""
-    count = 0
-    for task in os.listdir("/proc/self/task"):
-        try:
-            count += os.sched_getaffinity(int(task)) == {cpu}
-        except OSError:  # the thread ended meanwhile
-            pass
-    return count
+TEAM_SCRIPT = """
+import json, os, sys, threading, torch
+from kvserve.kernels import load_kernels
+first, second = int(sys.argv[1]), int(sys.argv[2])
+def on(cpu):
+    return sum(os.sched_getaffinity(int(t)) == {cpu} for t in os.listdir("/proc/self/task"))
+out = {}
+def bind_two():
+    torch.set_num_threads(2)
+    out["failed"] = load_kernels().bind_threads([first, second])
+    out["own"] = sorted(os.sched_getaffinity(0))
+    out["on_second"] = on(second)
+t = threading.Thread(target=bind_two); t.start(); t.join()
+print("RESULT " + json.dumps(out))
+"""
 
 
 @pytest.mark.skipif(not kernels.available or len(one_cpu_per_core()) < 2,
                     reason="needs native kernels and two cores")
 def test_worker_threads_are_bound_too():
+    """A team of two bound from a fresh thread: the thread itself on the first CPU, its
+    worker thread on the second (a fresh process, so no earlier team is counted)."""
     first, second = one_cpu_per_core()[:2]
-    before, threads = _threads_on(second), torch.get_num_threads()
-
-    def bind_two():
-        torch.set_num_threads(2)
-        failed = kernels.bind_threads([first, second])
-        return failed, os.sched_getaffinity(0), _threads_on(second)
-    try:
-        failed, own_mask, on_second = _in_thread(bind_two)
-    finally:
-        torch.set_num_threads(threads)
-    assert failed == 0 and own_mask == {first}
-    assert on_second == before + 1  # the new team's worker thread
+    out = subprocess.run([sys.executable, "-c", TEAM_SCRIPT, str(first), str(second)],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    result = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:])
+    assert result == {"failed": 0, "own": [first], "on_second": 1}
 
 
 def _threads_of(pid: int) -> list[tuple[str, set[int]]]:
