@@ -34,7 +34,7 @@ def panel_gemm_whenever_possible(monkeypatch):
     covers it in every mode it runs, the same way on every machine, without timing steps
     at every engine start (tests/worker/test_panel_gemm.py covers the choice, and an
     engine on oneDNN's path)."""
-    from kvserve.worker import panel_gemm
+    from kvserve.worker.tuning import panel_gemm
 
     monkeypatch.setattr(panel_gemm, "measure_panel_rows",
                         lambda linears, time_steps, **kw: {n: (1.0, 0.5)
@@ -47,7 +47,7 @@ def gemv_on_panels_unless_asked(monkeypatch):
     """Engines' few-row GEMV reads the panels, instead of the copy start-up timing finds
     faster: the same path on every machine (tests/worker/test_gemv_weights.py covers
     the choice, and engines on the dense weights)."""
-    from kvserve.worker import gemv_weights
+    from kvserve.worker.tuning import gemv_weights
 
     monkeypatch.setattr(gemv_weights, "measure_gemv_weights",
                         lambda linears, kernels, **kw: {n: (1.0, 0.5)

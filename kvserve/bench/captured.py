@@ -79,7 +79,7 @@ def gemv_pass_bandwidth(model, kernels, passes: int = 5) -> dict[int, float]:
     Each layer is read as the captured step reads it: its panels where its GEMV reads them."""
     import torch
 
-    from kvserve.worker.row_padding import packed_linears
+    from kvserve.worker.tuning.row_padding import packed_linears
 
     layers = [m for m in packed_linears(model) if m.weight.dtype == torch.float32]
     gemvs = [(kernels.gemv_panels, m.panel_weight) if m.gemv_on_panels

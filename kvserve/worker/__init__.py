@@ -18,7 +18,7 @@ def _create(config: EngineConfig, model) -> Worker:
     if config.parallel.tensor_parallel_size > 1:
         if model is not None:
             raise ValueError("preloaded weights cannot be split across tensor-parallel ranks")
-        from kvserve.worker.tensor_parallel_worker import TensorParallelWorker
+        from kvserve.worker.parallel.tensor_parallel_worker import TensorParallelWorker
         return TensorParallelWorker(config)
     from kvserve.worker.cpu_worker import CPUWorker
 

@@ -31,18 +31,18 @@ from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
     choose_captured_rows, unsupported_reason
-from kvserve.worker.gemm_warmup import warm_gemm_kernels
+from kvserve.worker.tuning.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.kv_pool_size import kv_cache_layout
 from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import allowed_cpus, cpus_to_bind, freeze_startup_objects, \
     keep_freed_memory, physical_cores, return_freed_memory
-from kvserve.worker.gemv_weights import choose_gemv_weights
-from kvserve.worker.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
+from kvserve.worker.tuning.gemv_weights import choose_gemv_weights
+from kvserve.worker.tuning.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
     ROW_LADDER as PANEL_ROW_LADDER, choose_panel_rows, \
     pack_panel_weights, panel_linears, release_unread_copies, set_panel_rows
-from kvserve.worker.row_padding import measure_min_rows
-from kvserve.worker.small_gemm import choose_dense_rows
+from kvserve.worker.tuning.row_padding import measure_min_rows
+from kvserve.worker.tuning.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
 from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
     Worker

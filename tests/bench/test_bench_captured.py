@@ -101,7 +101,7 @@ def test_too_few_requests_are_refused(tiny_model_dir: Path) -> None:
 def test_gemv_pass_reads_every_float32_linear_weight_as_the_captured_step_does(
         tiny_model_dir: Path, monkeypatch, layout) -> None:
     from kvserve import LLM
-    from kvserve.worker.row_padding import packed_linears
+    from kvserve.worker.tuning.row_padding import packed_linears
     engine = LLM(str(tiny_model_dir), num_threads=1).engine
     kernels, model = engine.worker.kernels, engine.worker.runner.model
     layers = packed_linears(model)

@@ -120,7 +120,7 @@ def test_gemm_panels_refuses_a_mismatched_input():
 
 def test_every_layer_on_the_panel_gemm_keeps_transformers_tokens(llama_dir):
     from kvserve import LLM, SamplingParams
-    from kvserve.worker.panel_gemm import panel_linears
+    from kvserve.worker.tuning.panel_gemm import panel_linears
     from tests.helpers import hf_greedy, prompts_of_lengths
 
     llm = LLM(llama_dir, num_threads=1)

@@ -35,9 +35,9 @@ def test_gemv_matches_torch(build, m, n, k, bias):
 @pytest.mark.parametrize("layout", ["panels", "dense"])
 def test_every_layer_on_the_kernel_keeps_transformers_tokens(llama_dir, layout):
     from kvserve import LLM, SamplingParams
-    from kvserve.worker.row_padding import packed_linears
-    from kvserve.worker.panel_gemm import pack_panel_weights
-    from kvserve.worker.small_gemm import _use
+    from kvserve.worker.tuning.row_padding import packed_linears
+    from kvserve.worker.tuning.panel_gemm import pack_panel_weights
+    from kvserve.worker.tuning.small_gemm import _use
     from tests.helpers import hf_greedy, prompts_of_lengths
 
     llm = LLM(llama_dir, num_threads=1, enforce_eager=True)  # every step layer by layer

@@ -14,8 +14,8 @@ from kvserve.worker import captured_step
 from kvserve.worker.captured_step import MAX_ROWS, CapturedStep, choose_captured_rows, \
     unsupported_reason
 from kvserve.worker.input_batch import build_inputs
-from kvserve.worker.row_padding import packed_linears
-from kvserve.worker.small_gemm import _use
+from kvserve.worker.tuning.row_padding import packed_linears
+from kvserve.worker.tuning.small_gemm import _use
 from tests.helpers import hf_greedy, prompts_of_lengths
 
 kernels = load_kernels()

@@ -25,7 +25,7 @@ def test_engine_starts_warm_with_every_block_free_and_exact(llama_dir):
 
 def test_few_row_gemms_are_tuned_only_for_eager_few_row_steps(llama_dir, monkeypatch):
     from kvserve.worker import cpu_worker
-    from kvserve.worker.row_padding import packed_linears
+    from kvserve.worker.tuning.row_padding import packed_linears
     calls = []
     real = cpu_worker.CPUWorker._dense_small_gemms
     monkeypatch.setattr(cpu_worker.CPUWorker, "_dense_small_gemms", staticmethod(

@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from kvserve.kernels import PANEL_COLUMNS
-from kvserve.worker.gemm_warmup import one_per_shape
+from kvserve.worker.tuning.gemm_warmup import one_per_shape
 from kvserve.worker.huge_pages import HugePageBuffer, aligned_size
-from kvserve.worker.row_padding import packed_linears
+from kvserve.worker.tuning.row_padding import packed_linears
 
 ROW_LADDER = (16, 64, 128)  # decode steps of this many requests are timed
 REQUIRED_GAIN = 0.05  # the panel GEMM's step must be at least this much faster at the

@@ -6,7 +6,7 @@ import pytest
 from kvserve import LLM
 from kvserve.config import EngineArgs
 from kvserve.model.layers import packed_linear_available
-from kvserve.worker.gemm_warmup import (CACHE_HEADROOM, distinct_shapes, kernel_cache_capacity,
+from kvserve.worker.tuning.gemm_warmup import (CACHE_HEADROOM, distinct_shapes, kernel_cache_capacity,
                                         rows_to_warm, warm_gemm_kernels)
 from kvserve.worker import cpu_worker
 

@@ -1,7 +1,7 @@
 """TensorParallelWorker: one CPU worker per tensor-parallel rank, behind :class:`Worker`.
 
 Rank 0 runs in the engine's process; ranks 1..N-1 are fresh interpreters
-(``python -m kvserve.worker.tensor_parallel_worker``, their settings pickled on stdin:
+(``python -m kvserve.worker.parallel.tensor_parallel_worker``, their settings pickled on stdin:
 unlike multiprocessing's spawn, nothing re-imports the caller's main script). They meet
 through a TCP store and a gloo process group on loopback (their own group: no
 torch.distributed global state, so engines come and go within one process). Every call
@@ -31,7 +31,7 @@ from kvserve.config.engine import EngineConfig
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.logger import init_logger
 from kvserve.model.tensor_parallel import TensorParallelGroup
-from kvserve.worker.shm_collectives import SLOT_BYTES, SharedMemoryGroup, shm_path
+from kvserve.worker.parallel.shm_collectives import SLOT_BYTES, SharedMemoryGroup, shm_path
 from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
     Worker, WorkerDiedError
 

@@ -20,7 +20,7 @@ import os
 import torch
 from torch import nn
 
-from kvserve.worker.row_padding import packed_linears
+from kvserve.worker.tuning.row_padding import packed_linears
 
 DEFAULT_CACHE_CAPACITY = 1024
 CACHE_HEADROOM = 256

@@ -19,7 +19,7 @@ import time
 import torch
 from torch import nn
 
-from kvserve.worker.row_padding import packed_linears
+from kvserve.worker.tuning.row_padding import packed_linears
 
 DENSE_ROWS = (1, 2, 3, 4)  # row counts tried on the dense weight
 REQUIRED_GAIN = 0.10       # the dense path must be at least this much faster

@@ -23,7 +23,7 @@ import time
 import torch
 from torch import nn
 
-from kvserve.worker.panel_gemm import panel_linears
+from kvserve.worker.tuning.panel_gemm import panel_linears
 
 ROWS = (1, 4)       # the GEMV's row counts timed: a lone stream, and a few at once
 ROUNDS = 4          # passes over the model on each copy at each count (after a warm one)

@@ -5,7 +5,7 @@ import pytest
 
 from kvserve.config import EngineArgs
 from kvserve.model.layers import packed_linear_available
-from kvserve.worker.row_padding import choose_min_rows, measure_min_rows, packed_linears
+from kvserve.worker.tuning.row_padding import choose_min_rows, measure_min_rows, packed_linears
 
 # cold passes over bench-100m's linear layers (ms) measured on an AVX-512 CPU
 MEASURED = {1: 14.4, 2: 16.2, 3: 13.5, 4: 12.8, 5: 11.8, 6: 11.5, 7: 13.6, 8: 14.2}

@@ -9,8 +9,8 @@ import torch
 from kvserve.kernels import load_kernels
 from kvserve.model.execution import ExecutionMode
 from kvserve.model.layers import Linear
-from kvserve.worker import panel_gemm
-from kvserve.worker.panel_gemm import ALL_ROWS, chosen_rows, choose_panel_rows, \
+from kvserve.worker.tuning import panel_gemm
+from kvserve.worker.tuning.panel_gemm import ALL_ROWS, chosen_rows, choose_panel_rows, \
     measure_panel_rows, pack_panel_weights, panel_linears, release_dense_weights, \
     release_unread_copies, release_unused_panels, time_prompt_gemms
 # (measure_panel_rows, time_prompt_gemms: the real ones, imported before the suite's

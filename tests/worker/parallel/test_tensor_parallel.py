@@ -68,7 +68,7 @@ def test_tp2_keeps_the_engine_modes_exact(settings, llama_dir, tp_llm):
 
 def test_ranks_keep_onednns_gemms_instead_of_timing_steps_alone(llama_dir, tp_llm):
     # a rank timing steps by itself would wait in their all-reduces for the others
-    from kvserve.worker.panel_gemm import panel_linears
+    from kvserve.worker.tuning.panel_gemm import panel_linears
 
     llm = tp_llm(llama_dir)
     layers = panel_linears(llm.engine.worker.local.runner.model)
@@ -77,7 +77,7 @@ def test_ranks_keep_onednns_gemms_instead_of_timing_steps_alone(llama_dir, tp_ll
 
 
 def test_each_rank_gets_its_own_cpus_and_threads(llama_dir):
-    from kvserve.worker.tensor_parallel_worker import rank_config
+    from kvserve.worker.parallel.tensor_parallel_worker import rank_config
 
     config = EngineArgs(model=llama_dir, tensor_parallel_size=2, omp_threads_bind="1|0",
                         ).create_engine_config()

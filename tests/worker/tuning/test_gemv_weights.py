@@ -9,10 +9,10 @@ import torch
 from kvserve import LLM, SamplingParams
 from kvserve.kernels import load_kernels
 from kvserve.model.layers import Linear
-from kvserve.worker import gemv_weights
-from kvserve.worker.gemv_weights import choose_gemv_weights, dense_clearly_faster, \
+from kvserve.worker.tuning import gemv_weights
+from kvserve.worker.tuning.gemv_weights import choose_gemv_weights, dense_clearly_faster, \
     measure_gemv_weights
-from kvserve.worker.panel_gemm import pack_panel_weights, panel_linears, release_unread_copies
+from kvserve.worker.tuning.panel_gemm import pack_panel_weights, panel_linears, release_unread_copies
 from tests.helpers import hf_greedy, prompts_of_lengths
 
 # (measure_gemv_weights: the real one, imported before the suite's engines get a stand-in)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.worker import small_gemm
+from kvserve.worker.tuning import small_gemm
 
 
 class _Layer:

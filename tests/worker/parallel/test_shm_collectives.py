@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kvserve.model.tensor_parallel import TensorParallelGroup
-from kvserve.worker import shm_collectives
-from kvserve.worker.shm_collectives import SharedMemoryGroup, shm_path
-from kvserve.worker.tensor_parallel_worker import _Channel, _process_group
+from kvserve.worker.parallel import shm_collectives
+from kvserve.worker.parallel.shm_collectives import SharedMemoryGroup, shm_path
+from kvserve.worker.parallel.tensor_parallel_worker import _Channel, _process_group
 
 
 def run_ranks(fn, size: int = 2):
@@ -66,7 +66,7 @@ def test_all_reduce_and_all_gather_give_every_rank_the_same_sums(use_shm, monkey
 
 def test_commands_reach_the_other_ranks_small_and_large(monkeypatch):
     monkeypatch.setattr(shm_collectives, "SLOT_BYTES", 4096)
-    import kvserve.worker.tensor_parallel_worker as tpw
+    import kvserve.worker.parallel.tensor_parallel_worker as tpw
     monkeypatch.setattr(tpw, "SLOT_BYTES", 4096)
     messages = [("execute_model", (list(range(10)),)), ("warm_up", (b"x" * 10000,)),
                 ("close", ())]

@@ -1,0 +1,1 @@
+"""Tensor parallelism on one machine: ranks as processes, shared-memory collectives."""

@@ -1,0 +1,1 @@
+"""Start-up measurements that choose the kernels each layer runs on this machine."""
