@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.workloads import WORKLOAD_NAMES, Workload, make_workload
+from kvserve.bench.workloads.definitions import WORKLOAD_NAMES, Workload, make_workload
 
 __all__ = [
     "add_engine_args",
@@ -139,7 +139,7 @@ def resolve_model_dir(model: str | None) -> Path:
 
 def workload_from_args(args: argparse.Namespace, model_dir: str | Path | None) -> Workload:
     """Build the workload the arguments ask for, from the model's vocabulary."""
-    from kvserve.bench.models import model_vocab
+    from kvserve.bench.workloads.models import model_vocab
 
     vocab: int | None = None
     special: list[int] = []

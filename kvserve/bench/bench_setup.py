@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench import report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
+from kvserve.bench.reports import report
 
 
 def _header(title: str, settings: dict[str, Any]) -> dict[str, Any]:

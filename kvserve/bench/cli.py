@@ -13,15 +13,17 @@ from typing import Any
 
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
-from kvserve.bench import commands, decoding_commands, memory, published, spec
-from kvserve.bench.provenance import check_results_target
+from kvserve.bench import commands, decoding_commands
 from kvserve.bench.bench_args import add_engine_args, add_output_args, add_workload_args, parse_rate
+from kvserve.bench.experiments import memory, spec
+from kvserve.bench.reports import published
+from kvserve.bench.reports.provenance import check_results_target
 
 __all__ = ["add_bench_parser", "main"]
 
 
 def _add_make_model(sub: Any) -> None:
-    from kvserve.bench.models import BENCH_MODELS
+    from kvserve.bench.workloads.models import BENCH_MODELS
 
     p = sub.add_parser("make-model", help="build a deterministic random-weight bench model",
                        description="Build bench-30m / bench-100m (shared/BENCHMARKS.md) or a "
@@ -201,7 +203,7 @@ def _add_rounds_bench(sub: Any, name: str, func: Any, help: str, description: st
 
 
 def _add_metrics(sub: Any) -> None:
-    from kvserve.bench.metrics_overhead import cmd_metrics
+    from kvserve.bench.experiments.metrics_overhead import cmd_metrics
     _add_rounds_bench(sub, "metrics", cmd_metrics,
                       "the metrics recorder on vs off, in alternating rounds",
                       "Step one engine over a workload with and without what a server records "
@@ -210,7 +212,7 @@ def _add_metrics(sub: Any) -> None:
 
 
 def _add_captured(sub: Any) -> None:
-    from kvserve.bench.captured import cmd_captured
+    from kvserve.bench.experiments.captured import cmd_captured
     _add_rounds_bench(sub, "captured", cmd_captured,
                       "the captured step vs eager (--enforce-eager), in alternating rounds",
                       "Decode 1, 2, 4 and 8 requests at once with the engine's captured step "
@@ -220,7 +222,7 @@ def _add_captured(sub: Any) -> None:
 
 
 def _add_huge_pages(sub: Any) -> None:
-    from kvserve.bench.huge_pages import cmd_huge_pages
+    from kvserve.bench.experiments.huge_pages import cmd_huge_pages
     _add_rounds_bench(sub, "huge-pages", cmd_huge_pages,
                       "weights and KV pools on huge pages vs torch's pages, in alternating "
                       "rounds",
@@ -230,7 +232,7 @@ def _add_huge_pages(sub: Any) -> None:
 
 
 def _add_overlap(sub: Any) -> None:
-    from kvserve.bench.overlap import cmd_overlap
+    from kvserve.bench.experiments.overlap import cmd_overlap
     _add_rounds_bench(sub, "overlap", cmd_overlap,
                       "what async scheduling could gain: the engine's host work beside a step "
                       "vs after it",
@@ -240,7 +242,7 @@ def _add_overlap(sub: Any) -> None:
 
 
 def _add_serving(sub: Any) -> None:
-    from kvserve.bench.serving import cmd_serving
+    from kvserve.bench.experiments.serving import cmd_serving
     p = _add_rounds_bench(sub, "serving", cmd_serving,
                           "kvserve's server vs vLLM's OpenAI server at a request rate, in "
                           "alternating rounds",
@@ -255,7 +257,7 @@ def _add_serving(sub: Any) -> None:
 
 
 def _add_server_ab(sub: Any) -> None:
-    from kvserve.bench.server_ab import cmd_server_ab
+    from kvserve.bench.experiments.server_ab import cmd_server_ab
     p = _add_rounds_bench(sub, "server-ab", cmd_server_ab,
                           "kvserve's server with vs without one boolean setting (--flag), at "
                           "a low and a high concurrency, in alternating rounds",
@@ -270,7 +272,7 @@ def _add_server_ab(sub: Any) -> None:
 
 
 def _add_tp(sub: Any) -> None:
-    from kvserve.bench.tensor_parallel import cmd_tp
+    from kvserve.bench.experiments.tensor_parallel import cmd_tp
     _add_rounds_bench(sub, "tp", cmd_tp,
                       "tensor parallelism vs one process, in alternating rounds",
                       "Run a workload offline and single-stream decode with "
@@ -280,7 +282,7 @@ def _add_tp(sub: Any) -> None:
 
 
 def _add_batch(sub: Any) -> None:
-    from kvserve.bench.batch import cmd_batch
+    from kvserve.bench.experiments.batch import cmd_batch
     p = sub.add_parser("batch", help="the Batch API beside realtime load; batch and run-batch "
                                      "vs LLM.generate",
                        description="Start a server; measure realtime P99 TTFT/TPOT with and "
@@ -302,7 +304,7 @@ def _add_batch(sub: Any) -> None:
 
 
 def _add_replicas(sub: Any) -> None:
-    from kvserve.bench.replicas import add_replicas_parser
+    from kvserve.bench.experiments.replicas import add_replicas_parser
     add_replicas_parser(sub)
 
 
@@ -335,7 +337,7 @@ def add_bench_parser(subparsers: Any) -> None:
 def _bench_command(func):
     """``func`` preceded by the check that its output files may be written: a result for
     docs/results/ from uncommitted code is refused before the bench runs, not after
-    (:func:`kvserve.bench.provenance.check_results_target`)."""
+    (:func:`kvserve.bench.reports.provenance.check_results_target`)."""
     @functools.wraps(func)
     def run(args: argparse.Namespace):
         for name in ("json", "plot", "markdown"):

@@ -12,10 +12,11 @@ from typing import Any
 
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
-from kvserve.bench import memory, plots, report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
 from kvserve.bench.bench_setup import _header, _wl_settings
-from kvserve.bench.paired import describe_ratio, paired_ratio, ratio_cell
+from kvserve.bench.experiments import memory
+from kvserve.bench.instruments.paired import describe_ratio, paired_ratio, ratio_cell
+from kvserve.bench.reports import plots, report
 from kvserve.worker import compute_thread
 
 __all__ = ["cmd_make_model", "cmd_roofline", "cmd_throughput", "cmd_serve", "cmd_compare",
@@ -28,7 +29,7 @@ def _int_list(text: str) -> list[int]:
 
 def cmd_make_model(args: argparse.Namespace) -> int:
     """``kvserve bench make-model NAME --out DIR``."""
-    from kvserve.bench.models import BenchModelSpec, make_bench_model
+    from kvserve.bench.workloads.models import BenchModelSpec, make_bench_model
 
     if args.name == "custom":
         dims = (args.hidden_size, args.num_layers, args.num_heads, args.num_kv_heads,
@@ -46,7 +47,7 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 def cmd_roofline(args: argparse.Namespace) -> int:
     """``kvserve bench roofline``: measure the machine; bounds for ``--model`` if given."""
-    from kvserve.bench import roofline as rl
+    from kvserve.bench.instruments import roofline as rl
 
     _header("roofline", {"threads": args.threads, "repeats": args.repeats, "ms": args.ms,
                          "k": args.k, "n": args.n, "cube": args.cube})
@@ -74,7 +75,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {report.write_json(args.json, out)}")
     if args.plot:
-        from kvserve.bench.plots import plot_roofline
+        from kvserve.bench.reports.plots import plot_roofline
 
         print(f"wrote {plot_roofline(args.plot, res, report.machine_line(out['machine']))}")
     return 0
@@ -82,7 +83,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 
 def cmd_throughput(args: argparse.Namespace) -> int:
     """``kvserve bench throughput``: kvserve offline throughput on a workload."""
-    from kvserve.bench.throughput import load_llm, run_throughput
+    from kvserve.bench.instruments.throughput import load_llm, run_throughput
 
     model_dir = resolve_model_dir(args.model)
     wl = workload_from_args(args, model_dir)
@@ -109,7 +110,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {report.write_json(args.json, out)}")
     if args.plot:
-        from kvserve.bench.plots import plot_compare
+        from kvserve.bench.reports.plots import plot_compare
 
         row = {"name": "kvserve", **res.to_dict()}
         print(f"wrote {plot_compare(args.plot, [row], f'kvserve throughput: {wl.name}', report.machine_line(info))}")
@@ -130,7 +131,7 @@ def _parse_slos(items: list[str] | None) -> dict[str, float] | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``kvserve bench serve``: load a running OpenAI-compatible server."""
-    from kvserve.bench.serve import check_loopback, run_serve
+    from kvserve.bench.instruments.serve import check_loopback, run_serve
 
     try:
         base = check_loopback(args.base_url)
@@ -167,7 +168,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {report.write_json(args.json, out)}")
     if args.plot:
-        from kvserve.bench.plots import plot_serve
+        from kvserve.bench.reports.plots import plot_serve
 
         print(f"wrote {plot_serve(args.plot, m, report.machine_line(info))}")
     return 0 if m.completed else 1
@@ -175,7 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _single_stream(args, model_dir, wl, engine_args, roofline) -> dict:
     """``--against llamacpp``: kvserve and llama.cpp on sequential requests."""
-    from kvserve.bench.llamacpp import run_single_stream
+    from kvserve.bench.peers.llamacpp import run_single_stream
 
     if not args.llamacpp_python:
         raise SystemExit("--against llamacpp needs --llamacpp-python VENV/bin/python")
@@ -210,8 +211,9 @@ def _single_stream(args, model_dir, wl, engine_args, roofline) -> dict:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """``kvserve bench compare``: kvserve vs HF static (vs vLLM CPU) in one run."""
-    from kvserve.bench.compare import parse_against, parse_variant, ratio_lines, run_compare
-    from kvserve.bench.roofline import RooflineResult, measure_roofline
+    from kvserve.bench.experiments.compare import parse_against, parse_variant, ratio_lines, \
+        run_compare
+    from kvserve.bench.instruments.roofline import RooflineResult, measure_roofline
 
     model_dir = resolve_model_dir(args.model)
     wl = workload_from_args(args, model_dir)
@@ -279,7 +281,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {report.write_json(args.json, full)}")
     if args.plot:
-        from kvserve.bench.plots import plot_compare
+        from kvserve.bench.reports.plots import plot_compare
 
         title = f"{Path(model_dir).name} / {wl.name}: useful and total tok/s"
         print(f"wrote {plot_compare(args.plot, rows, title, report.machine_line(info))}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvserve.bench import report
 from kvserve.bench.bench_args import engine_args_from, resolve_model_dir, workload_from_args
 from kvserve.bench.bench_setup import _header, _wl_settings
-from kvserve.bench.paired import describe_ratio, ratio_cell
+from kvserve.bench.instruments.paired import describe_ratio, ratio_cell
+from kvserve.bench.reports import report
 
 
 DEFAULT_SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 4}
@@ -16,7 +16,7 @@ DEFAULT_SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 4}
 
 def cmd_spec(args: argparse.Namespace) -> int:
     """``kvserve bench spec``: speculative decoding on vs off."""
-    from kvserve.bench import spec
+    from kvserve.bench.experiments import spec
     from kvserve.config.speculative import SpeculativeConfig
     from kvserve.model.tokenizer import Tokenizer
 
@@ -60,7 +60,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
 
 def cmd_structured(args: argparse.Namespace) -> int:
     """``kvserve bench structured``: json_schema-constrained vs unconstrained decoding."""
-    from kvserve.bench.structured import run_structured_bench
+    from kvserve.bench.experiments.structured import run_structured_bench
 
     model_dir = resolve_model_dir(args.model)
     info = _header("kvserve structured", {"model": model_dir.name, "requests": args.num_prompts,

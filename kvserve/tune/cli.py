@@ -21,7 +21,7 @@ DEFAULTS: dict = {}  # the engine's own defaults: no setting changed
 
 
 def add_tune_parser(subparsers) -> None:
-    from kvserve.bench.workloads import WORKLOAD_NAMES
+    from kvserve.bench.workloads.definitions import WORKLOAD_NAMES
 
     p = subparsers.add_parser("tune", help="search engine settings for a workload under SLOs")
     p.add_argument("model", nargs="?", default=None,
@@ -52,8 +52,8 @@ def add_tune_parser(subparsers) -> None:
 
 
 def _requests(args, model_dir):
-    from kvserve.bench.models import model_vocab
-    from kvserve.bench.workloads import BenchRequest, WORKLOAD_NAMES, make_workload
+    from kvserve.bench.workloads.definitions import BenchRequest, WORKLOAD_NAMES, make_workload
+    from kvserve.bench.workloads.models import model_vocab
 
     if args.workload in WORKLOAD_NAMES:
         vocab, special = model_vocab(model_dir)
@@ -123,8 +123,8 @@ def run_tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from kvserve.bench.bench_args import resolve_model_dir
-    from kvserve.bench.report import machine_info, machine_line
-    from kvserve.bench.workloads import poisson_arrival_times
+    from kvserve.bench.reports.report import machine_info, machine_line
+    from kvserve.bench.workloads.definitions import poisson_arrival_times
 
     import logging
     logging.getLogger("kvserve").setLevel(logging.WARNING)  # a start-up log per candidate

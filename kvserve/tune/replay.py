@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from kvserve.bench.workloads import BenchRequest
+from kvserve.bench.workloads.definitions import BenchRequest
 from kvserve.sampling_params import SamplingParams
 
 

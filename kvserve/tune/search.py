@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from kvserve.bench.workloads import BenchRequest
+from kvserve.bench.workloads.definitions import BenchRequest
 from kvserve.tune.budget import (FINAL_MARGIN, FINAL_ROUNDS, REPORT_RESERVE_S, Budget,
                                  longest_candidate_s, refuse_if_too_small)
 from kvserve.tune.replay import ReplayResult, replay

@@ -35,7 +35,7 @@ def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
-    from kvserve.bench.models import BenchModelSpec, make_bench_model
+    from kvserve.bench.workloads.models import BenchModelSpec, make_bench_model
 
     spec = BenchModelSpec(32, 2, 4, 2, 64, vocab_size=96, max_position_embeddings=256)
     return make_bench_model(spec, tmp_path_factory.mktemp("model"), tiny_tokenizer_dir)
@@ -49,7 +49,7 @@ def process_state(pid: int) -> str:
 def record_served(monkeypatch: pytest.MonkeyPatch, started: dict) -> list[tuple[str, int]]:
     """Wrap the bench client: each run is checked to hit the one server of ``started``
     (name -> server) not paused, and recorded as (name, requests) in the list returned."""
-    from kvserve.bench import serve
+    from kvserve.bench.instruments import serve
 
     served: list[tuple[str, int]] = []
     real_run = serve.run_serve

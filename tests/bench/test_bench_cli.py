@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.bench import report
 from kvserve.bench.bench_args import engine_args_from, workload_from_args
 from kvserve.bench.cli import add_bench_parser, main
-from kvserve.bench.roofline import RooflineResult
-from kvserve.bench.throughput import ThroughputResult
-from kvserve.bench.workloads import BenchRequest
+from kvserve.bench.instruments.roofline import RooflineResult
+from kvserve.bench.instruments.throughput import ThroughputResult
+from kvserve.bench.reports import report
+from kvserve.bench.workloads.definitions import BenchRequest
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -75,11 +75,11 @@ def test_report_and_plot(tmp_path: Path) -> None:
     assert data["x"] == "inf" and data["r"]["useful_tok_s"] == 3.0
     info = report.machine_info()
     assert info["logical_cores"] and "torch" in report.machine_line(info)
-    from kvserve.bench.paired import summarize_ratios
-    from kvserve.bench.plots import plot_compare
+    from kvserve.bench.instruments.paired import summarize_ratios
+    from kvserve.bench.reports.plots import plot_compare
 
-    from kvserve.bench.plots import plot_roofline, plot_serve
-    from kvserve.bench.serve_metrics import RequestRecord, compute_serve_metrics
+    from kvserve.bench.instruments.serve_metrics import RequestRecord, compute_serve_metrics
+    from kvserve.bench.reports.plots import plot_roofline, plot_serve
 
     rows = [{"name": "a", "useful_tok_s": 1, "total_tok_s": 2,
              "vs_hf_static": summarize_ratios([1.4, 1.5, 1.6])}]
@@ -113,7 +113,7 @@ class LLM:
 
 def test_vllm_runner_with_fake_vllm(tmp_path: Path, tiny_model_dir: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvserve.bench import vllm_runner
+    from kvserve.bench.peers import vllm_runner
 
     pkg = tmp_path / "fake" / "vllm"
     pkg.mkdir(parents=True)
@@ -147,7 +147,7 @@ def _fake_vllm_on_path(tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPa
 
 def test_vllm_session_reports_a_failed_run_and_a_stuck_start(
         tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvserve.bench import vllm_runner
+    from kvserve.bench.peers import vllm_runner
 
     failing = FAKE_VLLM.replace("        # the n-th", "        if self.resets == 2:\n"
                                 "            raise ValueError('no more memory')\n"

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvserve.bench.paired import PairedRatio, summarize_ratios
+from kvserve.bench.instruments.paired import PairedRatio, summarize_ratios
 from kvserve.entrypoints.cli import main
 
 # each side's tok/s by round: on over off 2, 2, 6 (median 2); the medians' ratio is 4
@@ -26,7 +26,7 @@ class _StepCost:
 
 def test_spec_bench_pairs_on_and_off_by_round(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvserve
-    from kvserve.bench import spec
+    from kvserve.bench.experiments import spec
 
     class FakeLLM:
         def __init__(self, model, speculative_config=None, **engine_args) -> None:
@@ -52,7 +52,7 @@ def test_spec_bench_pairs_on_and_off_by_round(monkeypatch: pytest.MonkeyPatch) -
 def test_structured_bench_pairs_constrained_and_plain_by_round(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import kvserve
-    from kvserve.bench import structured
+    from kvserve.bench.experiments import structured
 
     clock = [0.0]
     rates = {"constrained": iter(ON_TOK_S), "plain": iter(OFF_TOK_S)}
@@ -88,7 +88,7 @@ def test_structured_bench_pairs_constrained_and_plain_by_round(
 
 def test_spec_command_prints_and_saves_the_paired_speedup(
         tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from kvserve.bench import spec
+    from kvserve.bench.experiments import spec
 
     canned = {"off_tok_s": 10.0, "on_tok_s": 20.0, "speedup": summarize_ratios([1.5, 1.2, 3.0]),
               "acceptance_rate": 0.5, "mean_acceptance_length": 2.0,
@@ -108,7 +108,7 @@ def test_spec_command_prints_and_saves_the_paired_speedup(
 
 def test_structured_command_prints_and_saves_the_paired_ratio(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from kvserve.bench import structured
+    from kvserve.bench.experiments import structured
 
     canned = {"plain_tok_s": 10.0, "constrained_tok_s": 9.0,
               "ratio": summarize_ratios([0.8, 0.95]), "mask_us_per_token": 3.0,

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from kvserve import LLM, EngineArgs, SamplingParams
-from kvserve.bench.memory import combos
+from kvserve.bench.experiments.memory import combos
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
 from kvserve.registry import Registry

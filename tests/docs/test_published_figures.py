@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvserve.bench import published
+from kvserve.bench.reports import published
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from kvserve.bench.workloads import BenchRequest
+from kvserve.bench.workloads.definitions import BenchRequest
 from kvserve.config import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.tune.replay import replay

