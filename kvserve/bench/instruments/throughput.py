@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from kvserve.bench.workloads.definitions import BenchRequest
 
 __all__ = [
+    "TokenRates",
     "ThroughputResult",
     "load_llm",
     "run_throughput",
@@ -24,17 +25,18 @@ __all__ = [
 ]
 
 
-@dataclass
-class ThroughputResult:
-    """Outcome of one timed kvserve ``generate`` over a workload."""
+class TokenRates:
+    """The rates of a timed run over a workload, for a dataclass with the fields
+    ``wall_s``, ``num_requests``, ``prompt_tokens`` and ``useful_output_tokens``, so that
+    kvserve's runs and HF's are counted alike."""
 
     wall_s: float
     num_requests: int
     prompt_tokens: int
     useful_output_tokens: int
-    generated_tokens: int
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    load_s: float = 0.0
+
+    def _per_s(self, count: int) -> float:
+        return count / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def total_tokens(self) -> int:
@@ -44,17 +46,17 @@ class ThroughputResult:
     @property
     def useful_tok_s(self) -> float:
         """Useful output tokens per second."""
-        return self.useful_output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        return self._per_s(self.useful_output_tokens)
 
     @property
     def total_tok_s(self) -> float:
         """(Prompt + useful output) tokens per second."""
-        return self.total_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        return self._per_s(self.total_tokens)
 
     @property
     def requests_per_s(self) -> float:
         """Completed requests per second."""
-        return self.num_requests / self.wall_s if self.wall_s > 0 else 0.0
+        return self._per_s(self.num_requests)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form with the derived rates."""
@@ -66,6 +68,19 @@ class ThroughputResult:
             requests_per_s=self.requests_per_s,
         )
         return d
+
+
+@dataclass
+class ThroughputResult(TokenRates):
+    """Outcome of one timed kvserve ``generate`` over a workload."""
+
+    wall_s: float
+    num_requests: int
+    prompt_tokens: int
+    useful_output_tokens: int
+    generated_tokens: int
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    load_s: float = 0.0
 
 
 def load_llm(model_dir: str | Path | None, engine_args: dict[str, Any]) -> tuple[Any, float]:

@@ -11,11 +11,12 @@ with kvserve). Only each request's own ``max_tokens`` count as useful output.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from kvserve.bench.instruments.roofline import torch_threads
+from kvserve.bench.instruments.throughput import TokenRates
 from kvserve.bench.workloads.definitions import BenchRequest
 
 __all__ = ["HFBatchTiming", "HFResult", "load_hf_model", "run_hf_static", "sweep_hf_static"]
@@ -33,7 +34,7 @@ class HFBatchTiming:
 
 
 @dataclass
-class HFResult:
+class HFResult(TokenRates):
     """Outcome of one HF static-batching run over a workload."""
 
     batch_size: int
@@ -43,32 +44,6 @@ class HFResult:
     useful_output_tokens: int
     generated_tokens: int  # including tokens past a request's own max_tokens
     batches: list[HFBatchTiming] = field(default_factory=list)
-
-    @property
-    def total_tokens(self) -> int:
-        """Prompt tokens plus useful output tokens."""
-        return self.prompt_tokens + self.useful_output_tokens
-
-    @property
-    def useful_tok_s(self) -> float:
-        """Useful output tokens per second."""
-        return self.useful_output_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def total_tok_s(self) -> float:
-        """(Prompt + useful output) tokens per second."""
-        return self.total_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form with the derived rates."""
-        d = asdict(self)
-        d.update(
-            total_tokens=self.total_tokens,
-            useful_tok_s=self.useful_tok_s,
-            total_tok_s=self.total_tok_s,
-            requests_per_s=self.num_requests / self.wall_s if self.wall_s > 0 else 0.0,
-        )
-        return d
 
 
 def load_hf_model(model_dir: str | Path) -> Any:
