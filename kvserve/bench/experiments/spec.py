@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from kvserve.bench.instruments.paired import paired_ratio
 from kvserve.bench.workloads.definitions import BenchRequest
+from kvserve.default_model import training_corpus_dir
 
 SPEC_WORKLOADS = ("heldout", "repeat")
 
@@ -33,10 +34,8 @@ SPEC_WORKLOADS = ("heldout", "repeat")
 def heldout_texts(model_dir: str | Path, num: int) -> list[str]:
     """Texts of up to ``num`` held-out files, read from this interpreter's stdlib (the
     list is in the embedded model's training_info.json)."""
-    from kvserve.default_model.training_data import stdlib_dir
-
     info = json.loads((Path(model_dir) / "training_info.json").read_text())
-    root = stdlib_dir()
+    root = training_corpus_dir()
     texts = []
     for rel in info["corpus"]["heldout_files"]:
         path = root / rel

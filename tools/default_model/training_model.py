@@ -1,6 +1,6 @@
 """The default model's trainable parts: size presets, the model, AdamW, the losses (the
 corpus's next token, or a teacher's distribution for the draft) and the learning-rate
-schedule. Used by :mod:`kvserve.default_model.train_default`; transformers and torch are
+schedule. Used by :mod:`tools.default_model.train_default`; transformers and torch are
 imported where used (dev dependencies)."""
 from __future__ import annotations
 

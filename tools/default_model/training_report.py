@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvserve.default_model.training_data import BOS, EOS, HELD_OUT_FRACTION, PAD, SPECIAL_TOKENS
+from tools.default_model.training_data import BOS, EOS, HELD_OUT_FRACTION, PAD, SPECIAL_TOKENS
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -27,7 +27,7 @@ CHAT_TEMPLATE = (
 def training_info(args, data: dict, model, tok, preset: dict, st: dict, T: int, B: int,
                   stream_tokens: int, ema: float, evaluation: tuple) -> dict:
     """``evaluation``: (held-out result, train result, gzip bits per byte, files evaluated)
-    as :func:`kvserve.default_model.train_default.final_evaluation` returns them."""
+    as :func:`tools.default_model.train_default.final_evaluation` returns them."""
     import torch
     import transformers
 

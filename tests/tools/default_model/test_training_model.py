@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from kvserve.default_model.training_model import PRESETS, atomic_torch_save, build_model, \
+from tools.default_model.training_model import PRESETS, atomic_torch_save, build_model, \
     distill_loss_fn, loss_fn, lr_at
 
 IDS = {"bos": 0, "eos": 1, "pad": 2}

@@ -1,6 +1,6 @@
 """Train kvserve's embedded default model on the Python standard library's sources.
 
-    python -m kvserve.default_model.train_default --out kvserve/default_model/checkpoint \
+    python -m tools.default_model.train_default --out kvserve/default_model/checkpoint \
         --work-dir runs/default-model --minutes 55 [--resume]
 
 What it does:
@@ -31,10 +31,10 @@ What it does:
    of the corpus's next token, so that its greedy guesses agree with the target's.
 
 ``--probe`` measures training throughput of the size presets for a short while each.
-The model, optimizer, losses and schedule are in :mod:`kvserve.default_model.training_model`,
-the corpus and tokenizer in :mod:`kvserve.default_model.training_data`, the evaluation and
-loss curve in :mod:`kvserve.default_model.training_eval`, the files written at the end in
-:mod:`kvserve.default_model.training_report`. transformers and matplotlib are
+The model, optimizer, losses and schedule are in :mod:`tools.default_model.training_model`,
+the corpus and tokenizer in :mod:`tools.default_model.training_data`, the evaluation and
+loss curve in :mod:`tools.default_model.training_eval`, the files written at the end in
+:mod:`tools.default_model.training_report`. transformers and matplotlib are
 dev/bench dependencies: imported only where they are used.
 """
 
@@ -48,12 +48,12 @@ import sys
 import time
 from pathlib import Path
 
-from kvserve.default_model.training_data import fmt_int, prepare_data
-from kvserve.default_model.training_eval import (gzip_bits_per_byte, heldout_bits_per_byte,
-                                          plot_loss_curve)
-from kvserve.default_model.training_model import DEFAULT_PRESET, PRESETS, atomic_torch_save, \
+from tools.default_model.training_data import fmt_int, prepare_data
+from tools.default_model.training_eval import (gzip_bits_per_byte, heldout_bits_per_byte,
+                                             plot_loss_curve)
+from tools.default_model.training_model import DEFAULT_PRESET, PRESETS, atomic_torch_save, \
     build_model, distill_loss_fn, loss_fn, lr_at, make_optimizer
-from kvserve.default_model.training_report import training_info, write_model_files
+from tools.default_model.training_report import training_info, write_model_files
 
 # ----------------------------------------------------------------------------- main
 

@@ -1,15 +1,16 @@
 """The embedded model's training data: the standard library's ``.py`` sources, a seeded
 split by file, a byte-level BPE tokenizer trained on the train split, and the packed
-train token stream (cached in the work dir). See :mod:`kvserve.default_model.train_default`."""
+train token stream (cached in the work dir). See :mod:`tools.default_model.train_default`."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import random
-import sysconfig
 import time
 from pathlib import Path
+
+from kvserve.default_model import training_corpus_dir
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -26,10 +27,6 @@ def fmt_int(n: float) -> str:
 
 
 # ----------------------------------------------------------------------------- corpus
-
-def stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"]).resolve()
-
 
 def collect_corpus(root: Path) -> dict[str, str]:
     """relative path -> text for every usable stdlib .py file."""
@@ -92,7 +89,7 @@ def prepare_data(args, work: Path, log):
     import numpy as np
     from tokenizers import Tokenizer
 
-    root = stdlib_dir()
+    root = training_corpus_dir()
     docs = collect_corpus(root)
     paths = sorted(docs)
     flh = file_list_hash(paths)

@@ -1,5 +1,5 @@
 """How the embedded model is judged: held-out bits per byte against gzip -9 on the same
-bytes, and the loss curve. See :mod:`kvserve.default_model.train_default`."""
+bytes, and the loss curve. See :mod:`tools.default_model.train_default`."""
 from __future__ import annotations
 
 import gzip

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from kvserve.default_model.training_data import file_list_hash, split_files, train_tokenizer
-from kvserve.default_model.training_eval import gzip_bits_per_byte, heldout_bits_per_byte
+from tools.default_model.training_data import file_list_hash, split_files, train_tokenizer
+from tools.default_model.training_eval import gzip_bits_per_byte, heldout_bits_per_byte
 
 
 def test_split_is_seeded_disjoint_and_complete():
