@@ -4,7 +4,7 @@
     llm = LLM()  # the embedded default model
     print(llm.generate("def fibonacci(n):", SamplingParams(temperature=0))[0].outputs[0].text)
 """
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm import LLM
 from kvserve.default_model import default_draft_model_dir, default_model_dir
 from kvserve.outputs import CompletionOutput, Logprob, RequestOutput

@@ -274,7 +274,7 @@ def add_run_batch_args(p: argparse.ArgumentParser) -> None:
 
 def run_batch_from_args(args: argparse.Namespace) -> int:
     """``kvserve run-batch``."""
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
     from kvserve.entrypoints.openai.api_server import served_name
     return run_batch(args.input_file, args.output_file, EngineArgs.from_cli_args(args),
                      served_name(args), tool_call_parser=args.tool_call_parser,

@@ -25,14 +25,11 @@ class CacheConfig:
     swap_enabled: bool = False            # preemption_mode swap (SchedulerConfig's)
 
     def __post_init__(self) -> None:
-        from kvserve.core.kv import KV_MANAGERS
-
         positive_int("block_size", self.block_size)
         choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.kv_cache_memory is not None:
             parse_size(self.kv_cache_memory)
         optional_positive_int("num_kv_blocks", self.num_kv_blocks)
-        KV_MANAGERS.check(self.kv_manager)
         number("memory_pool_ratio", self.memory_pool_ratio, low=0.0, high=1.0, low_open=True)
         number("swap_space", self.swap_space, low=0.0)
         parse_size(self.kv_offload_size)

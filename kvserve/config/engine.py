@@ -27,10 +27,10 @@ class EngineConfig:
     parallel: ParallelConfig = ParallelConfig()
 
     def __post_init__(self) -> None:
+        """The rules across parts that need no implementation; those that do (the model
+        split over the ranks, the KV manager's truncate, the draft model) are checked
+        where the engine config is created (:mod:`kvserve.engine.engine_args`)."""
         size = self.parallel.tensor_parallel_size
-        if size > 1:
-            from kvserve.model.tensor_parallel import check_shardable
-            check_shardable(self.model.arch, size)
         bind = self.worker.omp_threads_bind
         if "|" in bind and bind.count("|") + 1 != size:
             raise ValueError(f"omp_threads_bind {bind!r} gives {bind.count('|') + 1} CPU lists "
@@ -43,15 +43,6 @@ class EngineConfig:
             raise ValueError("async_scheduling does not run with speculative decoding (a "
                              "step's drafts are proposed from the tokens of the step before "
                              "it): turn one of them off")
-        if self.speculative is not None:
-            from kvserve.core.kv import KV_MANAGERS
-            if not KV_MANAGERS[self.cache.kv_manager].supports_truncate():
-                raise ValueError(f"kv_manager {self.cache.kv_manager!r} cannot give back a "
-                                 "rejected draft's KV slots: speculative_config needs a "
-                                 "manager that implements truncate")
-            if self.speculative.method == "draft_model":
-                from kvserve.spec_decode.draft_model import check_draft_model
-                check_draft_model(self.speculative.model, self.model)
 
     @property
     def warmup_tokens(self) -> int:

@@ -23,7 +23,7 @@ class ReplicaConfig:
 
     num_replicas: int = 1
     ray_address: str | None = None       # None: start a local Ray
-    router: str = "cache_aware"
+    router: str = "cache_aware"          # a name in kvserve.replicas.routers.ROUTERS
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.5
@@ -34,8 +34,6 @@ class ReplicaConfig:
         positive_int("replicas", self.num_replicas)
         if self.num_replicas > MAX_REPLICAS:
             raise ValueError(f"replicas must be at most {MAX_REPLICAS}, got {self.num_replicas}")
-        from kvserve.replicas.routers import ROUTERS
-        ROUTERS.check(self.router)
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"router_cache_threshold must be in [0, 1], got {self.cache_threshold}")
         if self.balance_abs_threshold < 0:

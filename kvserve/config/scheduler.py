@@ -23,12 +23,9 @@ class SchedulerConfig:
     async_scheduling: bool = False        # the next step starts before this one's outputs
 
     def __post_init__(self) -> None:
-        from kvserve.core.batching import BATCHING_POLICIES
-
         positive_int("max_num_seqs", self.max_num_seqs)
         positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         non_negative_int("prefill_join_tokens", self.prefill_join_tokens, "no limit")
-        BATCHING_POLICIES.check(self.batching)
         choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         if self.scheduling_policy == "priority" and self.batching != "continuous":
             raise ValueError("scheduling_policy 'priority' applies to continuous batching; "

@@ -21,16 +21,13 @@ MAX_SPECULATIVE_TOKENS = 16
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str
+    method: str  # a name in kvserve.spec_decode.PROPOSERS
     num_speculative_tokens: int
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     model: str | None = None  # the draft model's directory (method draft_model)
 
     def __post_init__(self) -> None:
-        from kvserve.spec_decode import PROPOSERS
-
-        PROPOSERS.check(self.method)
         positive_int("speculative_config.num_speculative_tokens", self.num_speculative_tokens)
         if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise ValueError("speculative_config.num_speculative_tokens must be at most "

@@ -34,7 +34,8 @@ import threading
 import time
 from typing import AsyncIterator
 
-from kvserve.config import EngineArgs, ObservabilityConfig
+from kvserve.config import ObservabilityConfig
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine, PromptType
 from kvserve.engine.engine_loop import AbortCommand, AddCommand, EngineLoop
 from kvserve.engine.streams import EngineDeadError, RequestStream

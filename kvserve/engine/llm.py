@@ -6,7 +6,7 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine, PromptType
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams

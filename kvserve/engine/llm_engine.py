@@ -15,7 +15,8 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-from kvserve.config import EngineArgs, EngineConfig
+from kvserve.config import EngineConfig
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.core.kv import create_kv_manager
 from kvserve.core.scheduler import Scheduler
 from kvserve.core.scheduler_output import SchedulerOutput, SchedulerStats

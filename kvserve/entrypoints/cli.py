@@ -5,14 +5,14 @@ import argparse
 import os
 import sys
 
-from kvserve.config.config_file import ConfigFileParser, add_config_argument
+from kvserve.entrypoints.config_file import ConfigFileParser, add_config_argument
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _generate(args: argparse.Namespace) -> int:
     from kvserve import LLM, SamplingParams
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
     engine_args = EngineArgs.from_cli_args(args)
     llm = LLM(**vars(engine_args))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -28,7 +28,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_generate(subparsers) -> None:
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
     p = subparsers.add_parser("generate", help="complete prompts offline and print the text")
     p.add_argument("prompt", nargs="*", help="prompt text (default: read stdin)")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -49,7 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_serve(subparsers) -> None:
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
     p = subparsers.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     p.add_argument("model", nargs="?", default=None,
                    help="model directory in Hugging Face layout (default: the embedded model)")
@@ -131,7 +131,7 @@ def _run_batch(args: argparse.Namespace) -> int:
 
 def _add_run_batch(subparsers) -> None:
     from kvserve.batch.offline import add_run_batch_args
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
     p = subparsers.add_parser("run-batch", help="run a Batch API input file (JSONL) offline "
                                                 "and write the output file")
     add_run_batch_args(p)

@@ -23,9 +23,16 @@ import functools
 import torch
 from torch import nn
 
-from kvserve.config.model import QUANTIZATION_METHODS
+from kvserve.config.validate import choice
 
+QUANTIZATION_METHODS = ("int8",)  # the --quantization choices
 _QMAX = 127
+
+
+def check_quantization(method: str | None) -> None:
+    """Refuse a quantization setting that names no method here (None: none)."""
+    if method is not None:
+        choice("quantization", method, QUANTIZATION_METHODS)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from kvserve.config.replicas import ReplicaConfig
 from kvserve.logger import init_logger
+from kvserve.replicas.routers import ROUTERS
 
 logger = init_logger(__name__)
 
@@ -23,12 +24,16 @@ HEALTH_CHECK_TIMEOUT_S = 10.0
 
 
 def replica_config_from(args: argparse.Namespace) -> ReplicaConfig:
-    return ReplicaConfig(
+    """The replicas' settings from ``kvserve serve``'s flags, the router's name checked
+    against ROUTERS."""
+    config = ReplicaConfig(
         num_replicas=args.replicas, ray_address=args.ray_address, router=args.router,
         cache_threshold=args.router_cache_threshold,
         balance_abs_threshold=args.router_balance_abs_threshold,
         balance_rel_threshold=args.router_balance_rel_threshold,
         threads_per_replica=args.threads_per_replica)
+    ROUTERS.check(config.router)
+    return config
 
 
 def _replica_threads(config: ReplicaConfig, engine_args,

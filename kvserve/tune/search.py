@@ -104,7 +104,7 @@ class Tuner:
         """``arrivals`` None: a closed loop of ``concurrency`` requests in flight;
         ``clock``: what budgets are read on; the first replay (which warms the kernels
         and shows what a replay takes) stops when ``clock()`` reaches ``warm_up_until``."""
-        from kvserve.config import EngineArgs
+        from kvserve.engine.engine_args import EngineArgs
         from kvserve.engine.llm_engine import LLMEngine
 
         self.model_dir, self.requests, self.arrivals = model_dir, requests, arrivals
@@ -159,7 +159,7 @@ class Tuner:
     def measure(self, settings: dict, until: float = float("inf")) -> Trial:
         """Build and replay a candidate; its replay is cut when ``clock()`` reaches
         ``until`` (the candidate then fails)."""
-        from kvserve.config import EngineArgs
+        from kvserve.engine.engine_args import EngineArgs
         from kvserve.engine.llm_engine import LLMEngine
         from kvserve.worker.platform import available_memory_bytes
 

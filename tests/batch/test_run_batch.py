@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvserve.batch.offline import parse_mixed_input, run_batch
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "m"  # --served-model-name

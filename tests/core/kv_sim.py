@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.core.kv import create_kv_manager
 from kvserve.core.scheduler import Scheduler
 from kvserve.request import Request

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.core.batching import (ContinuousBatching, LengthBucketBatching, StaticBatching,
                                    length_bucket)
 from kvserve.core.kv import create_kv_manager

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.core.kv import create_kv_manager
 from kvserve.core.kv.buddy import BuddyAllocator, BuddyKVCacheManager, order_for
 from kvserve.model.attention import KVCache

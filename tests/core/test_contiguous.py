@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.core.kv import create_kv_manager
 from kvserve.core.kv.contiguous import ContiguousKVCacheManager
 from tests.core.kv_sim import make_request, simulate

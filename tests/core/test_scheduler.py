@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.core.kv import create_kv_manager
 from kvserve.core.scheduler import Scheduler
 from tests.core.kv_sim import make_request

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from kvserve import LLM, SamplingParams
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.structured_output import StructuredOutputsParams
 from tests.helpers import prompts_of_lengths
 

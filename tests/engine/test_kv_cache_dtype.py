@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from tests.helpers import hf_greedy, prompts_of_lengths, round_kv_cache
 
 LENGTHS = [1, 4, 17, 40, 100, 9]

@@ -94,7 +94,7 @@ def test_parity_with_background_requests(llama_dir, oracle, engine_args):
     """Batch lines (background requests) beside foreground ones, preempted first under a
     small pool: every request still gets transformers' tokens."""
     from kvserve.engine.llm_engine import LLMEngine
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
 
     engine = LLMEngine(EngineArgs(model=llama_dir, background_step_tokens=3, **engine_args))
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.async_engine import AsyncLLMEngine
 from kvserve.engine.streams import EngineRequestError
 from kvserve.engine.llm_engine import LLMEngine

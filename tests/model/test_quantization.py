@@ -149,6 +149,6 @@ def test_int8_linear_takes_any_leading_shape(native):
 
 
 def test_quantization_setting_is_validated():
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
     with pytest.raises(ValueError, match=r"quantization must be one of \['int8'\]"):
         EngineArgs(quantization="fp4")

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from kvserve.config import EngineArgs, ObservabilityConfig
+from kvserve.config import ObservabilityConfig
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.replicas.replica import EngineReplica
 
 

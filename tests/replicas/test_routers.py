@@ -101,7 +101,6 @@ def test_routing_prompt_of_a_body_that_is_not_json_is_empty():
 
 @pytest.mark.parametrize("kw,message", [
     ({"num_replicas": 0}, "replicas must be a positive integer"),
-    ({"router": "random"}, "router must be one of"),
     ({"cache_threshold": 1.5}, "router_cache_threshold must be in"),
     ({"balance_rel_threshold": 0.5}, "router_balance_rel_threshold must be >= 1"),
     ({"balance_abs_threshold": -1}, "router_balance_abs_threshold must be >= 0"),
@@ -109,6 +108,16 @@ def test_routing_prompt_of_a_body_that_is_not_json_is_empty():
 def test_bad_replica_settings_are_refused_by_name(kw, message):
     with pytest.raises(ValueError, match=message):
         ReplicaConfig(**kw)
+
+
+def test_an_unknown_router_is_refused_where_the_replica_config_is_made():
+    from kvserve.entrypoints.cli import build_parser
+    from kvserve.replicas.launch import replica_config_from
+    args = build_parser().parse_args(["serve", "--replicas", "2"])
+    args.router = "random"  # past the flag's choices, as a Serve config's args could
+    with pytest.raises(ValueError, match=r"router must be one of \['round_robin', "
+                                         r"'cache_aware'\], got 'random'"):
+        replica_config_from(args)
 
 
 @pytest.mark.parametrize("argv,message", [

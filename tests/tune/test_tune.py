@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kvserve.bench.workloads.definitions import BenchRequest
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.tune.replay import replay
 from kvserve.tune.search import Slos, Trial, Tuner, engine_args_of, pareto_front

@@ -1,7 +1,7 @@
 """The step profiler: one step in N split into linear / attention / other, hooks gone after."""
 from __future__ import annotations
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.sampling_params import SamplingParams
 

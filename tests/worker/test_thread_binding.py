@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from kvserve import LLM
-from kvserve.config import EngineArgs, parse_cpu_list
+from kvserve.config import parse_cpu_list
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.kernels import load_kernels
 from kvserve.worker import compute_thread
 from kvserve.worker.compute_thread import THREAD_NAME

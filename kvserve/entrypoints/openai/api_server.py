@@ -296,7 +296,8 @@ class ServerSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServerSettings":
-        from kvserve.config import EngineArgs, ObservabilityConfig
+        from kvserve.config import ObservabilityConfig
+        from kvserve.engine.engine_args import EngineArgs
 
         _check_server_args(args)
         name = served_name(args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve import LLM
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.model.layers import packed_linear_available
 from kvserve.worker.tuning.gemm_warmup import (CACHE_HEADROOM, distinct_shapes, kernel_cache_capacity,
                                         rows_to_warm, warm_gemm_kernels)

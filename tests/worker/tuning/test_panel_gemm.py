@@ -347,7 +347,7 @@ def test_given_rows_are_set_without_measuring_and_keep_transformers_tokens(
 
 
 def test_given_rows_are_checked(llama_dir):
-    from kvserve.config.engine_args import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
 
     with pytest.raises(ValueError, match="panel_gemm_max_rows must be an integer >= 0"):
         EngineArgs(model=llama_dir, panel_gemm_max_rows=-1).create_engine_config()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.config import EngineArgs
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.model.layers import packed_linear_available
 from kvserve.worker.tuning.row_padding import choose_min_rows, measure_min_rows, packed_linears
 

@@ -1,4 +1,4 @@
-"""``--config FILE.yaml`` (kvserve.config.config_file): flags read from a YAML mapping."""
+"""``--config FILE.yaml`` (kvserve.entrypoints.config_file): flags read from a YAML mapping."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +8,12 @@ import json
 import pytest
 import yaml
 
-from kvserve.config import EngineArgs
-from kvserve.config.config_file import (ConfigFileError, ConfigFileParser, add_config_argument,
-                                        config_to_argv, engine_args_from_config, load_config)
-from kvserve.config.engine_args import _registry
 from kvserve.config.speculative import SpeculativeConfig
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.entrypoints.cli import build_parser
+from kvserve.entrypoints.config_file import (ConfigFileError, ConfigFileParser,
+                                             add_config_argument, config_to_argv,
+                                             engine_args_from_config, load_config)
 
 
 def write(tmp_path, data, name="tuned.yaml") -> str:
@@ -258,7 +258,7 @@ def _choices(f: dataclasses.Field):
     if "choices" in f.metadata:
         return list(f.metadata["choices"])
     if "registry" in f.metadata:
-        return list(_registry(f.metadata["registry"]).names())
+        return list(f.metadata["registry"].names())
     return None
 
 

@@ -28,7 +28,8 @@ The same file serves the offline API: ``LLM(**engine_args_from_config(p))`` take
 engine keys of a file written for ``kvserve serve`` (either spelling; server keys such as
 ``port`` are left out), and ``LLM(**load_config(p))`` accepts a file of engine keys
 spelled with underscores, as ``LLM``'s keyword arguments are the fields of
-:class:`~kvserve.config.EngineArgs` (``LLM(**yaml.safe_load(open(p)))`` is the same).
+:class:`~kvserve.engine.engine_args.EngineArgs` (``LLM(**yaml.safe_load(open(p)))`` is
+the same).
 
 Needs PyYAML at run time (imported only when a config file is read).
 """
@@ -41,6 +42,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from kvserve.engine.engine_args import EngineArgs
 
 CONFIG_FLAG = "--config"
 
@@ -361,8 +364,6 @@ def engine_args_from_config(path: str | Path) -> dict[str, Any]:
     default); a mapping such as ``speculative_config`` stays a mapping. A key that is no
     kvserve flag raises :class:`ConfigFileError` naming it.
     """
-    from kvserve.config.engine_args import EngineArgs
-
     source = str(path)
     config = load_config(path)
     fields = EngineArgs.field_names()
