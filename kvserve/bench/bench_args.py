@@ -40,7 +40,7 @@ _SKIP = ("model", "seed")
 
 def _engine_field_names() -> list[str]:
     try:
-        from kvserve.config import EngineArgs
+        from kvserve.engine.engine_args import EngineArgs
 
         return sorted(EngineArgs.field_names() - set(_SKIP))
     except (ImportError, AttributeError):
@@ -52,7 +52,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     all defaulting to None so only the given ones reach the engine."""
     group = parser.add_argument_group("engine")
     try:
-        from kvserve.config import EngineArgs
+        from kvserve.engine.engine_args import EngineArgs
 
         EngineArgs.add_cli_args(group, skip=_SKIP)  # type: ignore[arg-type]
     except (ImportError, AttributeError):

@@ -1,7 +1,7 @@
 """The ``kvserve bench`` command line: parsers only; handlers live in
 :mod:`kvserve.bench.commands`.
 
-``kvserve/entrypoints/cli.py`` calls :func:`add_bench_parser` on its sub-parsers and
+``kvserve/cli.py`` calls :func:`add_bench_parser` on its sub-parsers and
 then ``args.func(args)``.
 """
 

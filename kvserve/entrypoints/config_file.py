@@ -24,9 +24,9 @@ flag such as ``--stop`` given on the command line replaces the file's list). A k
 naming an optional positional argument (``model`` for ``serve`` and ``run-batch``) fills
 it when the command line leaves it out.
 
-The same file serves the offline API: ``LLM(**engine_args_from_config(p))`` takes the
-engine keys of a file written for ``kvserve serve`` (either spelling; server keys such as
-``port`` are left out), and ``LLM(**load_config(p))`` accepts a file of engine keys
+The same file serves the offline API: ``LLM(**kvserve.cli.engine_args_from_config(p))``
+takes the engine keys of a file written for ``kvserve serve`` (either spelling; server
+keys such as ``port`` are left out), and ``LLM(**load_config(p))`` accepts a file of engine keys
 spelled with underscores, as ``LLM``'s keyword arguments are the fields of
 :class:`~kvserve.engine.engine_args.EngineArgs` (``LLM(**yaml.safe_load(open(p)))`` is
 the same).
@@ -47,8 +47,8 @@ from kvserve.engine.engine_args import EngineArgs
 
 CONFIG_FLAG = "--config"
 
-__all__ = ["ConfigFileError", "ConfigFileParser", "add_config_argument", "config_to_argv",
-           "engine_args_from_config", "load_config"]
+__all__ = ["ConfigFileError", "ConfigFileParser", "add_config_argument", "command_keys",
+           "config_to_argv", "load_config", "read_engine_args"]
 
 
 class ConfigFileError(ValueError):
@@ -342,12 +342,10 @@ class _RaisingParser(argparse.ArgumentParser):
         raise ConfigFileError(message)
 
 
-def _command_keys() -> set[str]:
-    """Underscored names of every flag of the kvserve commands that take --config."""
-    from kvserve.entrypoints.cli import build_parser
-
+def command_keys(parser: argparse.ArgumentParser) -> set[str]:
+    """Underscored names of every flag of ``parser``'s sub-commands that take --config."""
     keys: set[str] = set()
-    for action in build_parser()._actions:
+    for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 if isinstance(sub._option_string_actions.get(CONFIG_FLAG), _ConfigAction):
@@ -355,12 +353,13 @@ def _command_keys() -> set[str]:
     return keys
 
 
-def engine_args_from_config(path: str | Path) -> dict[str, Any]:
+def read_engine_args(path: str | Path, other_keys: set[str]) -> dict[str, Any]:
     """The EngineArgs keyword arguments (underscored field names) a config file sets,
-    typed as the command line types them: ``LLM(**engine_args_from_config(p))``.
+    typed as the command line types them (``kvserve.cli.engine_args_from_config`` calls
+    this with every ``kvserve`` command's keys).
 
-    Keys of other ``kvserve`` flags (``port``, ``host``, ...) are left out, so the file
-    of a ``kvserve serve`` deployment works as is; null values are left out (the
+    Keys in ``other_keys`` (``port``, ``host``, ...) are left out, so the file of a
+    ``kvserve serve`` deployment works as is; null values are left out (the
     default); a mapping such as ``speculative_config`` stays a mapping. A key that is no
     kvserve flag raises :class:`ConfigFileError` naming it.
     """
@@ -370,7 +369,7 @@ def engine_args_from_config(path: str | Path) -> dict[str, Any]:
     engine = {k: v for k, v in config.items() if _name(k) in fields}
     others = [k for k in config if _name(k) not in fields]
     if others:
-        known = _command_keys() | fields
+        known = other_keys | fields
         for key in others:
             if _name(key) not in known:
                 raise ConfigFileError(_unknown_key_message(key, known, source))

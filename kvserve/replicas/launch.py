@@ -14,8 +14,13 @@ import os
 from dataclasses import replace
 
 from kvserve.config.replicas import ReplicaConfig
+from kvserve.entrypoints.openai.api_server import APIKeyMiddleware, ServerSettings, usage_hint
+from kvserve.entrypoints.openai.graceful import GracefulServer
 from kvserve.logger import init_logger
-from kvserve.replicas.routers import ROUTERS
+from kvserve.replicas.flags import replica_config_from
+from kvserve.replicas.ingress import Ingress
+from kvserve.replicas.replica import EngineReplica
+from kvserve.worker.platform import one_cpu_per_core
 
 logger = init_logger(__name__)
 
@@ -23,25 +28,11 @@ HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 10.0
 
 
-def replica_config_from(args: argparse.Namespace) -> ReplicaConfig:
-    """The replicas' settings from ``kvserve serve``'s flags, the router's name checked
-    against ROUTERS."""
-    config = ReplicaConfig(
-        num_replicas=args.replicas, ray_address=args.ray_address, router=args.router,
-        cache_threshold=args.router_cache_threshold,
-        balance_abs_threshold=args.router_balance_abs_threshold,
-        balance_rel_threshold=args.router_balance_rel_threshold,
-        threads_per_replica=args.threads_per_replica)
-    ROUTERS.check(config.router)
-    return config
-
-
 def _replica_threads(config: ReplicaConfig, engine_args,
                      cluster: bool = False) -> tuple[int, list[str]]:
     """Threads per replica and each replica's CPU binding: disjoint cores when they fit
     on this machine. On a cluster (``cluster``, or joined with ``ray_address``) the
     replicas land on other nodes, so nothing is bound and the threads default to one."""
-    from kvserve.worker.platform import one_cpu_per_core
     cluster = cluster or bool(config.ray_address)
     cpus = one_cpu_per_core()
     n = config.num_replicas
@@ -58,8 +49,6 @@ def replica_applications(config: ReplicaConfig, settings, shutdown_timeout_s: fl
     """The replicas' bound Serve deployments, in replica order; replica 0 owns the
     Batch API's store."""
     from ray import serve
-
-    from kvserve.replicas.replica import EngineReplica
 
     threads, binds = _replica_threads(config, settings.engine_args, cluster)
     bound = []
@@ -105,15 +94,14 @@ def deploy_replicas(config: ReplicaConfig, settings, shutdown_timeout_s: float
             names, started)
 
 
-def run_replicated_server(args: argparse.Namespace, settings, hint: str) -> int:
-    """Serve until SIGTERM / SIGINT, then drain, shut Serve down and exit 0."""
-    from ray import serve
+def run_replicated_server(args: argparse.Namespace) -> int:
+    """``kvserve serve --replicas N``: check the flags, deploy the replicas, serve until
+    SIGTERM / SIGINT, then drain, shut Serve down and exit 0."""
+    settings = ServerSettings.from_args(args)
+    config = replica_config_from(args)  # refuse bad replica settings before loading anything
+    hint = usage_hint(args.host, args.port, settings.name, bool(settings.api_key))
+    from ray import serve  # the optional extra, needed only once the flags are good
 
-    from kvserve.entrypoints.openai.api_server import APIKeyMiddleware
-    from kvserve.entrypoints.openai.graceful import GracefulServer
-    from kvserve.replicas.ingress import Ingress
-
-    config = replica_config_from(args)
     handles, names, started_ray = deploy_replicas(config, settings, args.shutdown_timeout)
     ingress = Ingress(handles, config, args.metrics_prefix, args.max_body_bytes,
                       args.max_batch_file_bytes)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
+from kvserve.engine.async_engine import AsyncLLMEngine
+from kvserve.entrypoints.openai.api_server import build_app
 from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
@@ -48,9 +50,6 @@ class EngineReplica:
                        app_settings: dict) -> None:
         """Serve awaits this: the engine loads, then starts on this (the user code's)
         loop, so a restarted replica 0 resumes its batches before any request."""
-        from kvserve.engine.async_engine import AsyncLLMEngine
-        from kvserve.entrypoints.openai.api_server import build_app
-
         self.replica = replica
         self._channels: dict[str, _Channel] = {}
         self.engine = await asyncio.to_thread(AsyncLLMEngine.from_engine_args, engine_args,

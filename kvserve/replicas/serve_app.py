@@ -17,9 +17,16 @@ refused. The API key comes from ``$KVSERVE_API_KEY`` in the ingress's environmen
 """
 from __future__ import annotations
 
+import os
+
 from ray import serve
 
 from kvserve.config.replicas import ReplicaConfig
+from kvserve.entrypoints.config_file import ConfigFileParser
+from kvserve.entrypoints.openai.api_server import APIKeyMiddleware, ServerSettings
+from kvserve.replicas.flags import add_serve_args, replica_config_from
+from kvserve.replicas.ingress import Ingress
+from kvserve.replicas.launch import replica_applications
 
 _SERVE_OWNS = ("--host", "--port", "--ray-address")
 
@@ -30,9 +37,6 @@ class KvserveIngress:
 
     def __init__(self, config: ReplicaConfig, metrics_prefix: str, max_body_bytes: int,
                  max_file_bytes: int, api_key: str | None, *replicas) -> None:
-        from kvserve.entrypoints.openai.api_server import APIKeyMiddleware
-        from kvserve.replicas.ingress import Ingress
-
         self.ingress = Ingress(list(replicas), config, metrics_prefix, max_body_bytes,
                                max_file_bytes)
         self.asgi = APIKeyMiddleware(self.ingress, api_key) if api_key else self.ingress
@@ -43,9 +47,6 @@ class KvserveIngress:
 
 def parse_argv(argv: list[str]):
     """``kvserve serve`` flags -> (the parsed namespace, its ServerSettings)."""
-    from kvserve.entrypoints.cli import build_parser
-    from kvserve.entrypoints.openai.api_server import ServerSettings
-
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"args.argv must be a list of strings (kvserve serve's flags), "
                          f"got {argv!r}")
@@ -53,11 +54,9 @@ def parse_argv(argv: list[str]):
     if owned:
         raise ValueError(f"{', '.join(owned)}: set by Ray Serve's config (http_options, "
                          f"the cluster), not by args.argv")
-    parser = build_parser()
-    serve_parser = next(a for a in parser._subparsers._group_actions
-                        if a.dest == "command").choices["serve"]
-    serve_parser.allow_abbrev = False  # "--po" must not slip past the check above
-    args = parser.parse_args(["serve", *argv])
+    parser = ConfigFileParser(prog="kvserve serve", allow_abbrev=False)  # "--po" must not
+    add_serve_args(parser)                                     # slip past the check above
+    args = parser.parse_args(argv)
     if args.replicas is None:
         args.replicas = 1
     return args, ServerSettings.from_args(args)
@@ -65,10 +64,6 @@ def parse_argv(argv: list[str]):
 
 def build(app_args: dict):
     """Serve's application builder: ``args`` of the config's application."""
-    import os
-
-    from kvserve.replicas.launch import replica_applications, replica_config_from
-
     unknown = sorted(set(app_args) - {"argv"})
     if unknown:
         raise ValueError(f"unknown args {unknown}: the application takes only 'argv'")

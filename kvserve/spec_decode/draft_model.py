@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 from kvserve.core.kv.block_pool import BlockPool
+from kvserve.model.config import ArchConfig
+from kvserve.model.loader import MODEL_CLASSES
 from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
@@ -44,9 +46,6 @@ def _vocab(model_dir: Path) -> dict[str, int] | None:
 def check_draft_model(model: str, target) -> None:
     """Refuse a draft model that would not load or does not share the target's tokens
     (``target``: the target's ModelConfig)."""
-    from kvserve.model.config import ArchConfig
-    from kvserve.model.loader import MODEL_CLASSES
-
     path = Path(model)
     if not path.is_dir():
         raise ValueError(f"speculative_config.model {model!r} is not a directory (a draft "

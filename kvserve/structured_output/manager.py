@@ -13,12 +13,15 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from kvserve.core.scheduler_output import SchedulerOutput
-from kvserve.request import Request
 from kvserve.structured_output.guidance import GuidanceBackend
+
+if TYPE_CHECKING:  # the engine's types the manager is handed; it imports no engine code
+    from kvserve.core.scheduler_output import SchedulerOutput
+    from kvserve.request import Request
 
 
 class StructuredOutputManager:

@@ -171,7 +171,7 @@ def test_vllm_session_reports_a_failed_run_and_a_stuck_start(
     ["bench", "throughput"], ["bench", "serve"], ["bench", "compare"], ["bench", "memory"],
     ["bench", "captured"]])
 def test_every_command_prints_its_help(argv, capsys):
-    from kvserve.entrypoints.cli import build_parser
+    from kvserve.cli import build_parser
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([*argv, "--help"])
     assert exit_info.value.code == 0
@@ -180,7 +180,7 @@ def test_every_command_prints_its_help(argv, capsys):
 
 def test_a_rounds_bench_writes_its_record(tiny_model_dir, tmp_path):
     """The JSON an A/B rounds bench writes: machine, model, workload, settings, result."""
-    from kvserve.entrypoints.cli import main
+    from kvserve.cli import main
 
     rc = main(["bench", "metrics", "--model", str(tiny_model_dir), "--rounds", "1",
                "--workload", "random", "--num-prompts", "2", "--input-len", "8",

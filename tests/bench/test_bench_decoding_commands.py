@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvserve.bench.instruments.paired import PairedRatio, summarize_ratios
-from kvserve.entrypoints.cli import main
+from kvserve.cli import main
 
 # each side's tok/s by round: on over off 2, 2, 6 (median 2); the medians' ratio is 4
 ON_TOK_S, OFF_TOK_S = [20.0, 40.0, 60.0], [10.0, 20.0, 10.0]

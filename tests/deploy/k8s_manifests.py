@@ -57,7 +57,7 @@ def uncomment_model_example(text: str) -> str:
 
 @functools.cache
 def _serve_parser():
-    from kvserve.entrypoints.cli import build_parser
+    from kvserve.cli import build_parser
     return build_parser()
 
 

@@ -205,7 +205,7 @@ def deployment_container() -> tuple[dict, dict]:
 
 
 def serve_args(args: list[str]):
-    from kvserve.entrypoints.cli import build_parser
+    from kvserve.cli import build_parser
     return build_parser().parse_args(["serve", *args])
 
 

@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """One `python -m kvserve.entrypoints.cli serve ...` subprocess on 127.0.0.1."""
+    """One `python -m kvserve.cli serve ...` subprocess on 127.0.0.1."""
 
     def __init__(self, model_dir: str, log_path: Path, *extra: str) -> None:
         self.model_dir = model_dir
@@ -35,7 +35,7 @@ class ServerProcess:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "PYTHONUNBUFFERED": "1"}
         env.pop("KVSERVE_API_KEY", None)
-        cmd = [sys.executable, "-m", "kvserve.entrypoints.cli", "serve", model_dir,
+        cmd = [sys.executable, "-m", "kvserve.cli", "serve", model_dir,
                "--host", "127.0.0.1", "--port", str(self.port), "--num-threads", "1",
                "--disable-access-log", *extra]
         self._log = open(log_path, "wb")

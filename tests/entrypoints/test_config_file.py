@@ -10,10 +10,9 @@ import yaml
 
 from kvserve.config.speculative import SpeculativeConfig
 from kvserve.engine.engine_args import EngineArgs
-from kvserve.entrypoints.cli import build_parser
+from kvserve.cli import build_parser, engine_args_from_config
 from kvserve.entrypoints.config_file import (ConfigFileError, ConfigFileParser,
-                                             add_config_argument, config_to_argv,
-                                             engine_args_from_config, load_config)
+                                             add_config_argument, config_to_argv, load_config)
 
 
 def write(tmp_path, data, name="tuned.yaml") -> str:
@@ -221,7 +220,7 @@ def test_generate_config(tmp_path):
 
 
 def test_generate_end_to_end(tmp_path, llama_dir, capsys):
-    from kvserve.entrypoints.cli import main
+    from kvserve.cli import main
     path = write(tmp_path, {"model": llama_dir, "max_tokens": 3, "num_kv_blocks": 32,
                             "enable_prefix_caching": False, "attention_backend": "torch"})
     assert main(["generate", "--config", path, "hello"]) == 0

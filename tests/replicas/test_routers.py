@@ -111,7 +111,7 @@ def test_bad_replica_settings_are_refused_by_name(kw, message):
 
 
 def test_an_unknown_router_is_refused_where_the_replica_config_is_made():
-    from kvserve.entrypoints.cli import build_parser
+    from kvserve.cli import build_parser
     from kvserve.replicas.launch import replica_config_from
     args = build_parser().parse_args(["serve", "--replicas", "2"])
     args.router = "random"  # past the flag's choices, as a Serve config's args could
@@ -126,8 +126,8 @@ def test_an_unknown_router_is_refused_where_the_replica_config_is_made():
     (["--replicas", "2", "--router-cache-threshold", "2"], "router_cache_threshold"),
 ])
 def test_bad_replica_flags_are_refused_before_anything_loads(argv, message):
-    from kvserve.entrypoints.cli import build_parser
-    from kvserve.entrypoints.openai.api_server import ServerSettings
+    from kvserve.cli import build_parser
+    from kvserve.replicas.launch import run_replicated_server
     args = build_parser().parse_args(["serve", *argv])
     with pytest.raises(ValueError, match=message):
-        ServerSettings.from_args(args)
+        run_replicated_server(args)

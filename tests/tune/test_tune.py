@@ -77,7 +77,7 @@ def _tune(llama_dir, tmp_path, budget_s: str, *extra: str) -> subprocess.Complet
                                                "max_tokens": r.max_tokens})
                                    for r in _requests(6)))
     return subprocess.run(
-        [sys.executable, "-m", "kvserve.entrypoints.cli", "tune", llama_dir, "--workload",
+        [sys.executable, "-m", "kvserve.cli", "tune", llama_dir, "--workload",
          str(workload), "--num-prompts", "6", "--request-rate", "20", "--slo-ttft-ms",
          "2000", "--slo-tpot-ms", "500", "--budget-s", budget_s, "--kv-cache-memory",
          "64MiB", "--out", str(tmp_path / "tuned.yaml"), *extra],
@@ -127,7 +127,7 @@ def test_tune_writes_settings_front_and_plot_within_its_budget(llama_dir, tmp_pa
     settings = yaml.safe_load(out.read_text())
     assert isinstance(settings, dict)
     EngineArgs(model=llama_dir, **settings)  # LLM(**yaml) reads the file as it is
-    from kvserve.entrypoints.cli import build_parser
+    from kvserve.cli import build_parser
     args = build_parser().parse_args(["serve", llama_dir, "--config", str(out)])
     for key, value in settings.items():  # and so does kvserve serve --config
         assert getattr(args, key) == value or key == "speculative_config", key

@@ -169,7 +169,7 @@ def run_batch_tok_s(model_dir: Path, requests: Sequence[BenchRequest], engine_fl
                                          "url": "/v1/completions", "body": _body(r)})
                              for i, r in enumerate(requests)))
     done = subprocess.run(
-        [sys.executable, "-m", "kvserve.entrypoints.cli", "run-batch", "-i", str(src), "-o",
+        [sys.executable, "-m", "kvserve.cli", "run-batch", "-i", str(src), "-o",
          str(dst), str(model_dir), "--served-model-name", "bench", "--summary-json",
          str(workdir / "run-batch.json"), *engine_flags],
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})

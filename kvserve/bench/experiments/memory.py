@@ -228,7 +228,7 @@ def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv
               dry_run: bool = False, progress: bool = False) -> MemoryResult:
     """Run the requests under one kv_manager x batching combination (``progress``: a
     bar of the requests done while the model runs)."""
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
 
     args = EngineArgs(model=None if model_dir is None else str(model_dir),
                       **{**(engine_args or {}), "kv_manager": kv_manager, "batching": batching,

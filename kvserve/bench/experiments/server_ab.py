@@ -45,7 +45,7 @@ def run_server_ab_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                         log: Callable[[str], None] = print) -> dict[str, Any]:
     """``loads``: name -> (request rate, each round's requests); ``flag``: the boolean
     engine setting (snake_case) the servers differ in."""
-    from kvserve.config import EngineArgs
+    from kvserve.engine.engine_args import EngineArgs
 
     field = next((f for f in fields(EngineArgs) if f.name == flag), None)
     if field is None or field.type not in (bool, "bool"):

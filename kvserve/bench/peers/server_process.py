@@ -67,7 +67,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvserve.entrypoints.cli", "serve", str(model_dir),
+            [sys.executable, "-m", "kvserve.cli", "serve", str(model_dir),
              "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
              "--served-model-name", SERVED_NAME, "--state-dir", str(state_dir),
              "--disable-access-log", "--log-stats-interval", "0", *flags],

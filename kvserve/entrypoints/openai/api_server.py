@@ -27,7 +27,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
+from kvserve import __version__
+from kvserve.config import ObservabilityConfig
+from kvserve.default_model import default_model_dir
 from kvserve.engine.async_engine import AsyncLLMEngine
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.entrypoints.openai.graceful import GracefulServer
 from kvserve.entrypoints.openai.errors import (APIError, bad_request, http_status_error,
                                                internal_error)
@@ -38,6 +42,7 @@ from kvserve.entrypoints.openai.serving_completions import create_completion
 from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.entrypoints.openai.openapi import build_openapi
 from kvserve.entrypoints.openai.request_body import parse_request
+from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from kvserve.batch.runner import BatchRunner
 from kvserve.batch.store import BatchStore
 from kvserve.entrypoints.openai.batch_routes import add_batch_routes, make_executor
@@ -108,8 +113,6 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               tool_call_parser: str = "hermes", batch: BatchSettings | None = None) -> FastAPI:
     """``batch``: where the Batch API keeps its state (None: no /v1/files, /v1/batches)."""
-    from kvserve import __version__
-    from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
     ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes,
                         TOOL_PARSERS[tool_call_parser]())
     tok = engine.tokenizer
@@ -238,8 +241,6 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
 def served_name(args: argparse.Namespace) -> str:
     if getattr(args, "served_model_name", None):
         return args.served_model_name
-    from kvserve.default_model import default_model_dir
-
     model = getattr(args, "model", None)
     if model is None or Path(model).resolve() == Path(default_model_dir()).resolve():
         return DEFAULT_MODEL_NAME
@@ -256,22 +257,12 @@ def _check_server_args(args: argparse.Namespace) -> None:
     for name in ("log_stats_interval", "shutdown_timeout"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if getattr(args, "replicas", None) is not None:
-        from kvserve.replicas.launch import replica_config_from
-        replica_config_from(args)  # refuse bad router settings before loading anything
-        if (args.ray_address or "").startswith("ray://"):
-            raise ValueError("--ray-address: Ray Client (ray://) cannot stream from Serve "
-                             "deployments; run kvserve on a node of the cluster with "
-                             "--ray-address auto (or HOST:6379), or deploy "
-                             "kvserve.replicas.serve_app (see docs/replicas.md)")
-    elif getattr(args, "ray_address", None):
-        raise ValueError("--ray-address needs --replicas N (the replicas it would run)")
 
 
 DEAD_ENGINE_EXIT_S = 2.0  # a dead engine's server answers 503 this long, then exits 1
 
 
-def _usage_hint(host: str, port: int, name: str, api_key: bool) -> str:
+def usage_hint(host: str, port: int, name: str, api_key: bool) -> str:
     shown = f"[{host}]" if ":" in host else host
     base = f"http://{shown}:{port}"
     auth = ' -H "Authorization: Bearer $KVSERVE_API_KEY"' if api_key else ""
@@ -288,17 +279,14 @@ class ServerSettings:
     """What ``kvserve serve``'s flags say, checked: the engine's arguments, what it
     records, the app's settings (``build_app``'s keywords but the key) and the key."""
 
-    engine_args: object
-    observability: object
+    engine_args: EngineArgs
+    observability: ObservabilityConfig
     app: dict
     name: str
     api_key: str | None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServerSettings":
-        from kvserve.config import ObservabilityConfig
-        from kvserve.engine.engine_args import EngineArgs
-
         _check_server_args(args)
         name = served_name(args)
         observability = ObservabilityConfig(
@@ -318,10 +306,7 @@ class ServerSettings:
 def run_server(args: argparse.Namespace) -> int:
     """``kvserve serve``: load the model, then serve until SIGTERM / SIGINT (exit 0)."""
     settings = ServerSettings.from_args(args)
-    hint = _usage_hint(args.host, args.port, settings.name, bool(settings.api_key))
-    if getattr(args, "replicas", None) is not None:
-        from kvserve.replicas.launch import run_replicated_server
-        return run_replicated_server(args, settings, hint)
+    hint = usage_hint(args.host, args.port, settings.name, bool(settings.api_key))
     engine = AsyncLLMEngine.from_engine_args(settings.engine_args, settings.observability)
     app = build_app(engine, api_key=settings.api_key, **settings.app)
 

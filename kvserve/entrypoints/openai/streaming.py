@@ -12,6 +12,7 @@ from kvserve.engine.async_engine import AsyncLLMEngine
 from kvserve.engine.streams import EngineDeadError, RequestStream
 from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.entrypoints.openai.errors import APIError, from_value_error
+from kvserve.entrypoints.openai.protocol import UsageInfo
 from kvserve.entrypoints.openai.sampling import SAMPLING_FIELDS
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.sampling_params import SamplingParams
@@ -52,8 +53,6 @@ class ChoiceState:
 
 def usage_so_far(out: RequestOutput):
     """Usage of one request's output up to now (stream_options.continuous_usage_stats)."""
-    from kvserve.entrypoints.openai.protocol import UsageInfo
-
     completion = sum(len(o.token_ids) for o in out.outputs)
     return UsageInfo(prompt_tokens=len(out.prompt_token_ids), completion_tokens=completion,
                      total_tokens=len(out.prompt_token_ids) + completion)

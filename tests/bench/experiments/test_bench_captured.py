@@ -11,7 +11,7 @@ from kvserve.bench.experiments.captured import CONCURRENCY, GEMV_ROWS, MODES, NE
     gemv_pass_bandwidth, paired_figures, run_captured_bench
 from kvserve.bench.instruments.paired import PairedRatio
 from kvserve.bench.workloads.definitions import BenchRequest
-from kvserve.entrypoints.cli import main
+from kvserve.cli import main
 from kvserve.worker.captured_step import MAX_ROWS
 
 

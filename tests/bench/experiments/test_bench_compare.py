@@ -276,7 +276,7 @@ def test_variants_hf_and_vllm_alternate_with_kvserve_defaults(
 def test_compare_command_measures_the_ceilings_twice_and_keeps_the_higher(
         tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from kvserve.bench.instruments import roofline
-    from kvserve.entrypoints.cli import main
+    from kvserve.cli import main
 
     rates = iter([40.0, 50.0])  # a slow minute first
     monkeypatch.setattr(roofline, "measure_roofline", lambda threads, repeats, source: (

@@ -12,7 +12,7 @@ from kvserve.bench.experiments import huge_pages as bench
 from kvserve.bench.instruments.paired import PairedRatio
 from kvserve.bench.workloads.definitions import BenchRequest
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.entrypoints.cli import main
+from kvserve.cli import main
 from kvserve.worker.huge_pages import huge_pages_setting
 
 needs_thp = pytest.mark.skipif(

@@ -35,7 +35,7 @@ def test_on_over_off_is_the_median_of_the_rounds_ratios(monkeypatch: pytest.Monk
 def test_the_command_prints_and_saves_the_paired_ratio(tiny_model_dir: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys) -> None:
-    from kvserve.entrypoints.cli import main
+    from kvserve.cli import main
 
     canned = {"requests": 2, "rounds": 3, "on_over_off": summarize_ratios([1.004, 0.999, 1.01]),
               "recording_share": 0.01, "peak_running": 2, "metrics_render_ms": 0.5,

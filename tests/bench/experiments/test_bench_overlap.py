@@ -11,7 +11,7 @@ import pytest
 from kvserve.bench.experiments.overlap import BATCH_SIZES, NEW_TOKENS, overlap_times, \
     run_overlap_bench
 from kvserve.bench.instruments.paired import PairedRatio, summarize_ratios
-from kvserve.entrypoints.cli import main
+from kvserve.cli import main
 
 
 def test_every_batch_size_is_measured(tiny_model_dir: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from kvserve.bench.experiments import replicas
 from kvserve.bench.instruments.paired import PairedRatio, summarize_ratios
-from kvserve.entrypoints.cli import main
+from kvserve.cli import main
 
 
 class _FakeServer:

@@ -101,7 +101,7 @@ def test_the_command_prints_and_saves_the_paired_ratios(tiny_model_dir: Path, tm
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys) -> None:
     from kvserve.bench.experiments import server_ab
-    from kvserve.entrypoints.cli import main
+    from kvserve.cli import main
 
     on, off = [_round(20.0), _round(40.0), _round(60.0)], [_round(10.0), _round(20.0),
                                                           _round(10.0)]

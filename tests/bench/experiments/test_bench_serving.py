@@ -22,7 +22,7 @@ for flag in ("--model", "--host", "--port", "--served-model-name", "--dtype", "-
 a = p.parse_args()
 assert a.dtype == "float32" and a.host == "127.0.0.1"
 assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
-os.execv(sys.executable, [sys.executable, "-m", "kvserve.entrypoints.cli", "serve", a.model,
+os.execv(sys.executable, [sys.executable, "-m", "kvserve.cli", "serve", a.model,
          "--host", a.host, "--port", a.port, "--served-model-name", a.served_model_name,
          "--max-num-seqs", "2", "--state-dir", os.environ["FAKE_VLLM_STATE"]])
 '''

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvserve.bench.experiments import tensor_parallel
-from kvserve.entrypoints.cli import main
+from kvserve.cli import main
 
 
 def test_tp_over_tp1_is_the_median_of_the_rounds_ratios(tiny_model_dir: Path, tmp_path: Path,

@@ -89,7 +89,7 @@ def test_measure_smoke() -> None:
 def test_roofline_command_writes_json_and_plot(tmp_path) -> None:
     import json
 
-    from kvserve.entrypoints.cli import main
+    from kvserve.cli import main
     out = tmp_path / "roof.json"
     rc = main(["bench", "roofline", "--ms", "1,4", "--k", "64", "--n", "64", "--cube", "0",
                "--repeats", "1", "--json", str(out), "--plot", str(tmp_path / "roof.png")])

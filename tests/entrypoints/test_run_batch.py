@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvserve.batch.offline import parse_mixed_input, run_batch
+from kvserve.entrypoints.openai.run_batch import parse_mixed_input, run_batch
 from kvserve.engine.engine_args import EngineArgs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,7 +144,7 @@ def test_cli(llama_dir, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "kvserve.entrypoints.cli", "run-batch",
+        return subprocess.run([sys.executable, "-m", "kvserve.cli", "run-batch",
                                *args], check=False, cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=120)
 

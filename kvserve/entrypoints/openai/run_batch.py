@@ -25,6 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.batch.lines import ENDPOINTS, InputLine, output_line, parse_input
+from kvserve.config import ObservabilityConfig
+from kvserve.engine.async_engine import AsyncLLMEngine
+from kvserve.engine.engine_args import EngineArgs
+from kvserve.entrypoints.openai.api_server import served_name
+from kvserve.entrypoints.openai.batch_routes import make_executor
+from kvserve.entrypoints.openai.context import ServerContext
+from kvserve.entrypoints.openai.errors import internal_error
+from kvserve.entrypoints.openai.serving_chat import create_chat_completion
+from kvserve.entrypoints.openai.serving_completions import create_completion
+from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
@@ -142,8 +152,6 @@ def run_batch(input_path: str, output_path: str, engine_args, served_model_name:
     if max_in_flight is not None and max_in_flight < 1:
         raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
 
-    from kvserve.config import ObservabilityConfig
-    from kvserve.engine.async_engine import AsyncLLMEngine
     observability = ObservabilityConfig(served_model_name=served_model_name,
                                         enable_metrics=False, log_stats_interval=0)
     engine = AsyncLLMEngine.from_engine_args(engine_args, observability)
@@ -176,13 +184,6 @@ async def _run(engine, lines: list[BatchLine], out, suffix: str, served_model_na
                tool_call_parser: str, bound: int, progress: bool) -> BatchSummary:
     """Run the lines and write their output lines to ``out`` in input order."""
     from tqdm.auto import tqdm
-
-    from kvserve.entrypoints.openai.batch_routes import make_executor
-    from kvserve.entrypoints.openai.context import ServerContext
-    from kvserve.entrypoints.openai.errors import internal_error
-    from kvserve.entrypoints.openai.serving_chat import create_chat_completion
-    from kvserve.entrypoints.openai.serving_completions import create_completion
-    from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
     # nothing is ever refused as busy (all lines are known up front) and the lines
     # were read from a local file, so there is no body limit
@@ -262,7 +263,6 @@ def add_run_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the model id the lines' 'model' must name (default: the model "
                         "directory's name, as kvserve serve)")
-    from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
     p.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSERS.names(),
                    help="how the model writes tool calls (default: hermes)")
     p.add_argument("--max-lines-in-flight", type=int, default=None,
@@ -274,8 +274,6 @@ def add_run_batch_args(p: argparse.ArgumentParser) -> None:
 
 def run_batch_from_args(args: argparse.Namespace) -> int:
     """``kvserve run-batch``."""
-    from kvserve.engine.engine_args import EngineArgs
-    from kvserve.entrypoints.openai.api_server import served_name
     return run_batch(args.input_file, args.output_file, EngineArgs.from_cli_args(args),
                      served_name(args), tool_call_parser=args.tool_call_parser,
                      max_in_flight=args.max_lines_in_flight,
