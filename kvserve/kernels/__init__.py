@@ -1,64 +1,30 @@
 """Small native kernels, compiled with the system C compiler on first use.
 
-Plain C through ctypes (no torch headers): a build is quick and cached by source hash.
-Without a compiler kvserve falls back to its torch paths. Each C signature is declared
-once, in :mod:`kvserve.kernels.signatures`, and checked against the sources at load.
+Plain C through ctypes (no torch headers): a build is quick and cached under a key of
+its sources, flags, CPU and compiler (:mod:`kvserve.kernels.build`). Without a compiler,
+or when the build fails, kvserve runs its slower torch paths and says so (a warning,
+``/health``, ``kernels_compiled``). Each C signature is declared once, in
+:mod:`kvserve.kernels.signatures`, and checked against the sources at load.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
+from kvserve.kernels.build import HEADERS, SOURCES, build_library
 from kvserve.kernels.signatures import bind, check_against_sources
 from kvserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
-                                                          "int8_linear.c", "threads.c",
-                                                          "gemv.c", "gemm.c",
-                                                          "decode_step.c"))
-_HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec_math.h", "paged_attention_tiles.h",
-                                                          "paged_attention_rows.h"))
 # KV pool element types the attention kernel reads (queries and sums are float32)
 NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # activation dtypes of the RMSNorm and rotary kernels (SiLU-and-multiply: float32)
 NATIVE_ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
 PANEL_COLUMNS = 16  # output columns of one panel of gemm_panels' weight layout
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("KVSERVE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvserve")
-    return Path(base) / "kernels"
-
-
-def _build(sources: tuple[Path, ...], headers: tuple[Path, ...],
-           extra_flags: tuple[str, ...] = ()) -> Path:
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources + headers)
-                            + " ".join(extra_flags).encode()).hexdigest()
-    target = _cache_dir() / f"kvserve-kernels-{digest[:16]}.so"
-    if target.exists():
-        return target
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc/gcc) found")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        cmd = [compiler, "-O3", "-march=native", *extra_flags, "-fopenmp", "-shared", "-fPIC",
-               *map(str, sources), "-o", str(out), "-lm"]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        os.replace(out, target)  # atomic: concurrent builders never see half a file
-    return target
 
 
 class Kernels:
@@ -71,13 +37,16 @@ class Kernels:
         self.available = False
         self.reason = ""
         try:
-            lib = ctypes.CDLL(str(_build(_SOURCES, _HEADERS, extra_flags)))
+            lib = ctypes.CDLL(str(build_library(extra_flags)))
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
-            detail = getattr(e, "stderr", "") or str(e)
-            self.reason = detail.strip().splitlines()[-1] if detail.strip() else repr(e)
-            logger.warning("native kernels unavailable (%s); using torch attention", self.reason)
+            detail = (getattr(e, "stderr", "") or str(e)).strip()
+            self.reason = detail.splitlines()[-1] if detail else repr(e)
+            if isinstance(e, subprocess.CalledProcessError):
+                self.reason = f"the C build failed: {self.reason}"
+            logger.warning("native kernels not built (%s): the slower torch paths run "
+                           "instead", self.reason)
             return
-        check_against_sources(_SOURCES + _HEADERS)
+        check_against_sources(SOURCES + HEADERS)
         self._attention = {dtype: bind(lib, "paged_attention_rows", f"paged_attention_rows_{sfx}")
                            for dtype, sfx in NATIVE_KV_DTYPES.items()}
         self._write_kv = {dtype: bind(lib, "write_kv", f"write_kv_{sfx}")

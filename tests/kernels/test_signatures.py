@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.kernels import _HEADERS, _SOURCES, load_kernels
+from kvserve.kernels import load_kernels
+from kvserve.kernels.build import HEADERS, SOURCES
 from kvserve.kernels.signatures import check_against_sources, parse_definitions
 
 
 def test_every_declared_function_matches_its_definition():
-    check_against_sources(_SOURCES + _HEADERS)  # raises on any difference
+    check_against_sources(SOURCES + HEADERS)  # raises on any difference
 
 
 def test_a_swapped_argument_in_the_source_is_refused(tmp_path):
-    source = next(p for p in _SOURCES if p.name == "elementwise.c").read_text()
+    source = next(p for p in SOURCES if p.name == "elementwise.c").read_text()
     swapped = source.replace("void silu_mul(const float *gate_up, float *out, int64_t rows, "
                              "int64_t inter)",
                              "void silu_mul(const float *gate_up, float *out, int64_t inter, "
@@ -20,7 +21,7 @@ def test_a_swapped_argument_in_the_source_is_refused(tmp_path):
     assert swapped != source
     bad = tmp_path / "elementwise.c"
     bad.write_text(swapped)
-    others = tuple(p for p in _SOURCES + _HEADERS if p.name != "elementwise.c")
+    others = tuple(p for p in SOURCES + HEADERS if p.name != "elementwise.c")
     with pytest.raises(RuntimeError, match=r"silu_mul: declared \(None\) gate_up:ptr, "
                                            r"out:ptr, rows:i64, inter:i64, C has"):
         check_against_sources(others + (bad,))
