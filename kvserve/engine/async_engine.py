@@ -56,6 +56,9 @@ class AsyncLLMEngine(EngineLoop):
         self.snapshot = EngineSnapshot()
         self._stats = recorder or StatsRecorder(None, log_interval=0)
         self.metrics, self.live = self._stats.metrics, self._stats.live
+        self.kernel_build = engine.kernel_build()
+        if self.metrics is not None:
+            self.metrics.kernels_compiled.set(1 if self.kernel_build.compiled else 0)
         interval = self._stats.log_interval
         self._idle_wait = min(interval, 1.0) if interval > 0 else 1.0
         self._cv = threading.Condition()

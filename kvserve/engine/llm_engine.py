@@ -28,7 +28,8 @@ from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 from kvserve.spec_decode.controller import SpecDecodeStats, create_controller
 from kvserve.structured_output.manager import StructuredOutputManager
-from kvserve.worker import KVCacheLayout, TransferStats, WorkerDiedError, create_worker
+from kvserve.worker import KernelBuild, KVCacheLayout, TransferStats, WorkerDiedError, \
+    create_worker
 from kvserve.worker.worker_base import ModelRunnerOutput
 from kvserve.worker.step_profiler import StepTimeStats
 
@@ -124,6 +125,11 @@ class LLMEngine:
         return {"block_size": cache.block_size, "cache_dtype": self.kv_layout.dtype_name,
                 "num_kv_blocks": self.kv_layout.num_blocks, "kv_manager": cache.kv_manager,
                 "enable_prefix_caching": cache.enable_prefix_caching}
+
+    def kernel_build(self) -> KernelBuild:
+        """Whether the worker's native kernels built (``/health`` and the
+        ``kernels_compiled`` metric report it)."""
+        return self.worker.kernel_build()
 
     def queue_sizes(self) -> tuple[int, int]:
         """(running, waiting) requests, cheaply (get_stats takes a KV snapshot)."""

@@ -135,6 +135,9 @@ class ServerMetrics:
         # -- kvserve's own ---------------------------------------------------------------
         self.engine_healthy = g("engine_healthy", "1 while the engine loop runs, 0 once it "
                                 "died (the server then answers 503).")
+        self.kernels_compiled = g("kernels_compiled", "1 when the native C kernels were "
+                                  "built, 0 when the slower torch paths run instead (no C "
+                                  "compiler, or the build failed: /health says why).")
         self.kv_cache_utilization_perc = g(
             "kv_cache_utilization_perc",
             "Share of handed-out KV slots that hold a token. 1 means 100 percent.")

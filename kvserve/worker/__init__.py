@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from kvserve.config.engine import EngineConfig
 from kvserve.worker.compute_thread import ComputeThreadWorker, compute_thread
-from kvserve.worker.worker_base import KVCacheLayout, TransferStats, Worker, WorkerDiedError
+from kvserve.worker.worker_base import KernelBuild, KVCacheLayout, TransferStats, Worker, \
+    WorkerDiedError
 
 
 def create_worker(config: EngineConfig, model=None) -> Worker:
@@ -25,5 +26,5 @@ def _create(config: EngineConfig, model) -> Worker:
     return CPUWorker(config, model)
 
 
-__all__ = ["Worker", "KVCacheLayout", "TransferStats", "WorkerDiedError", "compute_thread",
-           "create_worker"]
+__all__ = ["Worker", "KernelBuild", "KVCacheLayout", "TransferStats", "WorkerDiedError",
+           "compute_thread", "create_worker"]

@@ -32,7 +32,8 @@ import torch
 
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.worker.step_profiler import StepTimeStats
-from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, Worker
+from kvserve.worker.worker_base import KernelBuild, KVCacheLayout, ModelRunnerOutput, \
+    TransferStats, Worker
 
 THREAD_NAME = "kvserve-compute"
 PR_SET_NAME = 15  # prctl(2)
@@ -160,6 +161,9 @@ class ComputeThreadWorker(Worker):
     def create_draft_runner(self, model_dir: str):
         runner, num_blocks = self._thread.call(self.inner.create_draft_runner, model_dir)
         return OnComputeThread(runner, self._thread), num_blocks
+
+    def kernel_build(self) -> KernelBuild:
+        return self.inner.kernel_build()
 
     def transfer_stats(self) -> TransferStats:
         return self.inner.transfer_stats()

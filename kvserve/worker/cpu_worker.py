@@ -44,8 +44,8 @@ from kvserve.worker.tuning.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
 from kvserve.worker.tuning.row_padding import measure_min_rows
 from kvserve.worker.tuning.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
-from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
-    Worker
+from kvserve.worker.worker_base import KernelBuild, KVCacheLayout, ModelRunnerOutput, \
+    TransferStats, Worker
 
 logger = init_logger(__name__)
 
@@ -357,6 +357,10 @@ class CPUWorker(Worker):
 
     def step_time_stats(self) -> StepTimeStats:
         return self.profiler.stats()
+
+    def kernel_build(self) -> KernelBuild:
+        kernels = load_kernels()  # loaded at start whatever the attention: threads bind by it
+        return KernelBuild(kernels.available, kernels.reason)
 
     def transfer_stats(self) -> TransferStats:
         mover = self.runner.mover

@@ -61,6 +61,15 @@ class TransferStats:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class KernelBuild:
+    """Whether the worker's native kernels were built; when not, why (its slower torch
+    paths run instead)."""
+
+    compiled: bool
+    reason: str = ""
+
+
 class Worker(ABC):
     @abstractmethod
     def determine_kv_cache_layout(self) -> KVCacheLayout:
@@ -89,6 +98,10 @@ class Worker(ABC):
         """(a runner over a draft model for speculative decoding, its pool's block
         count); after initialize_kv_cache."""
         raise NotImplementedError(f"{type(self).__name__} cannot run a draft model")
+
+    @abstractmethod
+    def kernel_build(self) -> KernelBuild:
+        """Whether the native kernels built (the server reports it)."""
 
     def transfer_stats(self) -> TransferStats:
         return TransferStats()

@@ -14,6 +14,7 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.entrypoints.openai.api_server import build_app
 from kvserve.metrics import ServerMetrics, StatsRecorder
 from kvserve.sampling_params import SamplingParams
+from kvserve.worker import KernelBuild
 from tests.helpers import engine_settled
 
 
@@ -119,6 +120,40 @@ def test_app_internal_error_is_500_and_server_recovers(llm_engine, monkeypatch):
             metrics = (await client.get("/metrics")).text
             assert 'kvserve:request_success_total{engine="0",finished_reason="error",model_name="t"} 2.0' \
                 in metrics
+    _run(llm_engine, body)
+
+
+async def _health_and_gauge(engine) -> tuple[dict, str]:
+    """/health's body and the kernels_compiled line of /metrics."""
+    transport = httpx.ASGITransport(app=build_app(engine, "m"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        health = await client.get("/health")
+        assert health.status_code == 200
+        metrics = (await client.get("/metrics")).text
+    gauge, = [ln for ln in metrics.splitlines() if ln.startswith("kvserve:kernels_compiled{")]
+    return health.json(), gauge
+
+
+def test_health_and_a_gauge_say_the_kernels_built(llm_engine):
+    built = llm_engine.kernel_build()
+
+    async def body(engine):
+        health, gauge = await _health_and_gauge(engine)
+        assert health == {"status": "ok", "native_kernels": {"compiled": built.compiled,
+                                                             "reason": built.reason}}
+        assert gauge.endswith(" 1.0" if built.compiled else " 0.0")
+    _run(llm_engine, body)
+
+
+def test_health_and_a_gauge_say_the_torch_paths_run_without_a_compiler(llm_engine,
+                                                                         monkeypatch):
+    missing = KernelBuild(False, "no C compiler (neither cc nor gcc on PATH)")
+    monkeypatch.setattr(llm_engine.worker, "kernel_build", lambda: missing)
+
+    async def body(engine):
+        health, gauge = await _health_and_gauge(engine)
+        assert health["native_kernels"] == {"compiled": False, "reason": missing.reason}
+        assert gauge.endswith(" 0.0")
     _run(llm_engine, body)
 
 

@@ -168,7 +168,9 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     async def health(request: Request) -> Response:
         if not engine.is_running:
             raise APIError(engine.dead_error or "the engine is not running", 503)
-        return Response(status_code=200)
+        kernels = engine.kernel_build
+        return JSONResponse({"status": "ok", "native_kernels": {
+            "compiled": kernels.compiled, "reason": kernels.reason}})
 
     @route("/version", "GET")
     async def version(request: Request) -> Response:
@@ -274,6 +276,13 @@ def usage_hint(host: str, port: int, name: str, api_key: bool) -> str:
             f"(metrics: {base}/metrics)")
 
 
+def slow_paths_warning(reason: str) -> str:
+    """What ``kvserve serve`` says at start when the native kernels did not build."""
+    return (f"native kernels not built ({reason}): kvserve serves on its slower torch "
+            f"paths. Install a C compiler with OpenMP (gcc, or set CC) for the fast ones; "
+            f"/health and the kernels_compiled metric report it.")
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """What ``kvserve serve``'s flags say, checked: the engine's arguments, what it
@@ -308,6 +317,8 @@ def run_server(args: argparse.Namespace) -> int:
     settings = ServerSettings.from_args(args)
     hint = usage_hint(args.host, args.port, settings.name, bool(settings.api_key))
     engine = AsyncLLMEngine.from_engine_args(settings.engine_args, settings.observability)
+    if not engine.kernel_build.compiled:
+        logger.warning(slow_paths_warning(engine.kernel_build.reason))
     app = build_app(engine, api_key=settings.api_key, **settings.app)
 
     def abort_in_flight() -> None:  # the graceful stop's deadline is near

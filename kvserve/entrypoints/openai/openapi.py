@@ -17,6 +17,11 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"},
         "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer", "null"]}}}}}
+_HEALTH = {"type": "object", "required": ["status", "native_kernels"], "properties": {
+    "status": {"const": "ok"},
+    "native_kernels": {"type": "object", "required": ["compiled", "reason"], "properties": {
+        "compiled": {"type": "boolean"},  # false: the slower torch paths run
+        "reason": {"type": "string"}}}}}  # why they did not build ("" when they did)
 _ERRORS = {"400": "invalid request", "401": "missing or wrong API key",
            "404": "unknown model or route", "405": "wrong method",
            "413": "body too large", "415": "not JSON", "429": "too many waiting requests",
@@ -78,8 +83,8 @@ def build_openapi(version: str, protected: bool) -> dict:
         "/v1/models/{model}": {"get": {**_operation("one model", json_ok(
             s.ref(ModelCard, "serialization")), ("404", *auth)), "parameters": [
             {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]}},
-        "/health": {"get": _operation("200 while the engine runs",
-                                      {"description": "running"}, ("503",))},
+        "/health": {"get": _operation("200 while the engine runs", json_ok(_HEALTH),
+                                      ("503",))},
         "/version": {"get": _operation("package version", json_ok({"type": "object"}), ())},
         "/metrics": {"get": _operation("Prometheus metrics", {"description": "exposition",
                                        "content": {"text/plain": {"schema": {

@@ -32,8 +32,8 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.logger import init_logger
 from kvserve.model.tensor_parallel import TensorParallelGroup
 from kvserve.worker.parallel.shm_collectives import SLOT_BYTES, SharedMemoryGroup, shm_path
-from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput, TransferStats, \
-    Worker, WorkerDiedError
+from kvserve.worker.worker_base import KernelBuild, KVCacheLayout, ModelRunnerOutput, \
+    TransferStats, Worker, WorkerDiedError
 
 logger = init_logger(__name__)
 
@@ -250,6 +250,9 @@ class TensorParallelWorker(Worker):
 
     def create_draft_runner(self, model_dir: str):
         return self.local.create_draft_runner(model_dir)  # unsharded, on rank 0
+
+    def kernel_build(self) -> KernelBuild:
+        return self.local.kernel_build()  # every rank builds on this machine, from one cache
 
     def transfer_stats(self) -> TransferStats:
         return self.local.transfer_stats()
