@@ -9,8 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kvserve.engine.streams import EngineRequestError
-from kvserve.entrypoints.openai.errors import (APIError, bad_request, engine_error,
-                                               internal_error)
+from kvserve.entrypoints.openai.errors import bad_request, engine_error
 from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,
                                                  ChatCompletionChunk, ChatCompletionRequest,
                                                  ChatCompletionResponse, ChatMessage,
@@ -26,15 +25,13 @@ from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_para
     truncate_prompt
 from kvserve.tracing import trace_headers
 from kvserve.batch.lines import is_batch_line
-from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
+from kvserve.entrypoints.openai.streaming import (ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
 from kvserve.entrypoints.openai.tools import conversation, extract_calls, forced_call, \
     plan_tools
 from kvserve.model.token_text import TokenTexts
-from kvserve.logger import init_logger
 
-logger = init_logger(__name__)
 _LONG_TEXT = 4096
 
 
@@ -105,7 +102,7 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
                             final_only=not req.stream)
     if req.stream:
         gen = _stream(ctx, req, request_id, streams, hold_back(params), plan)
-        return SSEResponse(gen, ctx.engine, streams)
+        return SSEResponse(gen, ctx.engine, streams, f"chat stream {request_id}")
     try:
         finals = await unless_disconnected(request, final_outputs(ctx.engine, streams))
     except EngineRequestError as e:
@@ -152,49 +149,38 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
 
     states = {j: ChoiceState(hold) for j in range(req.n)}
     usage = UsageInfo()
-    try:
-        for j in range(req.n):  # OpenAI opens each choice with the role
-            yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant",
-                                                                      content=""))])
-        async for _, out in iterate_streams(ctx.engine, streams):
-            for o in out.outputs:
-                state = states[o.index]
-                if state.done:
+    for j in range(req.n):  # OpenAI opens each choice with the role
+        yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant",
+                                                                  content=""))])
+    async for _, out in iterate_streams(ctx.engine, streams):
+        for o in out.outputs:
+            state = states[o.index]
+            if state.done:
+                continue
+            text, ids, lps = state.advance(o)
+            if plan is not None:
+                if not state.done:
                     continue
-                text, ids, lps = state.advance(o)
-                if plan is not None:
-                    if not state.done:
-                        continue
-                    yield _final_tool_chunk(chunk, ctx, plan, o)
-                    continue
-                if state.nothing_to_send(text, ids):
-                    continue
-                logprobs = None
-                if req.logprobs:
-                    logprobs = ChatChoiceLogprobs(content=chat_logprobs(
-                        ids, lps or [], texts, req.top_logprobs or 0))
-                delta = DeltaMessage(content=text) if text or not state.done else DeltaMessage()
-                yield chunk([ChatStreamChoice(
-                    index=o.index, delta=delta, logprobs=logprobs,
-                    finish_reason=o.finish_reason if state.done else None,
-                    stop_reason=o.stop_reason if state.done else None)],
-                    usage_so_far(out) if continuous else None)
-            if out.finished:
-                usage.prompt_tokens = len(out.prompt_token_ids)
-                usage.completion_tokens = sum(len(o.token_ids) for o in out.outputs)
-        if include_usage:
-            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-            yield chunk([], usage)
-    except EngineRequestError as e:
-        yield engine_error(e).sse()
-    except APIError as e:
-        yield e.sse()
-    except Exception:  # noqa: BLE001 - fail this stream only
-        logger.exception("chat stream %s failed", request_id)
-        yield internal_error().sse()
-    finally:
-        ctx.engine.abort([s.request_id for s in streams])
-    yield SSE_DONE
+                yield _final_tool_chunk(chunk, ctx, plan, o)
+                continue
+            if state.nothing_to_send(text, ids):
+                continue
+            logprobs = None
+            if req.logprobs:
+                logprobs = ChatChoiceLogprobs(content=chat_logprobs(
+                    ids, lps or [], texts, req.top_logprobs or 0))
+            delta = DeltaMessage(content=text) if text or not state.done else DeltaMessage()
+            yield chunk([ChatStreamChoice(
+                index=o.index, delta=delta, logprobs=logprobs,
+                finish_reason=o.finish_reason if state.done else None,
+                stop_reason=o.stop_reason if state.done else None)],
+                usage_so_far(out) if continuous else None)
+        if out.finished:
+            usage.prompt_tokens = len(out.prompt_token_ids)
+            usage.completion_tokens = sum(len(o.token_ids) for o in out.outputs)
+    if include_usage:
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        yield chunk([], usage)
 
 
 def _final_tool_chunk(chunk, ctx: ServerContext, plan, o) -> str:

@@ -9,8 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kvserve.engine.streams import EngineRequestError
-from kvserve.entrypoints.openai.errors import (APIError, bad_request, engine_error,
-                                               internal_error)
+from kvserve.entrypoints.openai.errors import bad_request, engine_error
 from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
                                                  CompletionLogprobs, CompletionRequest,
                                                  CompletionResponse, PromptLogprob, UsageInfo)
@@ -21,13 +20,11 @@ from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_para
     truncate_prompt
 from kvserve.tracing import trace_headers
 from kvserve.batch.lines import is_batch_line
-from kvserve.entrypoints.openai.streaming import (SSE_DONE, ChoiceState, SSEResponse, add_all,
+from kvserve.entrypoints.openai.streaming import (ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
 from kvserve.model.token_text import TokenTexts
-from kvserve.logger import init_logger
 
-logger = init_logger(__name__)
 _DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 _LONG_TEXT = 4096  # prompts longer than this are tokenized off the event loop
 
@@ -124,7 +121,7 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
                             final_only=not req.stream)
     if req.stream:
         gen = _stream(ctx, req, request_id, streams, prompts, texts, hold_back(params[0]))
-        return SSEResponse(gen, ctx.engine, streams)
+        return SSEResponse(gen, ctx.engine, streams, f"completion stream {request_id}")
     try:
         finals = await unless_disconnected(request, final_outputs(ctx.engine, streams))
     except EngineRequestError as e:
@@ -171,55 +168,44 @@ async def _stream(ctx: ServerContext, req: CompletionRequest, request_id: str, s
     states: dict[int, ChoiceState] = {}
     offsets: dict[int, int] = {}
     usage = UsageInfo()
-    try:
-        async for i, out in iterate_streams(ctx.engine, streams):
-            for o in out.outputs:
-                index = i * req.n + o.index
-                state = states.get(index)
-                first = state is None
-                if first:
-                    state = states[index] = ChoiceState(hold)
-                elif state.done:
-                    continue
-                text, ids, lps = state.advance(o)
-                if first and req.echo:
-                    text = echo_texts[i] + text
-                if state.nothing_to_send(text, ids):
-                    continue
-                logprobs = None
-                if req.logprobs is not None:
-                    logprobs, offsets[index] = completion_logprobs(
-                        ids, lps or [], token_texts, offsets.get(index, 0),
-                        prompts[i][1] if first and req.echo else None,
-                        out.prompt_logprobs if first and req.echo else None)
-                choice = CompletionChoice(
-                    index=index, text=text, logprobs=logprobs,
-                    finish_reason=o.finish_reason if state.done else None,
-                    stop_reason=o.stop_reason if state.done else None,
-                    prompt_logprobs=(_vllm_prompt_logprobs(out.prompt_logprobs, token_texts)
-                                     if first and req.prompt_logprobs is not None else None))
-                running = usage_so_far(out) if continuous else None
-                yield sse(CompletionStreamChunk(id=request_id, created=created,
-                                                model=ctx.model_name, choices=[choice],
-                                                usage=running),
-                          None if running is not None else exclude)
-            if out.finished:
-                usage.prompt_tokens += len(out.prompt_token_ids)
-                usage.completion_tokens += sum(len(o.token_ids) for o in out.outputs)
-        if include_usage:
-            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    async for i, out in iterate_streams(ctx.engine, streams):
+        for o in out.outputs:
+            index = i * req.n + o.index
+            state = states.get(index)
+            first = state is None
+            if first:
+                state = states[index] = ChoiceState(hold)
+            elif state.done:
+                continue
+            text, ids, lps = state.advance(o)
+            if first and req.echo:
+                text = echo_texts[i] + text
+            if state.nothing_to_send(text, ids):
+                continue
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs, offsets[index] = completion_logprobs(
+                    ids, lps or [], token_texts, offsets.get(index, 0),
+                    prompts[i][1] if first and req.echo else None,
+                    out.prompt_logprobs if first and req.echo else None)
+            choice = CompletionChoice(
+                index=index, text=text, logprobs=logprobs,
+                finish_reason=o.finish_reason if state.done else None,
+                stop_reason=o.stop_reason if state.done else None,
+                prompt_logprobs=(_vllm_prompt_logprobs(out.prompt_logprobs, token_texts)
+                                 if first and req.prompt_logprobs is not None else None))
+            running = usage_so_far(out) if continuous else None
             yield sse(CompletionStreamChunk(id=request_id, created=created,
-                                            model=ctx.model_name, choices=[], usage=usage))
-    except EngineRequestError as e:
-        yield engine_error(e).sse()
-    except APIError as e:
-        yield e.sse()
-    except Exception:  # noqa: BLE001 - fail this stream only
-        logger.exception("completion stream %s failed", request_id)
-        yield internal_error().sse()
-    finally:
-        ctx.engine.abort([s.request_id for s in streams])
-    yield SSE_DONE
+                                            model=ctx.model_name, choices=[choice],
+                                            usage=running),
+                      None if running is not None else exclude)
+        if out.finished:
+            usage.prompt_tokens += len(out.prompt_token_ids)
+            usage.completion_tokens += sum(len(o.token_ids) for o in out.outputs)
+    if include_usage:
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        yield sse(CompletionStreamChunk(id=request_id, created=created,
+                                        model=ctx.model_name, choices=[], usage=usage))
 
 
 CompletionStreamChunk = CompletionResponse  # same shape; usage stays null until the end

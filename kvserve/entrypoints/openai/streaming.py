@@ -1,5 +1,6 @@
 """Streaming a request's outputs: queueing its prompts, per-choice deltas (stop strings
-never sent partially), server-sent events, and aborting whatever the client left."""
+never sent partially), server-sent events ending in one error event when something
+fails mid-stream, and aborting whatever the client left."""
 from __future__ import annotations
 
 import asyncio
@@ -9,13 +10,17 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 
 from kvserve.engine.async_engine import AsyncLLMEngine
-from kvserve.engine.streams import EngineDeadError, RequestStream
+from kvserve.engine.streams import EngineDeadError, EngineRequestError, RequestStream
 from kvserve.entrypoints.openai.context import ServerContext
-from kvserve.entrypoints.openai.errors import APIError, from_value_error
+from kvserve.entrypoints.openai.errors import (APIError, engine_error, from_value_error,
+                                               internal_error)
 from kvserve.entrypoints.openai.protocol import UsageInfo
 from kvserve.entrypoints.openai.sampling import SAMPLING_FIELDS
 from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.logger import init_logger
 from kvserve.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
 
 
 class ChoiceState:
@@ -70,15 +75,33 @@ SSE_DONE = "data: [DONE]\n\n"
 
 
 class SSEResponse(StreamingResponse):
-    """A server-sent-event stream that aborts its requests however the response ends,
-    even when the client leaves before the first chunk (the body never starts)."""
+    """A server-sent-event stream of ``chunks`` that ends with ``[DONE]``; an error
+    mid-stream becomes one error event before it (the engine's, the API's, or an internal
+    one, logged as ``what``). It aborts its requests however the response ends, even
+    when the client leaves before the first chunk (the body never starts)."""
 
-    def __init__(self, content: AsyncIterator[str], engine: AsyncLLMEngine,
-                 streams: list[RequestStream]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, chunks: AsyncIterator[str], engine: AsyncLLMEngine,
+                 streams: list[RequestStream], what: str) -> None:
         self._engine = engine
         self._ids = [s.request_id for s in streams]
+        super().__init__(self._events(chunks, what), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _events(self, chunks: AsyncIterator[str], what: str) -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except EngineRequestError as e:
+            yield engine_error(e).sse()
+        except APIError as e:
+            yield e.sse()
+        except Exception:  # noqa: BLE001 - fail this stream only
+            logger.exception("%s failed", what)
+            yield internal_error().sse()
+        finally:
+            self._engine.abort(self._ids)
+            await chunks.aclose()
+        yield SSE_DONE
 
     async def __call__(self, scope, receive, send) -> None:
         try:
