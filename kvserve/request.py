@@ -46,8 +46,6 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
     num_preemptions: int = 0
     stop_reason: int | str | None = None
-    # tokens a proposer guesses will follow (speculative decoding); verified, never trusted
-    draft_token_ids: list[int] = field(default_factory=list)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None

@@ -30,7 +30,9 @@ with long background steps that a new arrival would have to wait for.
 The scheduler owns each request's lifecycle: it alone decides that a request is finished
 and why (:meth:`Scheduler.update` for a stop, :meth:`Scheduler.finish_request` for the
 rest). Each :meth:`Scheduler.schedule` that runs something attaches a
-:class:`SchedulerStats` to its output.
+:class:`SchedulerStats` to its output. Speculative decoding's guesses reach it through
+:meth:`Scheduler.set_drafts`; a decode carries them into the next step while the budget,
+``max_tokens`` and the KV pool leave room.
 """
 from __future__ import annotations
 
@@ -67,6 +69,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._finished_ids: list[str] = []
+        self._drafts: dict[str, list[int]] = {}  # the next step's guesses, by request id
         self.batching = create_batching_policy(config)
         self.num_preemptions = 0
 
@@ -122,6 +125,11 @@ class Scheduler:
         req.finished_time = time.monotonic()
         self._finished_ids.append(request_id)
         return req
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        """The draft tokens running requests may carry in the next step for it to verify
+        (request id -> guessed next tokens), in place of any set before."""
+        self._drafts = drafts
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -276,11 +284,10 @@ class Scheduler:
                      100 * kv.internal_fragmentation, 100 * kv.external_fragmentation,
                      stats.num_preemptions, kv.moved_blocks)
 
-    @staticmethod
-    def _take_drafts(req: Request, num_new: int, budget: int) -> list[int]:
+    def _take_drafts(self, req: Request, num_new: int, budget: int) -> list[int]:
         """A decode's draft tokens, as many as the budget and max_tokens leave room for
         (a step yields at most one token more than the drafts it verifies)."""
-        drafts, req.draft_token_ids = req.draft_token_ids, []
+        drafts = self._drafts.pop(req.request_id, None)
         if not drafts or num_new != 1 or req.num_computed_tokens + 1 != req.num_tokens:
             return []
         room = min(budget - 1, req.max_tokens - req.num_output_tokens - 1)

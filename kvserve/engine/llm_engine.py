@@ -298,9 +298,10 @@ class LLMEngine:
 
     def _schedule(self) -> SchedulerOutput:
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
+            drafts = self.speculator.propose(self.scheduler.running)
             if self.structured.has_any():
-                self.structured.cut_drafts(self.scheduler.running)
+                drafts = self.structured.cut_drafts(drafts)
+            self.scheduler.set_drafts(drafts)
         sched = self.scheduler.schedule()
         if self.structured.has_any():
             sched = dataclasses.replace(

@@ -259,8 +259,9 @@ class SpecDecodeController:
 
     # -- the step ------------------------------------------------------------------------
 
-    def propose(self, running: list[Request]) -> None:
-        """Set each running request's draft tokens for the next step."""
+    def propose(self, running: list[Request]) -> dict[str, list[int]]:
+        """Each running request's draft tokens for the next step (absent: none), for the
+        scheduler to take (:meth:`~kvserve.core.scheduler.Scheduler.set_drafts`)."""
         start = self.clock()
         mode = (StepMode.PLAN if self.gate is None
                 else self.gate.mode(lambda: self._rows(running)))
@@ -279,11 +280,12 @@ class SpecDecodeController:
             self.propose_seconds += 0.1 * (spent / units - self.propose_seconds)
             if predicted and self.gate is not None:
                 self._pass_scale.add(spent / predicted)
-        for r in running:
-            r.draft_token_ids = drafts.get(r.request_id, [])
+        drafts = {r.request_id: drafts[r.request_id] for r in running
+                  if drafts.get(r.request_id)}
         self._proposed = _ProposedStep(start, self.clock() - start,
                                        mode is not StepMode.PLAIN and self._had_candidates,
                                        frozenset(limits))
+        return drafts
 
     def _predicted_passes(self, running: list[Request], limits: dict[str, int]) -> float:
         """Start-up seconds of the passes and catch-ups these limits ask of a draft model

@@ -53,16 +53,19 @@ class StructuredOutputManager:
     def has_any(self) -> bool:
         return bool(self._matchers)
 
-    def cut_drafts(self, running: list[Request]) -> None:
-        """Keep each constrained request's drafts only up to the first one refused."""
-        for req in running:
-            m = self._matchers.get(req.request_id)
-            if m is None or not req.draft_token_ids:
-                continue
-            ok = m.try_consume_tokens(req.draft_token_ids)
-            if ok:
-                m.rollback(ok)
-            req.draft_token_ids = req.draft_token_ids[:ok]
+    def cut_drafts(self, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
+        """The drafts (request id -> tokens), each constrained request's only up to the
+        first one its grammar refuses."""
+        cut = {}
+        for rid, tokens in drafts.items():
+            m = self._matchers.get(rid)
+            if m is not None:
+                ok = m.try_consume_tokens(tokens)
+                if ok:
+                    m.rollback(ok)
+                tokens = tokens[:ok]
+            cut[rid] = tokens
+        return cut
 
     def masks_in_background(self, out: SchedulerOutput) -> Future:
         """:meth:`masks` on a helper thread: the worker runs the model meanwhile and

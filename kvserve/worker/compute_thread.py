@@ -32,8 +32,8 @@ import torch
 
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.worker.step_profiler import StepTimeStats
-from kvserve.worker.worker_base import KernelBuild, KVCacheLayout, ModelRunnerOutput, \
-    TransferStats, Worker
+from kvserve.worker.worker_base import DraftAsk, DraftModelInfo, DraftProposal, \
+    KernelBuild, KVCacheLayout, ModelRunnerOutput, TransferStats, Worker
 
 THREAD_NAME = "kvserve-compute"
 PR_SET_NAME = 15  # prctl(2)
@@ -49,8 +49,8 @@ class ComputeThread:
 
     def submit(self, fn: Callable, *args, **kwargs) -> Future:
         """Queue ``fn(*args, **kwargs)``; it runs in the caller's autograd mode (inference
-        mode and grad mode are per thread: a proposer's ``torch.inference_mode()`` holds
-        for the draft pass it sends here)."""
+        mode and grad mode are per thread: a caller's ``torch.inference_mode()`` holds
+        for the call it sends here)."""
         future: Future = Future()
         modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
         self._jobs.put((future, fn, args, kwargs, modes))
@@ -109,27 +109,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-class OnComputeThread:
-    """An object whose method calls run on the compute thread (a draft model's runner,
-    driven by the proposer from the engine's thread); plain attributes are read as
-    they are."""
-
-    def __init__(self, target: Any, thread: ComputeThread) -> None:
-        self._target, self._thread = target, thread
-
-    def __getattr__(self, name: str):
-        value = getattr(self._target, name)
-        if not callable(value):
-            return value
-        return lambda *args, **kwargs: self._thread.call(value, *args, **kwargs)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("_target", "_thread"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._target, name, value)
-
-
 class ComputeThreadWorker(Worker):
     def __init__(self, make: Callable[[], Worker]) -> None:
         """``make`` builds the worker; it runs on the compute thread."""
@@ -158,9 +137,18 @@ class ComputeThreadWorker(Worker):
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
         return self._thread.call(self.inner.time_step_rows, row_counts)
 
-    def create_draft_runner(self, model_dir: str):
-        runner, num_blocks = self._thread.call(self.inner.create_draft_runner, model_dir)
-        return OnComputeThread(runner, self._thread), num_blocks
+    def load_draft_model(self, model_dir: str) -> DraftModelInfo:
+        return self._thread.call(self.inner.load_draft_model, model_dir)
+
+    def time_draft_model(self, batch_sizes: list[int], chunk_lengths: list[int]
+                         ) -> tuple[dict[int, float], dict[int, float]]:
+        return self._thread.call(self.inner.time_draft_model, batch_sizes, chunk_lengths)
+
+    def propose_drafts(self, asks: list[DraftAsk]) -> DraftProposal:
+        return self._thread.call(self.inner.propose_drafts, asks)
+
+    def forget_drafts(self, request_ids: list[str]) -> None:
+        self._thread.call(self.inner.forget_drafts, request_ids)
 
     def kernel_build(self) -> KernelBuild:
         return self.inner.kernel_build()

@@ -31,6 +31,7 @@ from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
     choose_captured_rows, unsupported_reason
+from kvserve.worker.draft_runner import DraftRunner
 from kvserve.worker.tuning.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.kv_pool_size import kv_cache_layout
 from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
@@ -44,8 +45,8 @@ from kvserve.worker.tuning.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
 from kvserve.worker.tuning.row_padding import measure_min_rows
 from kvserve.worker.tuning.small_gemm import choose_dense_rows
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
-from kvserve.worker.worker_base import KernelBuild, KVCacheLayout, ModelRunnerOutput, \
-    TransferStats, Worker
+from kvserve.worker.worker_base import DraftAsk, DraftModelInfo, DraftProposal, \
+    KernelBuild, KVCacheLayout, ModelRunnerOutput, TransferStats, Worker
 
 logger = init_logger(__name__)
 
@@ -77,6 +78,7 @@ class CPUWorker(Worker):
         self.kv_dtype = (model_cfg.dtype if cache.kv_cache_dtype == "auto"
                          else getattr(torch, cache.kv_cache_dtype))
         self.runner: ModelRunner | None = None
+        self.draft: DraftRunner | None = None  # speculative decoding's draft model
         self._few_rows_tuned = False
         logger.info("loaded %s (%s, %s, %d threads) in %.1fs; max_model_len %d",
                     model_cfg.model_dir, model_cfg.arch.architecture, model_cfg.dtype,
@@ -309,9 +311,9 @@ class CPUWorker(Worker):
 
     # -- a draft model (speculative decoding) ----------------------------------------------
 
-    def create_draft_runner(self, model_dir: str) -> tuple[ModelRunner, int]:
-        """A runner over the draft model, its layers run as the target's, with a pool of
-        as many blocks as the target's (the same tokens fit), warmed up."""
+    def load_draft_model(self, model_dir: str) -> DraftModelInfo:
+        """The draft model, its layers run as the target's, over a pool of as many blocks
+        as the target's (the same tokens fit), warmed up."""
         from kvserve.model.config import ArchConfig
 
         start = time.perf_counter()
@@ -336,7 +338,9 @@ class CPUWorker(Worker):
                     "%d blocks, %.1f MiB", model_dir, arch.architecture, arch.num_layers,
                     time.perf_counter() - start, layout.num_blocks,
                     layout.num_blocks * layout.bytes_per_block / 2**20)
-        return runner, layout.num_blocks
+        self.draft = DraftRunner(runner, layout.num_blocks, layout.block_size)
+        return DraftModelInfo(layout.num_blocks, min(arch.max_position_embeddings,
+                                                     self.config.model.max_model_len))
 
     def kv_layout_for(self, arch, dtype: torch.dtype) -> KVCacheLayout:
         """A pool for another model (a draft) with the target's block count and size."""
@@ -344,6 +348,17 @@ class CPUWorker(Worker):
         return KVCacheLayout(self.runner.caches[0].k.shape[0], bs,
                              kv_bytes_per_block(arch, bs, dtype),
                              str(dtype).removeprefix("torch."))
+
+    def time_draft_model(self, batch_sizes: list[int], chunk_lengths: list[int]
+                         ) -> tuple[dict[int, float], dict[int, float]]:
+        return self.draft.time_passes(batch_sizes, chunk_lengths)
+
+    def propose_drafts(self, asks: list[DraftAsk]) -> DraftProposal:
+        return self.draft.propose(asks)
+
+    def forget_drafts(self, request_ids: list[str]) -> None:
+        if self.draft is not None:
+            self.draft.forget(request_ids)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -369,3 +384,5 @@ class CPUWorker(Worker):
     def close(self) -> None:
         if self.runner is not None:
             self.runner.close()
+        if self.draft is not None:
+            self.draft.close()

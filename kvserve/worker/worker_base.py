@@ -15,6 +15,11 @@ changing. Calls come in this order, all run on kvserve's compute thread
     worker.finish_startup()                     # after the engine's own start-up work
     worker.execute_model(scheduler_output) ...  # every step
     worker.close()
+
+With speculation by a draft model the worker runs the draft too, next to the target:
+``load_draft_model`` (after ``initialize_kv_cache``) gives it its own runner and KV pool,
+and each step's ``propose_drafts`` runs its passes; the engine keeps only the copy of
+what the draft's KV holds that the worker reports back.
 """
 from __future__ import annotations
 
@@ -70,6 +75,42 @@ class KernelBuild:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class DraftModelInfo:
+    """A draft model the worker loaded: its KV pool and how far its positions reach."""
+
+    num_blocks: int
+    max_positions: int
+
+
+@dataclass(frozen=True)
+class DraftAsk:
+    """One request's ask for drafts: its tokens from ``start`` to its last one, and at
+    most how many drafts. ``start`` is at most the tokens the draft's KV holds of it
+    (:attr:`DraftProposal.held`) and below its last token, whose logits give the first
+    draft."""
+
+    request_id: str
+    start: int
+    token_ids: list[int]
+    num_drafts: int
+
+    @property
+    def num_tokens(self) -> int:
+        """The request's tokens, all told."""
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    """What a call for drafts gave: each request's guessed next tokens (a request asked
+    may get none), and for every request whose KV the draft now holds, how many of its
+    first tokens that is."""
+
+    drafts: dict[str, list[int]]
+    held: dict[str, int]
+
+
 class Worker(ABC):
     @abstractmethod
     def determine_kv_cache_layout(self) -> KVCacheLayout:
@@ -94,14 +135,28 @@ class Worker(ABC):
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
         """Seconds of a step by its row count (speculative decoding's cost model)."""
 
-    def create_draft_runner(self, model_dir: str):
-        """(a runner over a draft model for speculative decoding, its pool's block
-        count); after initialize_kv_cache."""
+    def load_draft_model(self, model_dir: str) -> DraftModelInfo:
+        """Load a draft model for speculative decoding, with its own KV pool, warmed up;
+        after initialize_kv_cache."""
         raise NotImplementedError(f"{type(self).__name__} cannot run a draft model")
 
     @abstractmethod
     def kernel_build(self) -> KernelBuild:
         """Whether the native kernels built (the server reports it)."""
+
+    def time_draft_model(self, batch_sizes: list[int], chunk_lengths: list[int]
+                         ) -> tuple[dict[int, float], dict[int, float]]:
+        """Seconds of a draft pass by the requests in it (one token each), and of a
+        catch-up by the tokens in it (one request)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run a draft model")
+
+    def propose_drafts(self, asks: list[DraftAsk]) -> DraftProposal:
+        """The draft model's greedy guesses for the requests asked; a request not asked
+        may give its draft KV back (when the pool runs short)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run a draft model")
+
+    def forget_drafts(self, request_ids: list[str]) -> None:
+        """The draft KV of requests that finished goes back to its pool."""
 
     def transfer_stats(self) -> TransferStats:
         return TransferStats()

@@ -1,4 +1,5 @@
-"""Scheduler step composition: prompts joining a step under the prefill join limit."""
+"""Scheduler step composition: prompts joining a step under the prefill join limit, and
+the drafts decodes carry."""
 from __future__ import annotations
 
 import pytest
@@ -51,3 +52,28 @@ def test_no_limit_merges_up_to_the_token_budget(limit):
 def test_bad_limit_is_refused():
     with pytest.raises(ValueError, match="prefill_join_tokens must be an integer >= 0"):
         EngineArgs(prefill_join_tokens=-1)
+
+
+def _drafted(out) -> dict[str, list[int]]:
+    return {s.request_id: s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
+            for s in out.scheduled if s.num_draft_tokens}
+
+
+def test_decodes_carry_the_drafts_set_for_them_as_max_tokens_leaves_room():
+    sched = _scheduler()
+    sched.add_request(make_request("a", list(range(10)), 8))
+    sched.add_request(make_request("b", list(range(100, 110)), 3))
+    sched.set_drafts({"a": [1, 2]})  # a prompt step: no drafts
+    out = sched.schedule()
+    assert _drafted(out) == {}
+    sched.update(out, {"a": 7, "b": 7})
+    sched.set_drafts({"a": [1, 2, 3], "b": [4, 5, 6]})
+    out = sched.schedule()
+    assert _drafted(out) == {"a": [1, 2, 3], "b": [4]}  # b may yield two tokens more
+    sched.update(out, {"a": [8], "b": [9]})
+    out = sched.schedule()  # drafts are taken once
+    assert _drafted(out) == {}
+    sched.update(out, {"a": [8], "b": [9]})
+    sched.set_drafts({"a": [1]})
+    sched.set_drafts({})  # in place of the drafts set before
+    assert _drafted(sched.schedule()) == {}

@@ -55,7 +55,7 @@ class SimRun:
 
 class SimulatedEngine:
     """Requests run ``max_running`` at a time; a request's prompt is one step, then one
-    decode per step, with the drafts the controller set (the accepted ones are the
+    decode per step, with the drafts the controller proposed (the accepted ones are the
     drafts that match the continuation, as greedy verification accepts them)."""
 
     def __init__(self, clock: FakeClock, step_seconds: Callable[[int], float],
@@ -85,8 +85,7 @@ class SimulatedEngine:
         return run
 
     def step(self, run: SimRun) -> bool:
-        if self.controller is not None:
-            self.controller.propose(self.running)
+        proposed = self.controller.propose(self.running) if self.controller else {}
         scheduled = []
         for req in self.running:
             if req.num_computed_tokens == 0:
@@ -94,8 +93,7 @@ class SimulatedEngine:
                                                   0, [], None))
                 continue
             room = req.max_tokens - req.num_output_tokens - 1
-            drafts = req.draft_token_ids[:max(0, room)]
-            req.draft_token_ids = []
+            drafts = proposed.get(req.request_id, [])[:max(0, room)]
             scheduled.append(ScheduledRequest(req.request_id, [req.output_token_ids[-1]]
                                               + drafts, req.num_computed_tokens, [], None,
                                               len(drafts)))

@@ -47,9 +47,15 @@ def _greedy(llm, prompts, max_new=MAX_NEW):
     return [o.outputs[0].token_ids for o in outs]
 
 
+def _draft_pool(llm):
+    """The draft model's block pool, in the worker that runs it."""
+    return llm.engine.worker.inner.draft.pool
+
+
 def _assert_all_returned(llm):
-    proposer = llm.engine.speculator.proposer
-    assert proposer.num_free_blocks == proposer.pool.num_blocks, "draft KV blocks leaked"
+    pool = _draft_pool(llm)
+    assert pool.num_free == pool.num_blocks, "draft KV blocks leaked"
+    assert not llm.engine.speculator.proposer._held, "draft KV still counted as held"
     assert llm.engine.kv.stats().num_used_blocks == 0, "target KV blocks leaked"
 
 
@@ -122,7 +128,7 @@ def test_aborted_and_stopped_requests_give_the_draft_blocks_back(llama_dir, prom
         engine.add_request(str(i), {"prompt_token_ids": p}, params)
     for _ in range(4):
         engine.step()
-    assert engine.speculator.proposer.num_free_blocks < engine.speculator.proposer.pool.num_blocks
+    assert _draft_pool(llm).num_free < _draft_pool(llm).num_blocks
     engine.abort_request([str(i) for i in range(0, len(prompts), 2)])
     while engine.has_unfinished_requests():
         engine.step()

@@ -32,8 +32,9 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.logger import init_logger
 from kvserve.model.tensor_parallel import TensorParallelGroup
 from kvserve.worker.parallel.shm_collectives import SLOT_BYTES, SharedMemoryGroup, shm_path
-from kvserve.worker.worker_base import KernelBuild, KVCacheLayout, ModelRunnerOutput, \
-    TransferStats, Worker, WorkerDiedError
+from kvserve.worker.worker_base import DraftAsk, DraftModelInfo, DraftProposal, \
+    KernelBuild, KVCacheLayout, ModelRunnerOutput, TransferStats, Worker, \
+    WorkerDiedError
 
 logger = init_logger(__name__)
 
@@ -248,8 +249,20 @@ class TensorParallelWorker(Worker):
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
         return self._everywhere("time_step_rows", row_counts)
 
-    def create_draft_runner(self, model_dir: str):
-        return self.local.create_draft_runner(model_dir)  # unsharded, on rank 0
+    # the draft model runs unsharded on rank 0 alone: the other ranks wait for the step
+
+    def load_draft_model(self, model_dir: str) -> DraftModelInfo:
+        return self.local.load_draft_model(model_dir)
+
+    def time_draft_model(self, batch_sizes: list[int], chunk_lengths: list[int]
+                         ) -> tuple[dict[int, float], dict[int, float]]:
+        return self.local.time_draft_model(batch_sizes, chunk_lengths)
+
+    def propose_drafts(self, asks: list[DraftAsk]) -> DraftProposal:
+        return self.local.propose_drafts(asks)
+
+    def forget_drafts(self, request_ids: list[str]) -> None:
+        self.local.forget_drafts(request_ids)
 
     def kernel_build(self) -> KernelBuild:
         return self.local.kernel_build()  # every rank builds on this machine, from one cache
