@@ -10,130 +10,31 @@ from torch import nn
 from kvserve.kernels import NATIVE_ELEMENTWISE_DTYPES
 from kvserve.model.config import RopeConfig
 from kvserve.model.execution import ExecutionMode
+from kvserve.model.linear_method import FloatLinearMethod, LinearMethod
 
 
 class Linear(nn.Linear):
-    """nn.Linear that can run on oneDNN with its weight packed once, as vLLM's CPU build does.
-
-    MKL's GEMM behind F.linear streams weights that come cold from memory (as at every
-    step of a model larger than the cache) well below the CPU's peak; oneDNN with the
-    weight reordered once into its blocked layout streams them well at every batch
-    size. The packed copy doubles the memory of the linear weights; the dense copy is
-    kept for few-row GEMMs, which ran slower on oneDNN's (its fixed cost per call), unless
-    the layer has panels (below) that serve them: the worker then lets it go at the end
-    of start-up (``release_dense_weight``).
-    """
+    """nn.Linear whose computation is its ``method``'s (kvserve.model.linear_method): a
+    float weight's layouts and paths unless the model is quantized. Rows are
+    independent, so every method takes them flat."""
 
     step_part = "linear"  # for the step profiler (kvserve/worker/step_profiler.py)
-    packed_weight: torch.Tensor | None = None
-    min_rows: int = 1  # a packed GEMM of fewer rows runs on min_rows rows, the real ones first
-    # GEMMs of up to this many rows run on the dense weight instead (set by measurement:
-    # oneDNN's fixed cost per call outweighs its streaming on small weights)
-    dense_max_rows: int = 0
-    # ...or through the native few-row GEMV (these kernels), when measured faster: over
-    # the panels where the layer has them, else over the dense weight
-    native_max_rows: int = 0
-    native = None
-    # the weight packed in panels (kernels.pack_panels), where the worker packed it: read
-    # by the few-row GEMV above and, from panel_min_rows (more than the few-row paths
-    # take) to panel_max_rows rows, by the native panel GEMM where measured faster than
-    # oneDNN (worker/panel_gemm.py)
-    panel_weight: torch.Tensor | None = None
-    panel_min_rows: int = 9
-    panel_max_rows: int = 0
-    panel_gemm = None
-    # whether the few-row GEMV reads the panels (where there are any) or the dense
-    # weight: which streams faster is the CPU's business, measured at start for the
-    # whole model (worker/gemv_weights.py)
-    gemv_reads_panels: bool = True
-    _padded: torch.Tensor | None = None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.method: LinearMethod = FloatLinearMethod()
 
     def configure(self, mode: ExecutionMode) -> None:
-        """Packed (once) when the mode asks and oneDNN runs this dtype well; padded to
-        ``mode.linear_min_rows`` rows when packed. The dense weight comes back first if
-        it was let go: every path is open again until the worker chooses."""
-        self.restore_dense_weight()
-        if mode.packed_linear and packable(self.weight.dtype):
-            if self.packed_weight is None:
-                self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
-                    self.weight.detach().contiguous())
-        else:
-            self.packed_weight = None
-        self.min_rows = mode.linear_min_rows if self.packed_weight is not None else 1
-        self.dense_max_rows = self.native_max_rows = 0
-        self.native = None
-        self._padded = None
-
-    @property
-    def gemv_on_panels(self) -> bool:
-        return self.panel_weight is not None and self.gemv_reads_panels
-
-    def release_dense_weight(self) -> int:
-        """Let the dense weight go where the panels hold the same numbers and no path
-        of this layer reads it (no dense few-row GEMMs, the GEMV on the panels): the
-        Parameter becomes a meta tensor of its shape and dtype (what reads it here fails
-        loudly). Returns the bytes let go."""
-        w = self.weight
-        if not self.gemv_on_panels or self.dense_max_rows or w.is_meta:
-            return 0
-        self.weight = nn.Parameter(torch.empty_like(w, device="meta"), requires_grad=False)
-        return w.numel() * w.element_size()
-
-    def restore_dense_weight(self) -> None:
-        """The dense weight back from the panels, if it was let go."""
-        if self.weight.is_meta:
-            n, k = self.weight.shape
-            dense = self.panel_weight.transpose(1, 2).reshape(n, k).contiguous()
-            self.weight = nn.Parameter(dense, requires_grad=False)
+        self.method.configure(self, mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2:  # rows are independent: the paths below take them flat
+        if x.dim() != 2:
             flat = self(x.reshape(-1, x.shape[-1]))
             return flat.reshape(*x.shape[:-1], self.out_features)
         if x.shape[0] == 0:  # a step with no rows here (none to sample, say)
             return x.new_empty((0, self.out_features))
-        if x.shape[0] <= self.native_max_rows and x.dtype == torch.float32:
-            if self.gemv_on_panels:
-                return self.native.gemv_panels(x, self.panel_weight, self.bias)
-            return self.native.gemv_rows(x.contiguous(), self.weight, self.bias)
-        if self.packed_weight is None or x.shape[0] <= self.dense_max_rows:
-            if self.weight.is_meta:  # torch would compute on it, returning meta tensors
-                raise RuntimeError("this layer's dense weight was let go (its panels serve "
-                                   "its few-row GEMMs); configure() brings it back")
-            return F.linear(x, self.weight, self.bias)
-        rows = x.shape[0]
-        if self.panel_min_rows <= rows <= self.panel_max_rows and x.dtype == torch.float32:
-            return self.panel_gemm(x, self.panel_weight, self.bias)
-        if rows < self.min_rows:
-            # GEMM rows are independent: the padding rows (left from earlier calls)
-            # change nothing in the real ones, whose results are sliced out
-            if (self._padded is None or self._padded.shape[0] != self.min_rows
-                    or self._padded.dtype != x.dtype):
-                self._padded = x.new_zeros(self.min_rows, x.shape[1])
-            self._padded[:rows].copy_(x)
-            x = self._padded
-        out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
-                                                 "none", [], "")
-        return out[:rows] if rows < out.shape[0] else out
-
-
-def packed_linear_available() -> bool:
-    return (torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
-
-
-def packed_bf16_available() -> bool:
-    """oneDNN runs bf16 GEMMs in hardware here (AVX512-BF16 or AMX)."""
-    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return packed_linear_available() and supported is not None and bool(supported())
-
-
-def packable(dtype: torch.dtype) -> bool:
-    """float32 always (where oneDNN is there); bfloat16 where oneDNN runs it in hardware."""
-    if dtype == torch.float32:
-        return packed_linear_available()
-    return dtype == torch.bfloat16 and packed_bf16_available()
+        return self.method.apply(self, x)
 
 
 # glibc serves allocations of 32 MiB and more (its largest mmap threshold) with fresh

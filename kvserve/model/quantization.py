@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from kvserve.config.validate import choice
+from kvserve.model.layers import Linear
+from kvserve.model.linear_method import LinearMethod
 
 QUANTIZATION_METHODS = ("int8",)  # the --quantization choices
 _QMAX = 127
@@ -44,58 +46,43 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-class Int8Linear(nn.Module):
+class Int8LinearMethod(LinearMethod):
     """A linear layer computed as int8 x int8 -> int32, then rescaled to float.
 
-    Buffers: ``qweight`` [out, in] int8, ``weight_scale`` [out] float32, optional
-    ``bias`` [out] in the compute dtype. Inputs are 2-D [tokens, in].
+    ``install`` turns a layer's float weight into buffers ``qweight`` [out, in] int8 and
+    ``weight_scale`` [out] float32 (the float weight is let go); the bias stays in the
+    compute dtype. Each call quantizes its rows, one scale per token.
     """
 
-    step_part = "linear"  # for the step profiler
+    def __init__(self, out_dtype: torch.dtype) -> None:
+        self.out_dtype = out_dtype
+        self.native = None  # kvserve.kernels.Kernels (quantize / rescale passes) when configured
 
-    native = None  # kvserve.kernels.Kernels (quantize / rescale passes) when configured
+    @classmethod
+    def install(cls, layer: nn.Linear) -> Int8LinearMethod:
+        weight = layer.weight.detach()
+        qweight, scale = quantize_rows(weight)
+        layer.register_parameter("weight", None)
+        layer.register_buffer("qweight", qweight)
+        layer.register_buffer("weight_scale", scale)
+        layer.method = method = cls(weight.dtype)
+        return method
 
-    def __init__(self, qweight: torch.Tensor, weight_scale: torch.Tensor,
-                 bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("weight_scale", weight_scale)
-        self.register_buffer("bias", bias)
-        self.out_dtype = dtype
-
-    def configure(self, mode) -> None:
+    def configure(self, layer: nn.Linear, mode) -> None:
         """Native quantize / rescale passes for a float32 model (kvserve.model.execution)."""
         self.native = mode.kernels if self.out_dtype == torch.float32 else None
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
-        weight = linear.weight.detach()
-        qweight, scale = quantize_rows(weight)
-        bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(qweight, scale, bias, weight.dtype)
-
-    @property
-    def in_features(self) -> int:
-        return self.qweight.shape[1]
-
-    @property
-    def out_features(self) -> int:
-        return self.qweight.shape[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])  # one activation scale per token
-        if self.native is not None and rows.dtype == torch.float32:
-            xq, x_scale = self.native.quantize_rows(rows.contiguous())
-            acc = torch._int_mm(xq, self.qweight.t())
-            out = self.native.rescale_int32(acc, x_scale, self.weight_scale, self.bias)
-        else:
-            xq, x_scale = quantize_rows(rows)
-            acc = torch._int_mm(xq, self.qweight.t())
-            out = acc.float() * x_scale[:, None] * self.weight_scale[None, :]
-            if self.bias is not None:
-                out = out + self.bias.float()
-            out = out.to(self.out_dtype)
-        return out.reshape(*x.shape[:-1], self.out_features)
+    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None and x.dtype == torch.float32:
+            xq, x_scale = self.native.quantize_rows(x.contiguous())
+            acc = torch._int_mm(xq, layer.qweight.t())
+            return self.native.rescale_int32(acc, x_scale, layer.weight_scale, layer.bias)
+        xq, x_scale = quantize_rows(x)
+        acc = torch._int_mm(xq, layer.qweight.t())
+        out = acc.float() * x_scale[:, None] * layer.weight_scale[None, :]
+        if layer.bias is not None:
+            out = out + layer.bias.float()
+        return out.to(self.out_dtype)
 
 
 @functools.cache
@@ -114,8 +101,8 @@ def int8_matmul_is_exact() -> bool:
 
 
 def quantize_model(model: nn.Module, method: str) -> int:
-    """Replace every linear layer except the LM head by its ``method`` form (in place);
-    returns how many were replaced. The float weights are released."""
+    """Give every linear layer except the LM head the ``method``'s linear method (in
+    place); returns how many took it. The float weights are released."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization {method!r} is not supported; supported: "
                          f"{', '.join(QUANTIZATION_METHODS)}")
@@ -123,12 +110,10 @@ def quantize_model(model: nn.Module, method: str) -> int:
         raise ValueError("quantization 'int8' needs an int8 matmul that sums exactly; "
                          "torch._int_mm on this CPU does not (no VNNI int8 instructions?): "
                          "run without --quantization")
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and not name.startswith("lm_head")]
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int8Linear.from_linear(linear))
+    targets = [module for name, module in model.named_modules()
+               if isinstance(module, Linear) and not name.startswith("lm_head")]
+    for linear in targets:
+        Int8LinearMethod.install(linear)
     return len(targets)
 
 

@@ -29,6 +29,7 @@ import torch
 
 from kvserve.model.attention import KVCache
 from kvserve.model.layers import Linear
+from kvserve.model.linear_method import FloatLinearMethod
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.core.scheduler_output import ScheduledRequest
 from kvserve.worker.input_batch import StepInputs, decode_fields, decodes_only
@@ -49,7 +50,8 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
         return "no native kernels"
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__} is not a Llama-family model"
-    if any(type(m) is not Linear for m in _linears(model)):
+    if any(type(m) is not Linear or not isinstance(m.method, FloatLinearMethod)
+           for m in _linears(model)):
         return "quantized or sharded linear layers"
     if any(getattr(layer.self_attn, "tp", None) or getattr(layer.mlp, "tp", None)
            for layer in model.model.layers):
@@ -90,8 +92,8 @@ class CapturedStep:
         self.scale = float(model.model.layers[0].self_attn.scale)
         # the GEMVs read the panels when every layer's GEMV does (as eager's native
         # GEMV then does: the same sums), else every dense weight
-        self.on_panels = all(m.gemv_on_panels for m in _linears(model))
-        weight = (lambda m: m.panel_weight) if self.on_panels else (lambda m: m.weight)
+        self.on_panels = all(m.method.gemv_on_panels for m in _linears(model))
+        weight = (lambda m: m.method.panel_weight) if self.on_panels else (lambda m: m.weight)
         # the plan holds addresses: keep every tensor it names alive and in place
         self._tensors: list[torch.Tensor] = []
         header = {

@@ -26,7 +26,7 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.logger import init_logger
 from kvserve.model.execution import ExecutionMode, configure_layers
-from kvserve.model.layers import Linear
+from kvserve.model.linear_method import FloatLinearMethod
 from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
@@ -145,7 +145,7 @@ class CPUWorker(Worker):
                         " on transparent huge pages" if self.huge_pages else "")
         times = choose_gemv_weights(model, self.kernels)
         if times:
-            on_panels = all(m.gemv_reads_panels for m in panel_linears(model))
+            on_panels = all(m.method.gemv_reads_panels for m in panel_linears(model))
             logger.info("%sfew-row GEMV reads the %s (one pass over the layers by rows, "
                         "dense -> panels, ms: %s)", which,
                         "panels" if on_panels else "dense weights",
@@ -277,7 +277,7 @@ class CPUWorker(Worker):
         if given is not None:
             rows = set_panel_rows(self.model, self.kernels, given)
             logger.info("panel GEMM %s (panel_gemm_max_rows)",
-                        f"for {Linear.panel_min_rows}-{given} rows" if rows else "off")
+                        f"for {FloatLinearMethod.panel_min_rows}-{given} rows" if rows else "off")
             return
         runner = self.runner
         rows, times = choose_panel_rows(
@@ -287,8 +287,8 @@ class CPUWorker(Worker):
             timed = ", ".join(f"{n}: {1000 * o:.2f} -> {1000 * p:.2f}"
                               + (" lone GEMMs" if n > max(PANEL_ROW_LADDER) else "")
                               for n, (o, p) in times.items())
-            taken = (f"from {Linear.panel_min_rows} rows" if rows == ALL_PANEL_ROWS else
-                     f"for {Linear.panel_min_rows}-{rows} rows" if rows else "not taken")
+            taken = (f"from {FloatLinearMethod.panel_min_rows} rows" if rows == ALL_PANEL_ROWS else
+                     f"for {FloatLinearMethod.panel_min_rows}-{rows} rows" if rows else "not taken")
             logger.info("panel GEMM %s (decode steps by rows, oneDNN -> panel, ms: %s)",
                         taken, timed)
 

@@ -91,19 +91,21 @@ def _tensors(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:
     which stay in its memory."""
     found, seen = [], set()
     for module in model.modules():
-        slots = [*module._parameters.items(), *module._buffers.items()]
-        if getattr(module, "packed_weight", None) is not None:
-            slots.append(("packed_weight", module.packed_weight))
-        for name, t in slots:
+        slots = [(module, name, t) for name, t in
+                 [*module._parameters.items(), *module._buffers.items()]]
+        method = getattr(module, "method", None)  # a Linear's (kvserve.model.linear_method)
+        if getattr(method, "packed_weight", None) is not None:
+            slots.append((method, "packed_weight", method.packed_weight))
+        for owner, name, t in slots:
             if (t is None or t.layout != torch.strided or t.device.type != "cpu"
                     or not t.is_contiguous() or t.numel() == 0):
                 continue
-            if name == "weight" and getattr(module, "panel_weight", None) is not None:
+            if name == "weight" and getattr(method, "panel_weight", None) is not None:
                 continue  # the panels hold it; left out, it can be let go on its own
             key = t.data_ptr()
             if key not in seen:
                 seen.add(key)
-                found.append((module, name, t))
+                found.append((owner, name, t))
     return found
 
 
@@ -124,15 +126,15 @@ def move_to_huge_pages(model: nn.Module) -> int:
     buffer = HugePageBuffer(sum(aligned_size(t.numel() * t.element_size()) for *_, t in tensors))
     moved = 0
     while tensors:  # each old tensor let go once copied: peak memory is one tensor more
-        module, name, t = tensors.pop(0)
+        owner, name, t = tensors.pop(0)
         copy = buffer.take(tuple(t.shape), t.dtype)
         copy.copy_(t)
-        if name in module._parameters:
-            module._parameters[name].data = copy
-        elif name in module._buffers:
-            module._buffers[name] = copy
+        if isinstance(owner, nn.Module) and name in owner._parameters:
+            owner._parameters[name].data = copy
+        elif isinstance(owner, nn.Module) and name in owner._buffers:
+            owner._buffers[name] = copy
         else:
-            setattr(module, name, copy)
+            setattr(owner, name, copy)
         moved += t.numel() * t.element_size()
     model._huge_page_buffer = buffer
     return moved

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
-from kvserve.model.layers import Linear, packed_bf16_available
+from kvserve.model.layers import Linear
+from kvserve.model.linear_method import packed_bf16_available
 from tests.helpers import hf_logprobs, prompts_of_lengths
 
 
@@ -47,4 +48,4 @@ def test_bfloat16_runs_native_attention_and_packed_weights(llama_dir):
     assert runner.caches[0].k.dtype == torch.bfloat16
     if packed_bf16_available():
         linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
-        assert all(m.packed_weight is not None for m in linears)
+        assert all(m.method.packed_weight is not None for m in linears)

@@ -127,12 +127,12 @@ def test_every_layer_on_the_panel_gemm_keeps_transformers_tokens(llama_dir):
     layers = panel_linears(llm.engine.worker.runner.model)
     assert layers
     for m in layers:  # the panels packed at load
-        m.panel_gemm = kernels.gemm_panels
-        m.panel_min_rows, m.panel_max_rows = 1, 4096  # every GEMM the steps run
+        m.method.panel_gemm = kernels.gemm_panels
+        m.method.panel_min_rows, m.method.panel_max_rows = 1, 4096  # every GEMM the steps run
     calls = []
     gemm = kernels.gemm_panels
     for m in layers:
-        m.panel_gemm = lambda *a, **kw: calls.append(1) or gemm(*a, **kw)
+        m.method.panel_gemm = lambda *a, **kw: calls.append(1) or gemm(*a, **kw)
     prompts = prompts_of_lengths([1, 7, 17, 40])
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

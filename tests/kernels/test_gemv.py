@@ -44,12 +44,12 @@ def test_every_layer_on_the_kernel_keeps_transformers_tokens(llama_dir, layout):
     model = llm.engine.worker.runner.model
     pack_panel_weights(model, kernels, huge_pages=False)  # where start-up let them go
     layers = packed_linears(model)
-    assert layers and all(m.panel_weight is not None for m in layers)
+    assert layers and all(m.method.panel_weight is not None for m in layers)
     for m in layers:
         _use(m, "native", 4, kernels)
         if layout == "dense":  # no panels: no panel GEMM either
-            m.restore_dense_weight()  # start-up let it go
-            m.panel_weight, m.panel_max_rows = None, 0
+            m.method.restore_dense_weight(m)  # start-up let it go
+            m.method.panel_weight, m.method.panel_max_rows = None, 0
     prompts = prompts_of_lengths([1, 7, 17, 40])
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.model.execution import ExecutionMode, configure_layers
-from kvserve.model.layers import Linear, packed_linear_available
+from kvserve.model.layers import Linear
+from kvserve.model.linear_method import packed_linear_available
 
 PACKED = ExecutionMode(packed_linear=True)
 PADDED_6 = ExecutionMode(packed_linear=True, linear_min_rows=6)
@@ -22,7 +23,7 @@ def test_packed_matches_torch(rows, bias):
     expected = F.linear(x, layer.weight, layer.bias)
     exact = F.linear(x.double(), layer.weight.double(),
                      None if layer.bias is None else layer.bias.double())
-    assert configure_layers(layer, PACKED) == 1 and layer.packed_weight is not None
+    assert configure_layers(layer, PACKED) == 1 and layer.method.packed_weight is not None
     got = layer(x)
     # float32 rounding only: no worse than torch's own error against float64, plus slack
     bound = 2 * (expected.double() - exact).abs().max().item() + 1e-6
@@ -34,8 +35,8 @@ def test_engine_packs_linears_unless_torch_backend(llama_dir):
     linears = lambda llm: [m for m in llm.engine.worker.runner.model.modules() if isinstance(m, Linear)]
     packed = linears(LLM(llama_dir))
     plain = linears(LLM(llama_dir, attention_backend="torch"))
-    assert packed and all(m.packed_weight is not None for m in packed)
-    assert plain and all(m.packed_weight is None for m in plain)
+    assert packed and all(m.method.packed_weight is not None for m in packed)
+    assert plain and all(m.method.packed_weight is None for m in plain)
 
 
 def test_padded_rows_are_the_rows_of_the_larger_gemm():
@@ -63,10 +64,10 @@ def test_configure_unpacks_and_keeps_one_packed_copy():
     """Configured again, a layer keeps its packed weight (no second copy) or drops it."""
     layer = Linear(32, 48)
     layer.configure(PACKED)
-    packed = layer.packed_weight
+    packed = layer.method.packed_weight
     layer.configure(PADDED_6)
-    assert layer.packed_weight is packed and layer.min_rows == 6
+    assert layer.method.packed_weight is packed and layer.method.min_rows == 6
     layer.configure(ExecutionMode(linear_min_rows=6))  # not packed: never padded
-    assert layer.packed_weight is None and layer.min_rows == 1
+    assert layer.method.packed_weight is None and layer.method.min_rows == 1
     x = torch.randn(3, 32)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))

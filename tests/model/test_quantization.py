@@ -2,6 +2,8 @@
 tokens against transformers with the same int8 arithmetic in its linear layers."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -10,8 +12,9 @@ from kvserve import LLM, SamplingParams
 from kvserve.kernels import load_kernels
 from kvserve.model.execution import ExecutionMode
 from kvserve.model.layers import Linear
-from kvserve.model.quantization import Int8Linear, int8_reference_linear, quantize_model, \
-    quantize_rows
+from kvserve.model.linear_method import FloatLinearMethod
+from kvserve.model.quantization import Int8LinearMethod, int8_reference_linear, \
+    quantize_model, quantize_rows
 from tests.helpers import hf_greedy, int8_reference_transform, prompts_of_lengths
 
 LENGTHS = [1, 4, 17, 40, 100, 9]
@@ -60,7 +63,7 @@ def test_native_passes_match_torch():
 def test_int8_linear_matches_reference_and_ignores_batch(native, bias):
     torch.manual_seed(2)
     dense = Linear(96, 136, bias=bias)
-    layer = Int8Linear.from_linear(dense)
+    layer = _int8(dense)
     layer.configure(ExecutionMode(kernels=_native() if native else None))
     x = torch.randn(23, 96)
     got = layer(x)
@@ -75,6 +78,12 @@ def test_int8_linear_matches_reference_and_ignores_batch(native, bias):
     assert rel < 0.02
 
 
+def _int8(dense: Linear) -> Linear:
+    layer = copy.deepcopy(dense)
+    Int8LinearMethod.install(layer)
+    return layer
+
+
 def test_quantize_model_keeps_head_and_releases_float_weights():
     class Tiny(nn.Module):
         def __init__(self):
@@ -85,8 +94,10 @@ def test_quantize_model_keeps_head_and_releases_float_weights():
 
     model = Tiny()
     assert quantize_model(model, "int8") == 2
-    assert isinstance(model.proj, Int8Linear) and isinstance(model.block[0], Int8Linear)
-    assert isinstance(model.lm_head, Linear)
+    assert isinstance(model.proj.method, Int8LinearMethod)
+    assert isinstance(model.block[0].method, Int8LinearMethod)
+    assert isinstance(model.lm_head.method, FloatLinearMethod)
+    assert model.proj.weight is None and model.proj.qweight.dtype == torch.int8
     assert not any(p.dtype == torch.float32 and p.shape == (32, 16) for p in model.parameters())
     with pytest.raises(ValueError, match="supported: int8"):
         quantize_model(model, "int4")
@@ -110,9 +121,10 @@ def int8_oracle(model_dirs):
                          ids=["native", "torch", "chunked"])
 def test_int8_engine_matches_int8_transformers(arch, engine_args, model_dirs, int8_oracle):
     llm = LLM(model_dirs(arch), quantization="int8", **engine_args)
-    layers = [m for m in llm.engine.worker.runner.model.modules() if isinstance(m, Int8Linear)]
-    assert layers and all((m.native is None) == (engine_args.get("attention_backend") == "torch")
-                          for m in layers)
+    methods = [m.method for m in llm.engine.worker.runner.model.modules()
+               if isinstance(getattr(m, "method", None), Int8LinearMethod)]
+    assert methods and all((m.native is None) == (engine_args.get("attention_backend") == "torch")
+                           for m in methods)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts_of_lengths(LENGTHS)], params,
                         use_tqdm=False)
@@ -139,7 +151,7 @@ def test_int8_matmul_probe(monkeypatch):
 @pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
 def test_int8_linear_takes_any_leading_shape(native):
     torch.manual_seed(3)
-    layer = Int8Linear.from_linear(Linear(16, 24))
+    layer = _int8(Linear(16, 24))
     layer.configure(ExecutionMode(kernels=_native() if native else None))
     x = torch.randn(2, 5, 16)
     got = layer(x)

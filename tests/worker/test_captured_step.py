@@ -59,8 +59,8 @@ def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(layout, build, ar
     for m in packed_linears(runner.model):  # eager's linear layers on the same kernel
         _use(m, "native", MAX_ROWS, built)
         if layout == "dense":  # no panels: no panel GEMM either
-            m.panel_weight, m.panel_max_rows = None, 0
-        m.gemv_reads_panels = layout != "dense-chosen"  # panels kept, the GEMV on dense
+            m.method.panel_weight, m.method.panel_max_rows = None, 0
+        m.method.gemv_reads_panels = layout != "dense-chosen"  # panels kept, the GEMV on dense
     captured = CapturedStep(runner.model, runner.caches, built)
     assert captured.on_panels == (layout == "panels")
     captured.max_rows = MAX_ROWS

@@ -132,7 +132,7 @@ def test_engine_places_weights_and_pools(llama_dir):
     # off the model's buffer, were let go: tests/worker/test_panel_gemm.py)
     lm_head = worker.model.lm_head
     assert lm_head.weight.is_meta
-    assert _smaps_entry(lm_head.panel_weight.data_ptr()).get("THPeligible") == "1"
+    assert _smaps_entry(lm_head.method.panel_weight.data_ptr()).get("THPeligible") == "1"
     for cache in worker.runner.caches:
         for pool in (cache.k, cache.v):
             assert pool.data_ptr() % HUGE_PAGE == 0

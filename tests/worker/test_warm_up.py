@@ -33,7 +33,7 @@ def test_few_row_gemms_are_tuned_only_for_eager_few_row_steps(llama_dir, monkeyp
     # the suite captures steps of 1-8 rows: such decode steps never run eager
     captured = LLM(llama_dir, num_kv_blocks=64).engine.worker
     assert captured.runner.captured.max_rows == 8 and not calls
-    assert all((m.native_max_rows, m.dense_max_rows) == (0, 0)
+    assert all((m.method.native_max_rows, m.method.dense_max_rows) == (0, 0)
                for m in packed_linears(captured.model))
     captured.tune_eager_few_rows()  # what bench captured does for its eager rounds
     captured.tune_eager_few_rows()  # once only: padding is measured on unpadded layers

@@ -82,7 +82,7 @@ def gemv_pass_bandwidth(model, kernels, passes: int = 5) -> dict[int, float]:
     from kvserve.worker.tuning.row_padding import packed_linears
 
     layers = [m for m in packed_linears(model) if m.weight.dtype == torch.float32]
-    gemvs = [(kernels.gemv_panels, m.panel_weight) if m.gemv_on_panels
+    gemvs = [(kernels.gemv_panels, m.method.panel_weight) if m.method.gemv_on_panels
              else (kernels.gemv_rows, m.weight) for m in layers]
     total = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     out = {}

@@ -202,7 +202,7 @@ def measure_roofline(
 ) -> RooflineResult:
     """Measure GEMM rates for each ``m`` (plain and packed, and a ``cube``^3 matmul)
     and bandwidths; ``source`` labels this measurement."""
-    from kvserve.model.layers import packed_linear_available
+    from kvserve.model.linear_method import packed_linear_available
 
     with torch_threads(threads):
         res = RooflineResult(threads=threads, source=source)

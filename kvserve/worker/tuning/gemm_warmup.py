@@ -49,7 +49,7 @@ def one_per_shape(linears: list) -> list:
     bias or not)."""
     shapes: dict[tuple, nn.Module] = {}
     for linear in linears:
-        key = (linear.in_features, linear.out_features, linear.packed_weight.dtype,
+        key = (linear.in_features, linear.out_features, linear.method.packed_weight.dtype,
                linear.bias is not None)
         shapes.setdefault(key, linear)
     return list(shapes.values())
@@ -73,12 +73,12 @@ def warm_gemm_kernels(model: nn.Module, max_rows: int) -> tuple[int, int]:
     zeros: dict[tuple, torch.Tensor] = {}  # one input per (width, dtype), sliced per count
     pairs = []
     for linear in linears:
-        key = (linear.in_features, linear.packed_weight.dtype)
+        key = (linear.in_features, linear.method.packed_weight.dtype)
         if key not in zeros:
             zeros[key] = torch.zeros(rows, key[0], dtype=key[1])
         pairs.append((linear, zeros[key]))
     for count in range(1, rows + 1):
         for linear, x in pairs:
-            if not linear.panel_min_rows <= count <= linear.panel_max_rows:
+            if not linear.method.panel_min_rows <= count <= linear.method.panel_max_rows:
                 linear(x[:count])  # the native panel GEMM has no kernel to generate
     return len(linears), rows

@@ -46,7 +46,7 @@ def measure_gemv_weights(linears: list, kernels, rows: tuple[int, ...] = ROWS,
                 start = time.perf_counter()
                 for m in linears:
                     if panels:
-                        kernels.gemv_panels(xs[m.in_features], m.panel_weight, m.bias)
+                        kernels.gemv_panels(xs[m.in_features], m.method.panel_weight, m.bias)
                     else:
                         kernels.gemv_rows(xs[m.in_features], m.weight, m.bias)
                 if r:
@@ -66,11 +66,11 @@ def choose_gemv_weights(model: nn.Module, kernels) -> dict[int, tuple[float, flo
     """Time both copies on the model's layers with panels and set their
     ``gemv_reads_panels``; returns the times ({} where no layer has panels, or one
     lacks its dense weight)."""
-    linears = [m for m in panel_linears(model) if m.panel_weight is not None]
+    linears = [m for m in panel_linears(model) if m.method.panel_weight is not None]
     if not linears or any(m.weight.is_meta for m in linears):
         return {}
     times = measure_gemv_weights(linears, kernels)
     on_panels = not dense_clearly_faster(times)
     for m in linears:
-        m.gemv_reads_panels = on_panels
+        m.method.gemv_reads_panels = on_panels
     return times

@@ -78,7 +78,7 @@ def measure_panel_rows(linears: list, time_steps: StepTimer, rounds: int = ROUND
                 pair = []
                 for panel in (False, True):
                     for m in linears:
-                        m.panel_max_rows = ALL_ROWS if panel else 0
+                        m.method.panel_max_rows = ALL_ROWS if panel else 0
                     step = time_steps([n])
                     if n not in step:
                         return times  # no room for such a step
@@ -90,7 +90,7 @@ def measure_panel_rows(linears: list, time_steps: StepTimer, rounds: int = ROUND
                 break
     finally:
         for m in linears:
-            m.panel_max_rows = 0
+            m.method.panel_max_rows = 0
     return times
 
 
@@ -99,7 +99,7 @@ def _warm_onednn(linears: list, counts: tuple[int, ...]) -> None:
     """One oneDNN GEMM of each distinct layer shape at each count (it generates a
     kernel the first time it meets a shape)."""
     for m in one_per_shape(linears):
-        m.panel_max_rows = 0
+        m.method.panel_max_rows = 0
         for n in counts:
             m(torch.zeros(n, m.in_features))
 
@@ -127,7 +127,7 @@ def pack_panel_weights(model: nn.Module, kernels, huge_pages: bool) -> int:
     weights (but one another module shares) into another: each copy can then be let go
     whole, and the GEMV's choice between them (worker/gemv_weights.py) times both on the
     pages they keep. Returns the bytes packed."""
-    linears = [m for m in panel_linears(model) if m.panel_weight is None]
+    linears = [m for m in panel_linears(model) if m.method.panel_weight is None]
     sizes = [m.weight.numel() * m.weight.element_size() for m in linears]
     if huge_pages and linears:
         panels = HugePageBuffer(sum(aligned_size(n) for n in sizes))
@@ -139,7 +139,7 @@ def pack_panel_weights(model: nn.Module, kernels, huge_pages: bool) -> int:
                 m.weight.data = dense.take(tuple(m.weight.shape), torch.float32).copy_(m.weight)
     for m in linears:
         shape = (m.out_features // PANEL_COLUMNS, m.in_features, PANEL_COLUMNS)
-        m.panel_weight = kernels.pack_panels(
+        m.method.panel_weight = kernels.pack_panels(
             m.weight, panels.take(shape, torch.float32) if huge_pages else None)
     return sum(sizes)
 
@@ -173,7 +173,7 @@ def time_prompt_gemms(linears: list, rows: int, rounds: int = ROUNDS) -> tuple[f
             for panel in ((False, True) if r % 2 == 0 else (True, False)):
                 total = 0.0
                 for (m, count), x in zip(timed, inputs):
-                    m.panel_max_rows = ALL_ROWS if panel else 0
+                    m.method.panel_max_rows = ALL_ROWS if panel else 0
                     m(x)  # oneDNN generates its kernel for the count on first use
                     start = time.perf_counter()
                     m(x)
@@ -181,7 +181,7 @@ def time_prompt_gemms(linears: list, rows: int, rounds: int = ROUNDS) -> tuple[f
                 samples[panel].append(total)
     finally:
         for m, _ in timed:
-            m.panel_max_rows = 0
+            m.method.panel_max_rows = 0
     return min(samples[False]), min(samples[True])
 
 
@@ -191,11 +191,11 @@ def choose_panel_rows(model: nn.Module, kernels, time_steps: StepTimer,
     """Measure and set the panel GEMM's rows on every layer that has panels. Returns
     (panel_max_rows, the measured times: decode steps by rows, and where the ladder was
     won, lone GEMMs at ``prompt_rows`` (at most PROMPT_ROWS))."""
-    linears = [m for m in panel_linears(model) if m.panel_weight is not None]
+    linears = [m for m in panel_linears(model) if m.method.panel_weight is not None]
     if not linears:
         return 0, {}
     for m in linears:
-        m.panel_gemm = kernels.gemm_panels
+        m.method.panel_gemm = kernels.gemm_panels
     times = measure_panel_rows(linears, time_steps)
     rows = chosen_rows(times)
     top, prompt_rows = max(times, default=0), min(prompt_rows, PROMPT_ROWS)
@@ -214,9 +214,9 @@ def set_panel_rows(model: nn.Module, kernels, rows: int) -> int:
     ALL_ROWS or more: every count), without measuring. Returns the rows set."""
     rows = min(rows, ALL_ROWS)
     for m in panel_linears(model):
-        if m.panel_weight is not None:
-            m.panel_max_rows = rows
-            m.panel_gemm = kernels.gemm_panels if rows else None
+        if m.method.panel_weight is not None:
+            m.method.panel_max_rows = rows
+            m.method.panel_gemm = kernels.gemm_panels if rows else None
     return rows
 
 
@@ -224,13 +224,14 @@ def release_unused_panels(model: nn.Module) -> int:
     """Let every layer's panels go when no layer reads them, neither in its GEMM nor in
     its GEMV (the caller knows the captured step does not either); returns the bytes
     released. All or none: on huge pages they share one buffer."""
-    linears = [m for m in panel_linears(model) if m.panel_weight is not None]
-    if any(m.panel_max_rows or (m.native_max_rows and m.gemv_reads_panels) for m in linears):
+    linears = [m for m in panel_linears(model) if m.method.panel_weight is not None]
+    if any(m.method.panel_max_rows or (m.method.native_max_rows and m.method.gemv_reads_panels)
+           for m in linears):
         return 0
     released = 0
     for m in linears:
-        released += m.panel_weight.numel() * m.panel_weight.element_size()
-        m.panel_weight = None
+        released += m.method.panel_weight.numel() * m.method.panel_weight.element_size()
+        m.method.panel_weight = None
     return released
 
 
@@ -239,7 +240,7 @@ def release_dense_weights(model: nn.Module) -> int:
     GEMMs (the caller knows the captured step reads the panels too, if it runs), except
     a weight another module shares (a tied LM head's embeddings). Returns the bytes."""
     shared = shared_parameter_ids(model)
-    return sum(m.release_dense_weight() for m in panel_linears(model)
+    return sum(m.method.release_dense_weight(m) for m in panel_linears(model)
                if id(m.weight) not in shared)
 
 

@@ -24,7 +24,8 @@ REQUIRED_GAIN = 0.05  # padding is kept only when the pass is at least this much
 
 
 def packed_linears(model: nn.Module) -> list[Linear]:
-    return [m for m in model.modules() if isinstance(m, Linear) and m.packed_weight is not None]
+    return [m for m in model.modules()
+            if isinstance(m, Linear) and getattr(m.method, "packed_weight", None) is not None]
 
 
 @torch.inference_mode()
@@ -35,7 +36,7 @@ def time_passes(linears: list[Linear], row_counts: list[int], rounds: int) -> di
     model larger than the cache finds its weights cold, as a step does."""
     gen = torch.Generator().manual_seed(0)  # leaves the global generator alone
     inputs = {m.in_features: torch.randn(max(row_counts), m.in_features, generator=gen,
-                                         dtype=m.packed_weight.dtype) for m in linears}
+                                         dtype=m.method.packed_weight.dtype) for m in linears}
     times: dict[int, list[float]] = {rows: [] for rows in row_counts}
     for _ in range(rounds + 1):  # the first round only warms up
         for rows in row_counts:
@@ -63,7 +64,7 @@ def measure_min_rows(model: nn.Module, rounds: int = 5) -> tuple[int, dict[int, 
     linears = packed_linears(model)
     if not linears:
         return 1, {}
-    if any(m.min_rows != 1 for m in linears):
+    if any(m.method.min_rows != 1 for m in linears):
         raise ValueError("measure_min_rows needs unpadded layers (linear_min_rows 1)")
     pass_times = time_passes(linears, list(range(1, TUNE_ROWS + 1)), rounds)
     return choose_min_rows(pass_times), pass_times

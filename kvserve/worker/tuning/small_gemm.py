@@ -34,10 +34,10 @@ def _use(m, path: str, rows: int, native) -> None:
     if path == "native" and m.weight.dtype != torch.float32:
         path = "packed"  # the kernel is float32's
     if path == "dense":
-        m.restore_dense_weight()  # where the panels had let it go
-    m.dense_max_rows = rows if path == "dense" else 0
-    m.native_max_rows = rows if path == "native" else 0
-    m.native = native if path == "native" else None
+        m.method.restore_dense_weight(m)  # where the panels had let it go
+    m.method.dense_max_rows = rows if path == "dense" else 0
+    m.method.native_max_rows = rows if path == "native" else 0
+    m.method.native = native if path == "native" else None
 
 
 @torch.inference_mode()

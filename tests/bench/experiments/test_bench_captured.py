@@ -107,16 +107,16 @@ def test_gemv_pass_reads_every_float32_linear_weight_as_the_captured_step_does(
     layers = packed_linears(model)
     if layout == "dense":
         for m in layers:
-            m.restore_dense_weight()  # start-up let it go
-            m.panel_weight, m.panel_max_rows = None, 0
-    assert all((m.panel_weight is not None) == (layout == "panels") for m in layers)
+            m.method.restore_dense_weight(m)  # start-up let it go
+            m.method.panel_weight, m.method.panel_max_rows = None, 0
+    assert all((m.method.panel_weight is not None) == (layout == "panels") for m in layers)
     read = []
     gemv = "gemv_panels" if layout == "panels" else "gemv_rows"
     monkeypatch.setattr(kernels, gemv, lambda x, w: read.append((x.shape[0], w)))
     rates = gemv_pass_bandwidth(model, kernels, passes=3)
     engine.close()
     assert list(rates) == list(GEMV_ROWS) and all(r > 0 for r in rates.values())
-    weights = [m.panel_weight if layout == "panels" else m.weight for m in layers]
+    weights = [m.method.panel_weight if layout == "panels" else m.weight for m in layers]
     for rows in GEMV_ROWS:  # a warm-up pass and three timed ones, each over every weight
         passes = [w for n, w in read if n == rows]
         assert len(passes) == 4 * len(weights)

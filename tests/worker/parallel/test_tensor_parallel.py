@@ -72,7 +72,8 @@ def test_ranks_keep_onednns_gemms_instead_of_timing_steps_alone(llama_dir, tp_ll
 
     llm = tp_llm(llama_dir)
     layers = panel_linears(llm.engine.worker.local.runner.model)
-    assert layers and all(m.panel_max_rows == 0 and m.panel_weight is None for m in layers)
+    assert layers and all(m.method.panel_max_rows == 0 and m.method.panel_weight is None
+                          for m in layers)
     assert _greedy(llm, PROMPTS[:2], 4) == _greedy(llm, PROMPTS[:2], 4)
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from kvserve import LLM
 from kvserve.engine.engine_args import EngineArgs
-from kvserve.model.layers import packed_linear_available
+from kvserve.model.linear_method import packed_linear_available
 from kvserve.worker.tuning.gemm_warmup import (CACHE_HEADROOM, distinct_shapes, kernel_cache_capacity,
                                         rows_to_warm, warm_gemm_kernels)
 from kvserve.worker import cpu_worker
@@ -37,7 +37,7 @@ def test_every_distinct_shape_runs_at_every_row_count(llama_dir):
     assert len(shapes) == 5
     seen = {id(linear): [] for linear in shapes}
     for linear in shapes:
-        linear.panel_max_rows = 0  # all on oneDNN, whatever the start measured
+        linear.method.panel_max_rows = 0  # all on oneDNN, whatever the start measured
         forward = linear.forward
 
         def spy(x, forward=forward, rows=seen[id(linear)]):
@@ -47,7 +47,7 @@ def test_every_distinct_shape_runs_at_every_row_count(llama_dir):
     assert warm_gemm_kernels(model, 12) == (5, 12)
     assert all(rows == list(range(1, 13)) for rows in seen.values())
     for linear in shapes:  # counts on the native panel GEMM have no kernel to generate
-        linear.panel_max_rows = 10
+        linear.method.panel_max_rows = 10
     for rows in seen.values():
         rows.clear()
     warm_gemm_kernels(model, 12)

@@ -31,7 +31,7 @@ def _model():
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(32, 48), Linear(48, 32, bias=False), Linear(32, 20))
     for m in model:
-        m.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
+        m.method.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
     return model
 
 
@@ -51,11 +51,11 @@ def test_the_choice_is_the_whole_models_and_forward_follows_it(dense_faster, mon
     monkeypatch.setattr(gemv_weights, "measure_gemv_weights", lambda linears, k: timed)
     assert choose_gemv_weights(model, kernels) == timed
     on_panels = not dense_faster
-    assert [m.gemv_reads_panels for m in panel_linears(model)] == [on_panels, on_panels]
+    assert [m.method.gemv_reads_panels for m in panel_linears(model)] == [on_panels, on_panels]
     x = torch.randn(3, 32)
     layer = model[0]
-    layer.native, layer.native_max_rows = kernels, 4
-    expected = (kernels.gemv_panels(x, layer.panel_weight, layer.bias) if on_panels
+    layer.method.native, layer.method.native_max_rows = kernels, 4
+    expected = (kernels.gemv_panels(x, layer.method.panel_weight, layer.bias) if on_panels
                 else kernels.gemv_rows(x, layer.weight, layer.bias))
     assert torch.equal(layer(x), expected)
 
@@ -64,14 +64,14 @@ def test_the_copy_the_gemv_does_not_read_goes_at_the_end_of_start_up():
     model = _model()
     pack_panel_weights(model, kernels, huge_pages=True)
     for m in panel_linears(model):
-        m.gemv_reads_panels = False
-        m.native, m.native_max_rows = kernels, 4
+        m.method.gemv_reads_panels = False
+        m.method.native, m.method.native_max_rows = kernels, 4
     weights = [m.weight.detach().clone() for m in panel_linears(model)]
     panels, dense = release_unread_copies(model, captured_reads="dense")
     assert panels == 4 * (32 * 48 + 48 * 32) and dense == 0
     for m, w in zip(panel_linears(model), weights):
-        assert m.panel_weight is None and torch.equal(m.weight, w)
-        assert m.release_dense_weight() == 0  # the GEMV reads it
+        assert m.method.panel_weight is None and torch.equal(m.weight, w)
+        assert m.method.release_dense_weight(m) == 0  # the GEMV reads it
 
 
 def test_packing_on_huge_pages_moves_the_dense_weights_into_a_buffer_of_their_own():
@@ -81,7 +81,7 @@ def test_packing_on_huge_pages_moves_the_dense_weights_into_a_buffer_of_their_ow
     pack_panel_weights(model, kernels, huge_pages=True)
     for m, w, at in zip(model, before, addresses):
         assert torch.equal(m.weight, w)
-        assert (m.weight.data_ptr() != at) == (m.panel_weight is not None)
+        assert (m.weight.data_ptr() != at) == (m.method.panel_weight is not None)
     first, second = (m.weight.data_ptr() for m in panel_linears(model))
     assert first % 64 == 0 and 0 < second - first < 2**21  # one mapping, cache-line aligned
 
@@ -90,11 +90,11 @@ def test_a_tied_weight_stays_where_the_embeddings_keep_it():
     embed = torch.nn.Embedding(48, 32)
     head = Linear(32, 48, bias=False)
     head.weight = embed.weight
-    head.packed_weight = torch.ops.mkldnn._reorder_linear_weight(head.weight.detach())
+    head.method.packed_weight = torch.ops.mkldnn._reorder_linear_weight(head.weight.detach())
     model = torch.nn.ModuleDict({"embed": embed, "head": head})
     at = embed.weight.data_ptr()
     pack_panel_weights(model, kernels, huge_pages=True)
-    assert head.panel_weight is not None and embed.weight.data_ptr() == at
+    assert head.method.panel_weight is not None and embed.weight.data_ptr() == at
     assert head.weight is embed.weight
 
 

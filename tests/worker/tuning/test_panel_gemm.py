@@ -41,7 +41,7 @@ def _model():
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(32, 48), Linear(48, 32), Linear(32, 20))  # 20: no panels
     for m in model:
-        m.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
+        m.method.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
     return model
 
 
@@ -56,11 +56,11 @@ def test_packing_gives_the_layers_of_whole_panels_their_panels(huge_pages):
     packed = pack_panel_weights(model, kernels, huge_pages)
     assert packed == 4 * (32 * 48 + 48 * 32)
     for m in panel_linears(model):
-        assert torch.equal(m.panel_weight, kernels.pack_panels(m.weight))
-    assert model[2].panel_weight is None
-    first = model[0].panel_weight
+        assert torch.equal(m.method.panel_weight, kernels.pack_panels(m.weight))
+    assert model[2].method.panel_weight is None
+    first = model[0].method.panel_weight
     assert pack_panel_weights(model, kernels, huge_pages) == 0  # packed once
-    assert model[0].panel_weight is first
+    assert model[0].method.panel_weight is first
 
 
 @pytest.mark.parametrize("wins", [True, False])
@@ -74,9 +74,9 @@ def test_choose_sets_the_rows_and_keeps_the_panels_for_the_gemv(monkeypatch, win
     rows, times = choose_panel_rows(model, kernels, time_steps=None)
     assert rows == (32 if wins else 0)
     for m in panel_linears(model):
-        assert m.panel_max_rows == rows
-        assert m.panel_weight is not None
-        assert (m.panel_gemm is not None) == wins
+        assert m.method.panel_max_rows == rows
+        assert m.method.panel_weight is not None
+        assert (m.method.panel_gemm is not None) == wins
 
 
 @pytest.mark.parametrize("reader", [None, "gemm", "gemv"])
@@ -84,18 +84,18 @@ def test_panels_go_only_when_no_layer_reads_them(reader):
     model = _model()
     pack_panel_weights(model, kernels, huge_pages=True)
     if reader == "gemm":
-        model[1].panel_max_rows = 32
+        model[1].method.panel_max_rows = 32
     elif reader == "gemv":
-        model[0].native_max_rows = 4
+        model[0].method.native_max_rows = 4
     released = release_unused_panels(model)
     assert released == (0 if reader else 4 * (32 * 48 + 48 * 32))
-    assert all((m.panel_weight is not None) == bool(reader) for m in panel_linears(model))
+    assert all((m.method.panel_weight is not None) == bool(reader) for m in panel_linears(model))
 
 
 def test_the_few_row_gemv_reads_the_panels_where_the_layer_has_them():
     model = _model()
     m = model[0]
-    m.native, m.native_max_rows = kernels, 8
+    m.method.native, m.method.native_max_rows = kernels, 8
     x = torch.randn(3, 32)
     with torch.inference_mode():
         dense = m(x)
@@ -109,10 +109,10 @@ def test_the_few_row_gemv_reads_the_panels_where_the_layer_has_them():
 def test_the_layer_runs_its_panels_only_within_its_rows():
     model = _model()
     m = model[0]
-    m.panel_weight = kernels.pack_panels(m.weight)
+    m.method.panel_weight = kernels.pack_panels(m.weight)
     calls = []
-    m.panel_gemm = lambda x, w, b: calls.append(x.shape[0]) or kernels.gemm_panels(x, w, b)
-    m.panel_max_rows = 32
+    m.method.panel_gemm = lambda x, w, b: calls.append(x.shape[0]) or kernels.gemm_panels(x, w, b)
+    m.method.panel_max_rows = 32
     with torch.inference_mode():
         for rows in (4, 9, 32, 33):
             x = torch.randn(rows, 32)
@@ -127,8 +127,8 @@ def _timer(layers, panel_speed):
     calls = []
 
     def time_steps(counts):
-        panel = layers[0].panel_max_rows > 0
-        assert all(m.panel_max_rows == layers[0].panel_max_rows for m in layers)
+        panel = layers[0].method.panel_max_rows > 0
+        assert all(m.method.panel_max_rows == layers[0].method.panel_max_rows for m in layers)
         calls.append((counts, panel))
         return {n: n * (panel_speed[n] if panel else 1.0) for n in counts}
 
@@ -138,7 +138,8 @@ def _timer(layers, panel_speed):
 def _panel_layers():
     layers = panel_linears(_model())
     for m in layers:
-        m.panel_weight, m.panel_gemm = kernels.pack_panels(m.weight), kernels.gemm_panels
+        m.method.panel_weight = kernels.pack_panels(m.weight)
+        m.method.panel_gemm = kernels.gemm_panels
     return layers
 
 
@@ -149,7 +150,7 @@ def test_measure_times_steps_on_both_paths_and_leaves_the_layers_on_onednn():
     assert times == {16: (16.0, 8.0), 32: (32.0, 16.0)}
     assert calls == [([16], False), ([16], True), ([16], False), ([16], True),
                      ([32], False), ([32], True), ([32], False), ([32], True)]
-    assert all(m.panel_max_rows == 0 for m in layers)
+    assert all(m.method.panel_max_rows == 0 for m in layers)
     assert chosen_rows(times, ladder=(16, 32)) == ALL_ROWS
 
 
@@ -203,7 +204,7 @@ def test_a_won_ladder_takes_prompt_steps_unless_their_lone_gemms_run_slower(
     rows, times = choose_panel_rows(model, kernels, time_steps=None, prompt_rows=4096)
     assert asked == [2048]  # capped at PROMPT_ROWS
     assert rows == expected
-    assert all(m.panel_max_rows == rows for m in panel_linears(model))
+    assert all(m.method.panel_max_rows == rows for m in panel_linears(model))
     assert times.get(2048) == (prompt if prompt[0] else None)
 
 
@@ -223,15 +224,16 @@ def test_prompt_gemms_time_each_repeated_shape_on_both_paths_and_leave_onednn():
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(32, 48), Linear(32, 48), Linear(48, 32))  # one 48->32
     for m in model:
-        m.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
+        m.method.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
     pack_panel_weights(model, kernels, huge_pages=False)
     calls = []
     for m in model:
-        m.panel_gemm = lambda x, w, b: calls.append(x.shape[0]) or kernels.gemm_panels(x, w, b)
+        m.method.panel_gemm = (lambda x, w, b:
+                               calls.append(x.shape[0]) or kernels.gemm_panels(x, w, b))
     onednn, panel = time_prompt_gemms(list(model), rows=40, rounds=2)
     assert onednn > 0 and panel > 0
     assert calls == [40] * 4  # the repeated shape only, twice a round (its kernel, then timed)
-    assert all(m.panel_max_rows == 0 for m in model)
+    assert all(m.method.panel_max_rows == 0 for m in model)
     assert time_prompt_gemms([model[2]], rows=40) == (0.0, 0.0)
 
 
@@ -249,7 +251,7 @@ def test_start_up_times_decode_steps_and_an_engine_on_onednn_keeps_transformers_
     llm = LLM(llama_dir, num_threads=1)
     assert measured and measured[0][16] > 0
     layers = panel_linears(llm.engine.worker.runner.model)
-    assert layers and all(m.panel_max_rows == 0 for m in layers)
+    assert layers and all(m.method.panel_max_rows == 0 for m in layers)
     prompts = prompts_of_lengths([1, 7, 17, 40])
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -260,16 +262,16 @@ def test_a_dense_weight_goes_only_where_the_panels_serve_every_few_row_gemm():
     model = _model()
     pack_panel_weights(model, kernels, huge_pages=False)
     dense = [m.weight.detach().clone() for m in model]
-    model[1].dense_max_rows = 2  # torch's dense GEMM still reads this one
+    model[1].method.dense_max_rows = 2  # torch's dense GEMM still reads this one
     assert release_dense_weights(model) == 4 * 32 * 48
     assert model[0].weight.is_meta and model[0].weight.shape == (48, 32)
     assert not model[1].weight.is_meta and not model[2].weight.is_meta  # 2: no panels
     x = torch.randn(3, 32)
     with torch.inference_mode():
-        model[0].native, model[0].native_max_rows = kernels, 8
+        model[0].method.native, model[0].method.native_max_rows = kernels, 8
         torch.testing.assert_close(model[0](x), x @ dense[0].T + model[0].bias,
                                    rtol=1e-5, atol=1e-5)
-        model[0].native_max_rows, model[0].dense_max_rows = 0, 4
+        model[0].method.native_max_rows, model[0].method.dense_max_rows = 0, 4
         with pytest.raises(RuntimeError, match="dense weight was let go"):
             model[0](x)  # a read fails loudly
     model[0].configure(ExecutionMode(kernels=kernels, packed_linear=True))
@@ -316,7 +318,7 @@ def test_start_up_lets_go_of_what_nothing_reads(captured_reads, kept_panels, kep
     pack_panel_weights(model, kernels, huge_pages=False)
     panels, dense = release_unread_copies(model, captured_reads)
     layers = panel_linears(model)
-    assert all((m.panel_weight is not None) == kept_panels for m in layers)
+    assert all((m.method.panel_weight is not None) == kept_panels for m in layers)
     assert all(m.weight.is_meta != kept_dense for m in layers)
     assert (panels > 0, dense > 0) == (not kept_panels, not kept_dense)
 
@@ -338,8 +340,8 @@ def test_given_rows_are_set_without_measuring_and_keep_transformers_tokens(
     monkeypatch.setattr(panel_gemm, "measure_panel_rows", lambda *a, **kw: pytest.fail("timed"))
     llm = LLM(llama_dir, num_threads=1, panel_gemm_max_rows=given)
     layers = panel_linears(llm.engine.worker.runner.model)
-    assert layers and all(m.panel_max_rows == given for m in layers)
-    assert all((m.panel_gemm is not None) == bool(given) for m in layers)
+    assert layers and all(m.method.panel_max_rows == given for m in layers)
+    assert all((m.method.panel_gemm is not None) == bool(given) for m in layers)
     prompts = prompts_of_lengths([3, 40, 70])
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

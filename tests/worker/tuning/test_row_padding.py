@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve.engine.engine_args import EngineArgs
-from kvserve.model.layers import packed_linear_available
+from kvserve.model.linear_method import packed_linear_available
 from kvserve.worker.tuning.row_padding import choose_min_rows, measure_min_rows, packed_linears
 
 # cold passes over bench-100m's linear layers (ms) measured on an AVX-512 CPU
@@ -41,10 +41,10 @@ def test_engine_measures_or_takes_the_setting(llama_dir):
     measured = LLM(llama_dir).engine.worker
     assert 1 <= measured.linear_min_rows <= 8
     layers = packed_linears(measured.runner.model)
-    assert layers and {m.min_rows for m in layers} == {measured.linear_min_rows}
+    assert layers and {m.method.min_rows for m in layers} == {measured.linear_min_rows}
     fixed = LLM(llama_dir, linear_min_rows=4).engine.worker
     assert fixed.linear_min_rows == 4
-    assert {m.min_rows for m in packed_linears(fixed.runner.model)} == {4}
+    assert {m.method.min_rows for m in packed_linears(fixed.runner.model)} == {4}
     with pytest.raises(ValueError, match="unpadded"):  # measuring padded layers is wrong
         measure_min_rows(fixed.runner.model, rounds=1)
 
@@ -56,7 +56,7 @@ def test_measurement_times_every_row_count_and_changes_no_layer(llama_dir):
     rows, times = measure_min_rows(model, rounds=1)
     assert sorted(times) == list(range(1, 9)) and all(t > 0 for t in times.values())
     assert rows == choose_min_rows(times)
-    assert {m.min_rows for m in packed_linears(model)} == {1}
+    assert {m.method.min_rows for m in packed_linears(model)} == {1}
 
 
 @pytest.mark.parametrize("value", [0, -1, 17, 2.5, True])

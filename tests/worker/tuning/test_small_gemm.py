@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from kvserve.model.linear_method import FloatLinearMethod
 from kvserve.worker.tuning import small_gemm
 
 
 class _Layer:
     def __init__(self, dtype="float32"):
         import torch
-        self.weight = type("W", (), {"dtype": getattr(torch, dtype)})()
-
-    def restore_dense_weight(self):
-        pass
+        self.weight = type("W", (), {"dtype": getattr(torch, dtype), "is_meta": False})()
+        self.method = FloatLinearMethod()
 
 
 @pytest.fixture
@@ -42,11 +41,11 @@ def test_each_layer_takes_its_fastest_path_while_it_stays_the_fastest(monkeypatc
     # layer 0: native at 1-3 (at 4 it gains under 10 %); layer 1: dense at 1-2;
     # layer 2 is bfloat16, so never native: dense at 1-2
     assert counts == {"native<=3": 1, "dense<=2": 2}
-    assert (layers[0].native_max_rows, layers[0].native) == (3, native)
-    assert (layers[1].dense_max_rows, layers[1].native_max_rows) == (2, 0)
-    assert layers[2].native is None
+    assert (layers[0].method.native_max_rows, layers[0].method.native) == (3, native)
+    assert (layers[1].method.dense_max_rows, layers[1].method.native_max_rows) == (2, 0)
+    assert layers[2].method.native is None
     small_gemm._use(layers[2], "native", 4, native)  # float32's kernel: never on bfloat16
-    assert (layers[2].native_max_rows, layers[2].native) == (0, None)
+    assert (layers[2].method.native_max_rows, layers[2].method.native) == (0, None)
 
 
 def test_without_the_kernels_only_dense_is_tried(monkeypatch, layers):
