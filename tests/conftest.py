@@ -19,12 +19,13 @@ def captured_steps_whenever_possible(monkeypatch):
     """Engines run every step of 1-8 rows captured, instead of where start-up timing
     finds it faster: the suite then covers the captured step in every mode it runs, the
     same way on every machine (tests/worker/test_captured_step.py covers the choice)."""
-    from kvserve.worker import captured_step, cpu_worker
+    from kvserve.worker import captured_step
+    from kvserve.worker.tuning import tuner
 
     def everywhere(runner, captured, rounds=3):
         captured.max_rows = captured_step.MAX_ROWS
         return {}
-    monkeypatch.setattr(cpu_worker, "choose_captured_rows", everywhere)
+    monkeypatch.setattr(tuner, "choose_captured_rows", everywhere)
 
 
 @pytest.fixture(autouse=True)
@@ -60,11 +61,22 @@ def short_gemm_warm_up(monkeypatch):
     warm-up only saves later steps the kernels' generation, never changes a result, and
     the suite builds hundreds of engines (tests/worker/test_gemm_warmup.py covers the
     setting and the full warm-up)."""
-    from kvserve.worker import cpu_worker
+    from kvserve.worker.tuning import tuner
 
-    warm = cpu_worker.warm_gemm_kernels
-    monkeypatch.setattr(cpu_worker, "warm_gemm_kernels",
+    warm = tuner.warm_gemm_kernels
+    monkeypatch.setattr(tuner, "warm_gemm_kernels",
                         lambda model, max_rows: warm(model, min(max_rows, 8)))
+
+
+@pytest.fixture(autouse=True)
+def tuning_plans_of_this_test_only(monkeypatch, tmp_path_factory):
+    """Engines cache their tuning plans in a folder of the test's own: a plan an earlier
+    test (or run) measured never decides what this one measures (tests/worker/tuning/
+    test_plan.py covers reuse)."""
+    from kvserve.worker.tuning import plan
+
+    folder = tmp_path_factory.mktemp("tuning-plans")
+    monkeypatch.setattr(plan, "plan_cache_dir", lambda: folder)
 
 
 @pytest.fixture(scope="session")

@@ -231,6 +231,17 @@ def _add_huge_pages(sub: Any) -> None:
                       "streaming read of each kind of memory.")
 
 
+def _add_startup(sub: Any) -> None:
+    from kvserve.bench.experiments.startup import cmd_startup
+    _add_rounds_bench(sub, "startup", cmd_startup,
+                      "engine start with the saved tuning plan vs measuring every choice, "
+                      "in alternating rounds",
+                      "Start the engine with --tuning-plan (a plan an earlier start saved) and "
+                      "with --no-tuning-cache (every start-up choice measured); report the "
+                      "time to a ready engine and how often measuring chose the saved plan.",
+                      workload=False)
+
+
 def _add_overlap(sub: Any) -> None:
     from kvserve.bench.experiments.overlap import cmd_overlap
     _add_rounds_bench(sub, "overlap", cmd_overlap,
@@ -326,7 +337,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
-                _add_huge_pages, _add_overlap, _add_serving, _add_server_ab, _add_tp,
+                _add_huge_pages, _add_startup, _add_overlap, _add_serving, _add_server_ab, _add_tp,
                 _add_batch, _add_replicas, _add_report):
         add(sub)
     for command in sub.choices.values():

@@ -22,6 +22,8 @@ class WorkerConfig:
     step_profile_interval: int = 16       # one step in N timed by part; 0: off
     enforce_eager: bool = False           # no captured steps: every step layer by layer
     huge_pages: bool = True               # weights and KV pools on transparent huge pages
+    tuning_plan: str | None = None        # a plan file: loaded if there, else saved there
+    tuning_cache: bool = True             # reuse the plan cached for this machine and model
 
     def __post_init__(self) -> None:
         choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)

@@ -152,6 +152,16 @@ class EngineArgs:
         "copy the weights, and allocate the KV pools, on transparent huge pages where the "
         "kernel offers them (THP 'always' or 'madvise'): fewer TLB misses while a step "
         "streams them")
+    tuning_plan: str | None = _setting(WorkerConfig.tuning_plan,
+        "a tuning plan file (JSON): what start-up measured and chose (the few-row GEMV's "
+        "weights, the panel GEMM's rows, the captured step's rows, the row padding, each "
+        "layer's few-row path, speculative decoding's step costs); loaded if it exists, "
+        "and then applied without measuring (refused if it was measured for another CPU, "
+        "kernel build, model or setting), else measured and saved there")
+    tuning_cache: bool = _setting(WorkerConfig.tuning_cache,
+        "reuse the tuning plan that an earlier start measured for this CPU, kernel build, "
+        "model and settings (kept under $KVSERVE_CACHE_DIR/tuning, ~/.cache/kvserve/tuning): "
+        "a restart starts sooner and runs the same kernels; off: measure at every start")
 
     tensor_parallel_size: int = _setting(ParallelConfig.tensor_parallel_size,
         "ranks that split the model's heads, MLP and vocabulary between them, one "

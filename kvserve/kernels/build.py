@@ -34,12 +34,16 @@ class NoCompilerError(RuntimeError):
     """No C compiler was found: the kernels cannot be built here."""
 
 
+def cache_root() -> Path:
+    """``$KVSERVE_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvserve`` (``~/.cache/kvserve``):
+    what kvserve builds and measures once per machine (kernels, tuning plans)."""
+    return Path(os.environ.get("KVSERVE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvserve"))
+
+
 def cache_dir() -> Path:
-    """``$KVSERVE_CACHE_DIR/kernels``, else ``$XDG_CACHE_HOME/kvserve/kernels``
-    (``~/.cache/kvserve/kernels``)."""
-    base = os.environ.get("KVSERVE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvserve")
-    return Path(base) / "kernels"
+    """The kernels' builds: ``cache_root()/kernels``."""
+    return cache_root() / "kernels"
 
 
 def find_compiler() -> str | None:

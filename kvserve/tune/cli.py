@@ -46,6 +46,11 @@ def add_tune_parser(subparsers) -> None:
                    help="KV pool of every candidate (default 1GiB)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="tuned.yaml", help="best settings (default tuned.yaml)")
+    p.add_argument("--tuning-plan", default=None, metavar="PATH",
+                   help="also write the best settings' tuning plan (the kernels start-up "
+                        "chose for them on this machine) to PATH, replacing what is there; "
+                        "the settings file then names it, so a server started with "
+                        "--config loads it instead of measuring")
     p.add_argument("--plot", default=None, help="Pareto front PNG")
     p.add_argument("--json", default=None, help="every candidate and the front, as JSON")
     p.set_defaults(func=run_tune)
@@ -172,7 +177,12 @@ def run_tune(args: argparse.Namespace) -> int:
     again = tuner.remeasure(budget, DEFAULTS, best, REPORT_RESERVE_S)
     gain, how = gain_vs_defaults(again, tuner.trials[0], best, tuner.score)
     print(f"best vs defaults, {how}: {gain:.2f}x {args.objective}")
-    Path(args.out).write_text(yaml.safe_dump(_flags(best.settings), sort_keys=True))
+    flags = _flags(best.settings)
+    if args.tuning_plan:
+        tuner.write_plan(best.settings, Path(args.tuning_plan))
+        flags["tuning_plan"] = str(Path(args.tuning_plan).resolve())
+        print(f"wrote {args.tuning_plan}")
+    Path(args.out).write_text(yaml.safe_dump(flags, sort_keys=True))
     print(f"wrote {args.out}")
     if args.plot:
         _plot(args.plot, tuner.trials, front)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 from kvserve.bench.workloads.definitions import BenchRequest
@@ -200,6 +201,17 @@ class Tuner:
         return trial.goodput if self.objective == "goodput" else trial.throughput
 
     # -- searching -----------------------------------------------------------------------
+
+    def write_plan(self, settings: dict, path: Path) -> None:
+        """Write the tuning plan of an engine of ``settings`` to ``path`` (replacing
+        what is there): the plan its candidate's start-up cached, else measured now."""
+        from kvserve.engine.engine_args import EngineArgs
+        from kvserve.engine.llm_engine import LLMEngine
+
+        path.unlink(missing_ok=True)
+        args = EngineArgs(model=self.model_dir, tuning_plan=str(path),
+                          **{**self.fixed, **engine_args_of(settings)})
+        LLMEngine(args, model=self.model).close()
 
     def search(self, budget: Budget, defaults: dict, progress=None,
                report_s: float = REPORT_RESERVE_S) -> Trial:

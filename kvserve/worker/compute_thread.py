@@ -156,6 +156,9 @@ class ComputeThreadWorker(Worker):
     def transfer_stats(self) -> TransferStats:
         return self.inner.transfer_stats()
 
+    def tuning_plan(self):
+        return self.inner.tuning_plan()
+
     def step_time_stats(self) -> StepTimeStats:
         return self.inner.step_time_stats()
 

@@ -9,12 +9,14 @@ allocated (on huge pages too), then the warm-up: a dummy step, every decode batc
 size's GEMM kernels generated, the captured step (one native call for a few-row step)
 timed against the eager one, and, unless the captured step took every few-row decode
 step, the eager few-row GEMMs tuned (row padding, the native or dense path by layer).
-Once the engine is ready, the objects alive are frozen out of the garbage collector's
-reach. The reasons for each step are in the modules that implement them.
+Every choice start-up measures goes through one StartupTuner, whose TuningPlan a later
+start on the same machine, model and settings loads instead of measuring
+(``worker/tuning/plan.py``); it is saved once the engine is ready. Then the objects
+alive are frozen out of the garbage collector's reach. The reasons for each step are in
+the modules that implement them.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -24,26 +26,23 @@ import torch
 from kvserve.config.engine import EngineConfig
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
+from kvserve.kernels.build import build_key
 from kvserve.logger import init_logger
+from kvserve.model.config import ArchConfig
 from kvserve.model.execution import ExecutionMode, configure_layers
-from kvserve.model.linear_method import FloatLinearMethod
 from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
-    choose_captured_rows, unsupported_reason
+    unsupported_reason
 from kvserve.worker.draft_runner import DraftRunner
-from kvserve.worker.tuning.gemm_warmup import warm_gemm_kernels
 from kvserve.worker.kv_pool_size import kv_cache_layout
 from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import allowed_cpus, cpus_to_bind, freeze_startup_objects, \
     keep_freed_memory, physical_cores, return_freed_memory
-from kvserve.worker.tuning.gemv_weights import choose_gemv_weights
-from kvserve.worker.tuning.panel_gemm import ALL_ROWS as ALL_PANEL_ROWS, \
-    ROW_LADDER as PANEL_ROW_LADDER, choose_panel_rows, \
-    pack_panel_weights, panel_linears, release_unread_copies, set_panel_rows
-from kvserve.worker.tuning.row_padding import measure_min_rows
-from kvserve.worker.tuning.small_gemm import choose_dense_rows
+from kvserve.worker.tuning.panel_gemm import pack_panel_weights, release_unread_copies
+from kvserve.worker.tuning.plan import PlanStore, TuningPlan, plan_key, plan_path
+from kvserve.worker.tuning.tuner import StartupTuner
 from kvserve.worker.step_profiler import StepProfiler, StepTimeStats
 from kvserve.worker.worker_base import DraftAsk, DraftModelInfo, DraftProposal, \
     KernelBuild, KVCacheLayout, ModelRunnerOutput, TransferStats, Worker
@@ -71,7 +70,9 @@ class CPUWorker(Worker):
                                   linear_min_rows=worker_cfg.linear_min_rows or 1)
         configure_layers(self.model, self.mode)
         self.huge_pages = worker_cfg.huge_pages and self._huge_pages_offered()
-        self._pack_panels(self.model, "")
+        self.plans = PlanStore(self._plan_path(""), worker_cfg.tuning_cache)
+        self.tuner = StartupTuner(self._load_plan(self.plans, self.arch, "target"))
+        self._pack_panels(self.model, self.tuner)
         self._place_weights(self.model, "")
         self.profiler = StepProfiler(self.model, worker_cfg.step_profile_interval)
         cache = config.cache
@@ -79,6 +80,8 @@ class CPUWorker(Worker):
                          else getattr(torch, cache.kv_cache_dtype))
         self.runner: ModelRunner | None = None
         self.draft: DraftRunner | None = None  # speculative decoding's draft model
+        self.draft_plans = PlanStore(self._plan_path("draft"), worker_cfg.tuning_cache)
+        self.draft_tuner: StartupTuner | None = None
         self._few_rows_tuned = False
         logger.info("loaded %s (%s, %s, %d threads) in %.1fs; max_model_len %d",
                     model_cfg.model_dir, model_cfg.arch.architecture, model_cfg.dtype,
@@ -113,6 +116,39 @@ class CPUWorker(Worker):
         logger.info("compute threads bound to CPUs %s", ",".join(map(str, cpus)))
         return cpus
 
+    # -- the tuning plan ----------------------------------------------------------------------
+
+    def _plan_path(self, which: str) -> Path | None:
+        return plan_path(self.config.worker.tuning_plan, which,
+                         self.tp.rank if self.tp is not None else 0)
+
+    def _load_plan(self, store: PlanStore, arch, role: str) -> TuningPlan:
+        """The plan for this model in ``role`` ("target" or "draft") here: stored (its
+        choices applied without measuring), or empty (each choice measured and
+        recorded)."""
+        cfg = self.config
+        settings = {"role": role, "threads": torch.get_num_threads(),
+                    "tensor_parallel": None if self.tp is None else
+                    f"{self.tp.rank}/{self.tp.size}",
+                    "attention_backend": cfg.worker.attention_backend,
+                    "huge_pages": self.huge_pages, "quantization": cfg.model.quantization,
+                    "prompt_rows": cfg.scheduler.max_num_batched_tokens}
+        key = plan_key(arch, cfg.model.dtype, build_key() if self.kernels else None, settings)
+        plan = store.load(key)
+        if store.source != "measured":
+            logger.info("tuning plan for the %s model (%s) loaded from %s", role,
+                        arch.architecture, store.source)
+        return plan
+
+    def _save_plans(self) -> None:
+        for store, tuner in ((self.plans, self.tuner), (self.draft_plans, self.draft_tuner)):
+            if tuner is not None:
+                for path in store.save(tuner.plan):
+                    logger.info("%stuning plan saved to %s", tuner.which, path)
+
+    def tuning_plan(self) -> TuningPlan:
+        return self.tuner.plan
+
     # -- memory ----------------------------------------------------------------------------
 
     @staticmethod
@@ -130,7 +166,7 @@ class CPUWorker(Worker):
             moved = move_to_huge_pages(model)
             logger.info("%sweights: %.1f MiB on transparent huge pages", which, moved / 2**20)
 
-    def _pack_panels(self, model, which: str) -> None:
+    def _pack_panels(self, model, tuner: StartupTuner) -> None:
         """The float32 linear weights packed in panels for the native few-row GEMV, the
         captured step and the panel GEMM, and which copy the GEMV reads (measured).
         Before the other weights go onto huge pages, which then leave out the dense
@@ -141,16 +177,9 @@ class CPUWorker(Worker):
             return
         packed = pack_panel_weights(model, self.kernels, self.huge_pages)
         if packed:
-            logger.info("%sweights: %.1f MiB packed in panels%s", which, packed / 2**20,
+            logger.info("%sweights: %.1f MiB packed in panels%s", tuner.which, packed / 2**20,
                         " on transparent huge pages" if self.huge_pages else "")
-        times = choose_gemv_weights(model, self.kernels)
-        if times:
-            on_panels = all(m.method.gemv_reads_panels for m in panel_linears(model))
-            logger.info("%sfew-row GEMV reads the %s (one pass over the layers by rows, "
-                        "dense -> panels, ms: %s)", which,
-                        "panels" if on_panels else "dense weights",
-                        ", ".join(f"{n}: {1000 * d:.2f} -> {1000 * p:.2f}"
-                                  for n, (d, p) in times.items()))
+        tuner.gemv_weights(model, self.kernels)
 
     @property
     def _pool_zeros(self):
@@ -184,10 +213,9 @@ class CPUWorker(Worker):
                             "shared memory" if self.tp.use_shm else "gloo")
         self.runner.warm_up(self.config.warmup_tokens)
         self._panel_gemms()
-        self._warm_gemm_kernels()
-        self._choose_captured_rows(self.runner, "")
-        captured = self.runner.captured
-        if captured is not None and captured.max_rows == CAPTURED_MAX_ROWS:
+        self.tuner.warm_gemms(self.model, self.config.worker.gemm_warmup_rows)
+        self.tuner.captured_rows(self.runner)
+        if self.tuner.captured_takes_every_few_row_step(self.runner):
             # row padding and the few-row paths tune eager steps of up to eight rows;
             # every decode step of so few rows now runs captured, on its own GEMV
             logger.info("few-row GEMMs not tuned: steps of 1-%d decoding rows run captured",
@@ -218,8 +246,8 @@ class CPUWorker(Worker):
             return
         self._few_rows_tuned = True
         if self.config.worker.linear_min_rows is None:
-            self._pad_small_gemms()
-        self._dense_small_gemms(self.model, self.kernels)
+            self.mode = self.tuner.linear_min_rows(self.model, self.mode)
+        self.tuner.layer_paths(self.model, self.kernels)
 
     def _captured_step(self, runner: ModelRunner, which: str) -> CapturedStep | None:
         """The runner's captured step, or None (eager enforced, or a model it cannot
@@ -234,38 +262,9 @@ class CPUWorker(Worker):
         captured.profiler = self.profiler if runner is self.runner else None
         return captured
 
-    @staticmethod
-    def _choose_captured_rows(runner: ModelRunner, which: str) -> None:
-        if runner.captured is None:
-            return
-        times = choose_captured_rows(runner, runner.captured)
-        rows = runner.captured.max_rows
-        timed = ", ".join(f"{n}: {1000 * e:.2f} -> {1000 * c:.2f}" for n, (e, c) in times.items())
-        logger.info("%scaptured step %s%s", which, f"for 1-{rows} rows" if rows else "not taken",
-                    f" (decode steps by rows, eager -> captured, ms: {timed})" if timed else "")
-
-    def _pad_small_gemms(self) -> None:
-        rows, pass_times = measure_min_rows(self.model)
-        self.mode = dataclasses.replace(self.mode, linear_min_rows=rows)
-        configure_layers(self.model, self.mode)
-        if pass_times:
-            logger.info("linear layers, one pass at 1-%d rows (ms): %s; %s", len(pass_times),
-                        " ".join(f"{1000 * t:.2f}" for t in pass_times.values()),
-                        f"GEMMs of fewer rows run padded to {rows}" if rows > 1
-                        else "no padding (no row count clearly faster)")
-
-    @staticmethod
-    def _dense_small_gemms(model, kernels) -> None:
-        counts = choose_dense_rows(model, native=kernels)
-        chosen = {k: n for k, n in counts.items() if k != "packed"}
-        if chosen:
-            logger.info("few-row GEMMs off oneDNN's packed path (faster, measured): %s of "
-                        "%d layers", ", ".join(f"{n} {k}" for k, n in sorted(chosen.items())),
-                        sum(counts.values()))
-
     def _panel_gemms(self) -> None:
-        """Give the native panel GEMM the row counts where it beats oneDNN (measured),
-        before the warm-up generates oneDNN's kernels for the rest."""
+        """Give the native panel GEMM the row counts where it beats oneDNN, before the
+        warm-up generates oneDNN's kernels for the rest."""
         if self.kernels is None or not self.mode.packed_linear:
             return
         if self.tp is not None:
@@ -273,37 +272,13 @@ class CPUWorker(Worker):
             # the same step; the ranks keep oneDNN's GEMMs
             logger.info("panel GEMM not measured under tensor parallelism: oneDNN's GEMMs")
             return
-        given = self.config.worker.panel_gemm_max_rows
-        if given is not None:
-            rows = set_panel_rows(self.model, self.kernels, given)
-            logger.info("panel GEMM %s (panel_gemm_max_rows)",
-                        f"for {FloatLinearMethod.panel_min_rows}-{given} rows" if rows else "off")
-            return
         runner = self.runner
-        rows, times = choose_panel_rows(
-            self.model, self.kernels, lambda n: runner.time_decodes(n, rounds=1, warm=False),
-            prompt_rows=self.config.scheduler.max_num_batched_tokens)
-        if times:
-            timed = ", ".join(f"{n}: {1000 * o:.2f} -> {1000 * p:.2f}"
-                              + (" lone GEMMs" if n > max(PANEL_ROW_LADDER) else "")
-                              for n, (o, p) in times.items())
-            taken = (f"from {FloatLinearMethod.panel_min_rows} rows" if rows == ALL_PANEL_ROWS else
-                     f"for {FloatLinearMethod.panel_min_rows}-{rows} rows" if rows else "not taken")
-            logger.info("panel GEMM %s (decode steps by rows, oneDNN -> panel, ms: %s)",
-                        taken, timed)
-
-    def _warm_gemm_kernels(self) -> None:
-        rows = self.config.worker.gemm_warmup_rows
-        if not rows:
-            return
-        start = time.perf_counter()
-        shapes, warmed = warm_gemm_kernels(self.model, rows)
-        if shapes:
-            capped = f" (of {rows}: the kernel caches' room)" if warmed < rows else ""
-            logger.info("GEMM kernels generated for %d shapes x 1-%d rows%s in %.1fs", shapes,
-                        warmed, capped, time.perf_counter() - start)
+        self.tuner.panel_rows(self.model, self.kernels, self.config.worker.panel_gemm_max_rows,
+                              lambda n: runner.time_decodes(n, rounds=1, warm=False),
+                              self.config.scheduler.max_num_batched_tokens)
 
     def finish_startup(self) -> None:
+        self._save_plans()
         freeze_startup_objects()
         # the heap keeps what start-up freed (the weights as loaded, before their move to
         # huge pages; dense weights let go; warm-up activations) unless handed back
@@ -314,25 +289,24 @@ class CPUWorker(Worker):
     def load_draft_model(self, model_dir: str) -> DraftModelInfo:
         """The draft model, its layers run as the target's, over a pool of as many blocks
         as the target's (the same tokens fit), warmed up."""
-        from kvserve.model.config import ArchConfig
-
         start = time.perf_counter()
         arch = ArchConfig.from_dir(Path(model_dir))
         model = load_model(model_dir, arch, self.config.model.dtype)
         configure_layers(model, self.mode)
-        self._pack_panels(model, "draft model: ")
+        tuner = self.draft_tuner = StartupTuner(self._load_plan(self.draft_plans, arch, "draft"),
+                                                "draft model: ")
+        self._pack_panels(model, tuner)
         self._place_weights(model, "draft model: ")
-        self._dense_small_gemms(model, self.kernels)
+        tuner.layer_paths(model, self.kernels)
         dtype = self.config.model.dtype
         layout = self.kv_layout_for(arch, dtype)
         attention = self.kernels if dtype in NATIVE_KV_DTYPES else None
         runner = ModelRunner(model, arch, layout, dtype, self.config.model.seed, attention,
                              zeros=self._pool_zeros)
         runner.warm_up(min(self.config.warmup_tokens, arch.max_position_embeddings - 1))
-        if self.config.worker.gemm_warmup_rows:
-            warm_gemm_kernels(model, self.config.worker.gemm_warmup_rows)
+        tuner.warm_gemms(model, self.config.worker.gemm_warmup_rows)
         runner.captured = self._captured_step(runner, "draft model: ")
-        self._choose_captured_rows(runner, "draft model: ")
+        tuner.captured_rows(runner)
         self._release_unread_copies(runner, "draft model: ")
         logger.info("draft model %s (%s, %d layers) loaded and warmed up in %.1fs; its KV: "
                     "%d blocks, %.1f MiB", model_dir, arch.architecture, arch.num_layers,
@@ -351,7 +325,10 @@ class CPUWorker(Worker):
 
     def time_draft_model(self, batch_sizes: list[int], chunk_lengths: list[int]
                          ) -> tuple[dict[int, float], dict[int, float]]:
-        return self.draft.time_passes(batch_sizes, chunk_lengths)
+        runner, tuner = self.draft.runner, self.draft_tuner
+        return (tuner.timings("draft_passes", batch_sizes, runner.time_decodes),
+                tuner.timings("draft_catch_ups", chunk_lengths,
+                              lambda rows: runner.time_rows(rows, all_rows_sample=False)))
 
     def propose_drafts(self, asks: list[DraftAsk]) -> DraftProposal:
         return self.draft.propose(asks)
@@ -368,7 +345,7 @@ class CPUWorker(Worker):
         return self.runner.execute(out)
 
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
-        return self.runner.time_rows(row_counts)
+        return self.tuner.timings("steps", row_counts, self.runner.time_rows)
 
     def step_time_stats(self) -> StepTimeStats:
         return self.profiler.stats()
@@ -382,6 +359,7 @@ class CPUWorker(Worker):
         return TransferStats(dict(mover.bytes_moved), dict(mover.seconds))
 
     def close(self) -> None:
+        self._save_plans()  # what was measured after start-up (a later cost table)
         if self.runner is not None:
             self.runner.close()
         if self.draft is not None:

@@ -47,13 +47,6 @@ class DraftRunner:
         self.block_size = block_size
         self._states: dict[str, _DraftState] = {}
 
-    def time_passes(self, batch_sizes: list[int], chunk_lengths: list[int]
-                    ) -> tuple[dict[int, float], dict[int, float]]:
-        """Seconds of a pass by its requests (one token each), of a catch-up by its
-        tokens (a prompt chunk of one request: only its last row samples)."""
-        return (self.runner.time_decodes(batch_sizes),
-                self.runner.time_rows(chunk_lengths, all_rows_sample=False))
-
     def propose(self, asks: list[DraftAsk]) -> DraftProposal:
         asked = {ask.request_id for ask in asks}
         plan: list[tuple[DraftAsk, _DraftState]] = []

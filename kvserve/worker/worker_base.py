@@ -161,6 +161,11 @@ class Worker(ABC):
     def transfer_stats(self) -> TransferStats:
         return TransferStats()
 
+    def tuning_plan(self):
+        """What start-up measured and chose (a TuningPlan; None where the worker
+        measures nothing)."""
+        return None
+
     def step_time_stats(self) -> StepTimeStats:
         """Where the profiled steps' time went (empty when the worker does not profile)."""
         return StepTimeStats()

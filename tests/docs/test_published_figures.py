@@ -64,3 +64,36 @@ def test_the_newest_run_of_a_machine_is_the_readme_table(tmp_path):
     perf = (tmp_path / "docs" / "performance.md").read_text()
     assert perf.endswith("\n## How\n\nkept\n") and "old" not in perf
     assert published.cited_results(tmp_path) == {Path("docs/results/new.json")}
+
+
+def test_no_result_names_where_the_machine_keeps_its_files():
+    from kvserve.bench.reports.report import without_machine_paths
+    for res in published.load_results(REPO):
+        assert without_machine_paths(res.data) == res.data, res.path
+
+
+def test_a_machine_with_only_a_startup_run_is_in_the_docs_not_the_readme(tmp_path):
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    (results / "mixed.json").write_text(json.dumps(_compare_json("b" * 40, "2026-12-04", 1.2)))
+    ratio = {"median": 1.5, "min": 1.4, "max": 1.6, "rounds": 3, "per_round": [1.5] * 3}
+    startup = {"machine": {"cpu_model": "AMD EPYC", "cpu_family": 23, "cpu_model_number": 1,
+                           "vector_isa": "avx2", "physical_cores": 2, "commit": "c" * 40,
+                           "tree_dirty": False, "date_utc": "2026-12-05"},
+               "model": "bench-100m",
+               "result": {"rounds": 3, "round_start_s": {"measured": [3.0, 3.1, 2.9],
+                                                         "planned": [2.0, 2.1, 1.9]},
+                          "speedup": ratio, "measured_starts_choosing_the_saved_plan": 1}}
+    (results / "startup.json").write_text(json.dumps(startup))
+    loaded = published.load_results(tmp_path)
+    readme = published.readme_section(loaded)
+    assert "commit `bbbbbbbbbb`" in readme and "Start-up" not in readme
+    perf = published.performance_section(loaded)
+    assert ("3.0 s measuring every kernel choice, 2.0 s with the saved tuning plan, "
+            "measuring over planned 1.50x (1.40–1.60); 1 of 3 measuring starts") in perf
+    assert "family 23, model 1, AVX2" in perf and "[startup.json](results/startup.json)" in perf
+
+
+def test_the_performance_doc_stays_a_reference_under_15_kb():
+    size = len((REPO / "docs" / "performance.md").read_bytes())
+    assert size < 15_000, f"docs/performance.md is {size} bytes: a reference, not a diary"

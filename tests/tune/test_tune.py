@@ -112,10 +112,11 @@ def test_tune_writes_settings_front_and_plot_within_its_budget(llama_dir, tmp_pa
     counts, and it takes what the machine's load lets it: if that grew so much that the
     run is refused again, it is given twice the new least once more."""
     out, js, png = tmp_path / "tuned.yaml", tmp_path / "tune.json", tmp_path / "front.png"
+    plan = tmp_path / "plan.json"
     budget = 2 * least_budget_s
     for _ in range(2):
         done = _tune(llama_dir, tmp_path, str(budget), "--plot", str(png), "--json",
-                     str(js))
+                     str(js), "--tuning-plan", str(plan))
         again = re.search(r"is too small for one trial: .* need (?:at least|more than) "
                           r"(\d+) s", done.stderr)
         if done.returncode != 2 or not again:
@@ -127,6 +128,10 @@ def test_tune_writes_settings_front_and_plot_within_its_budget(llama_dir, tmp_pa
     settings = yaml.safe_load(out.read_text())
     assert isinstance(settings, dict)
     EngineArgs(model=llama_dir, **settings)  # LLM(**yaml) reads the file as it is
+    # the best settings' tuning plan, named by the settings, for the same threads
+    assert settings["tuning_plan"] == str(plan.resolve())
+    saved = json.loads(plan.read_text())
+    assert saved["key"]["threads"] == settings.get("num_threads", saved["key"]["threads"])
     from kvserve.cli import build_parser
     args = build_parser().parse_args(["serve", llama_dir, "--config", str(out)])
     for key, value in settings.items():  # and so does kvserve serve --config

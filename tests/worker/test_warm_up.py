@@ -24,12 +24,13 @@ def test_engine_starts_warm_with_every_block_free_and_exact(llama_dir):
 
 
 def test_few_row_gemms_are_tuned_only_for_eager_few_row_steps(llama_dir, monkeypatch):
-    from kvserve.worker import cpu_worker
     from kvserve.worker.tuning.row_padding import packed_linears
+    from kvserve.worker.tuning.tuner import StartupTuner
     calls = []
-    real = cpu_worker.CPUWorker._dense_small_gemms
-    monkeypatch.setattr(cpu_worker.CPUWorker, "_dense_small_gemms", staticmethod(
-        lambda model, kernels: calls.append(model) or real(model, kernels)))
+    real = StartupTuner.layer_paths
+    monkeypatch.setattr(StartupTuner, "layer_paths",
+                        lambda self, model, kernels: calls.append(model) or real(self, model,
+                                                                                 kernels))
     # the suite captures steps of 1-8 rows: such decode steps never run eager
     captured = LLM(llama_dir, num_kv_blocks=64).engine.worker
     assert captured.runner.captured.max_rows == 8 and not calls

@@ -203,6 +203,23 @@ def ggml_features(system_info: str) -> dict[str, str]:
     return features
 
 
+def cmake_build_flags(binary: str | Path) -> dict[str, str]:
+    """The ``GGML_*`` settings (and the build type) a CMake build of llama.cpp was
+    configured with, from the CMakeCache.txt of the build folder holding ``binary``
+    (``build/bin/llama-bench``); {} when there is none."""
+    for folder in list(Path(binary).resolve().parents)[:3]:
+        cache = folder / "CMakeCache.txt"
+        if cache.is_file():
+            flags = {}
+            for line in cache.read_text(errors="replace").splitlines():
+                name, sep, value = line.partition("=")
+                name = name.split(":", 1)[0]
+                if sep and (name.startswith("GGML_") or name == "CMAKE_BUILD_TYPE"):
+                    flags[name] = value
+            return flags
+    return {}
+
+
 LLAMA_BENCH_AGREEMENT = 0.10  # llama-bench and the runner must agree within this share
 
 
@@ -222,7 +239,7 @@ def run_llama_bench(binary: str, gguf: Path, threads: int, tokens: int = MAX_NEW
             "tg_tok_s": float(record["avg_ts"]), "tg_stddev_tok_s": float(record["stddev_ts"]),
             "n_gen": tokens, "n_threads": int(record["n_threads"]),
             "build_commit": record.get("build_commit"), "build_number": record.get("build_number"),
-            "cpu_info": record.get("cpu_info"), "cpus": sampler.usage.to_dict()}
+            "build_flags": cmake_build_flags(binary), "cpu_info": record.get("cpu_info"), "cpus": sampler.usage.to_dict()}
 
 
 def llama_bench_check(bench: dict[str, Any], runner_rounds: list[dict]) -> dict[str, Any]:

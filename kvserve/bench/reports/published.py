@@ -4,9 +4,10 @@
 machine that wrote them (CPU name, family, model, vector ISA, cores) and prints, for each
 machine, the headline table: ``bench compare``'s offline ``mixed`` run against vLLM and HF
 transformers (with its single-stream run against llama.cpp and llama-bench's cross-check)
-and ``bench serving``'s run at a fixed request rate against vLLM. The README's
-"Performance" section is that of the machine measured last; docs/performance.md's
-"Current figures" holds every machine's. A test checks that both are exactly what this
+and ``bench serving``'s run at a fixed request rate against vLLM, and ``bench
+startup``'s start with a saved tuning plan against one that measures. The README's
+"Performance" section is the headline table of the machine measured last;
+docs/performance.md's "Current figures" holds every machine's figures. A test checks that both are exactly what this
 module prints from the files, so no figure is typed by hand. ``--write`` puts them there.
 """
 from __future__ import annotations
@@ -39,6 +40,8 @@ class Result:
             return "compare"
         if "kvserve_over_vllm" in self.data.get("result", {}):
             return "serving"
+        if "round_start_s" in self.data.get("result", {}):
+            return "startup"
         return None
 
     @property
@@ -53,6 +56,7 @@ class MachineResults:
     machine: dict[str, Any]
     compare: Result | None = None
     serving: Result | None = None
+    startup: Result | None = None
     others: list[Result] = field(default_factory=list)
 
     @property
@@ -61,7 +65,8 @@ class MachineResults:
 
     @property
     def results(self) -> list[Result]:
-        return [r for r in (self.compare, self.serving, *self.others) if r is not None]
+        return [r for r in (self.compare, self.serving, self.startup, *self.others)
+                if r is not None]
 
 
 def load_results(root: Path) -> list[Result]:
@@ -78,7 +83,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     groups: dict[tuple, MachineResults] = {}
     for res in sorted(results, key=lambda r: r.machine.get("date_utc") or ""):
         group = groups.setdefault(res.machine_key, MachineResults(res.machine))
-        if res.kind in ("compare", "serving"):
+        if res.kind in KINDS:
             older = getattr(group, res.kind)
             if older is not None:
                 group.others.append(older)
@@ -86,6 +91,9 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
         else:
             group.others.append(res)
     return sorted(groups.values(), key=lambda g: g.date, reverse=True)
+
+
+KINDS = ("compare", "serving", "startup")
 
 
 def _machine_title(m: dict[str, Any]) -> str:
@@ -177,25 +185,42 @@ def _serving_lines(res: Result, base: str) -> list[str]:
             f"{_provenance(res, base)})."]
 
 
-def machine_sections(results: Iterable[Result], base: str = ".") -> list[list[str]]:
-    """Each machine's lines, the machine measured last first; ``base``: the folder of the
-    document the links are written from, relative to the repository."""
+def _startup_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    starts = {mode: sorted(s)[len(s) // 2] for mode, s in d["round_start_s"].items()}
+    return ["", f"Start-up ({res.data.get('model')}, from `LLM()` to a ready engine): "
+            f"{starts['measured']:.1f} s measuring every kernel choice, "
+            f"{starts['planned']:.1f} s with the saved tuning plan, measuring over planned "
+            f"{_ratio(d.get('speedup'))}; {d['measured_starts_choosing_the_saved_plan']} of "
+            f"{d['rounds']} measuring starts chose the saved plan's kernels (`bench "
+            f"startup`, {_provenance(res, base)})."]
+
+
+def machine_sections(results: Iterable[Result], base: str = ".",
+                     kinds: tuple[str, ...] = KINDS) -> list[list[str]]:
+    """Each machine's lines of the ``kinds`` of results it has, the machine measured last
+    first; ``base``: the folder of the document the links are written from, relative to
+    the repository."""
+    lines_of = {"compare": _compare_lines, "serving": _serving_lines,
+                "startup": _startup_lines}
     out = []
     for group in _by_machine(results):
-        if group.compare is None and group.serving is None:
+        present = [k for k in kinds if getattr(group, k) is not None]
+        if not present:
             continue
         lines = [f"**{_machine_title(group.machine)}**", ""]
-        if group.compare is not None:
-            lines += _compare_lines(group.compare, base)
-        if group.serving is not None:
-            lines += _serving_lines(group.serving, base)
+        for kind in present:
+            lines += lines_of[kind](getattr(group, kind), base)
+        if lines[2] == "":
+            del lines[2]  # the first figure's own blank line
         out.append(lines)
     return out
 
 
 def readme_section(results: list[Result]) -> str:
-    """The README's "## Performance" section (heading included)."""
-    sections = machine_sections(results)
+    """The README's "## Performance" section (heading included): the headline table of
+    the machine measured last."""
+    sections = machine_sections(results, kinds=("compare", "serving"))
     body = sections[0] if sections else ["No figures are published for the current code."]
     return "\n".join(["## Performance", "",
                       "From `kvserve bench` at the commit named with each figure; "

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import re
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -141,11 +142,29 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+# an absolute path on the machine that ran the bench (a venv, a model, a temp file)
+_MACHINE_PATH = re.compile(r"(?<![\w.:/])/(?:work|tmp|home|root|opt|usr|var|mnt|srv|data"
+                           r"|Users|private|scratch)(?:/[^\s'\"=,;()\[\]{}<>]+)+")
+
+
+def without_machine_paths(obj: Any) -> Any:
+    """``obj`` with every absolute path in its strings cut to its last component (a
+    result records commands and settings, not where this machine keeps its files)."""
+    if isinstance(obj, str):
+        return _MACHINE_PATH.sub(lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1], obj)
+    if isinstance(obj, dict):
+        return {k: without_machine_paths(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [without_machine_paths(v) for v in obj]
+    return obj
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON (creating parent directories); returns the path.
-    Refused (DirtyTreeError) into docs/results/ from a tree with uncommitted changes."""
+    """Write ``obj`` as indented JSON (creating parent directories), its machine paths
+    cut (:func:`without_machine_paths`); returns the path. Refused (DirtyTreeError) into
+    docs/results/ from a tree with uncommitted changes."""
     provenance.check_results_target(path)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(to_jsonable(obj), indent=2) + "\n")
+    p.write_text(json.dumps(without_machine_paths(to_jsonable(obj)), indent=2) + "\n")
     return p

@@ -264,6 +264,9 @@ class TensorParallelWorker(Worker):
     def forget_drafts(self, request_ids: list[str]) -> None:
         self.local.forget_drafts(request_ids)
 
+    def tuning_plan(self):
+        return self.local.tuning_plan()  # rank 0's (each rank keeps its own)
+
     def kernel_build(self) -> KernelBuild:
         return self.local.kernel_build()  # every rank builds on this machine, from one cache
 

@@ -74,3 +74,11 @@ def choose_gemv_weights(model: nn.Module, kernels) -> dict[int, tuple[float, flo
     for m in linears:
         m.method.gemv_reads_panels = on_panels
     return times
+
+
+def set_gemv_weights(model: nn.Module, on_panels: bool) -> None:
+    """The GEMV of every layer with panels reads them (``on_panels``) or the dense
+    weight, without measuring."""
+    for m in panel_linears(model):
+        if m.method.panel_weight is not None:
+            m.method.gemv_reads_panels = on_panels

@@ -23,9 +23,14 @@ TUNE_ROWS = 8         # row counts 1..TUNE_ROWS are timed at start
 REQUIRED_GAIN = 0.05  # padding is kept only when the pass is at least this much faster
 
 
-def packed_linears(model: nn.Module) -> list[Linear]:
-    return [m for m in model.modules()
+def named_packed_linears(model: nn.Module) -> list[tuple[str, Linear]]:
+    """The linear layers with a oneDNN-packed weight, with their names in the model."""
+    return [(name, m) for name, m in model.named_modules()
             if isinstance(m, Linear) and getattr(m.method, "packed_weight", None) is not None]
+
+
+def packed_linears(model: nn.Module) -> list[Linear]:
+    return [m for _, m in named_packed_linears(model)]
 
 
 @torch.inference_mode()

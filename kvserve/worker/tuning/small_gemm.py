@@ -58,11 +58,16 @@ def _layer_times(linears: list, rows: int, path: str, rounds: int, native) -> li
 
 
 def choose_dense_rows(model: nn.Module, rounds: int = 7, native=None) -> dict[str, int]:
-    """Give each packed layer, for 1..r rows, the path that was clearly faster than the
-    packed GEMM (by REQUIRED_GAIN) and the fastest at every count up to r: the dense
-    weight through torch, or ``native`` (the kernels' few-row GEMV, float32 layers
-    only). Returns how many layers took each (path, r) as "path<=r"."""
-    linears = packed_linears(model)
+    """Give each packed layer of ``model`` its measured few-row path
+    (:func:`choose_layer_paths`); returns how many layers took each path."""
+    return path_counts(choose_layer_paths(packed_linears(model), rounds, native))
+
+
+def choose_layer_paths(linears: list, rounds: int = 7, native=None) -> list[str]:
+    """Give each of the packed ``linears``, for 1..r rows, the path that was clearly
+    faster than the packed GEMM (by REQUIRED_GAIN) and the fastest at every count up to
+    r: the dense weight through torch, or ``native`` (the kernels' few-row GEMV, float32
+    layers only). Returns each layer's path as "packed" or "path<=r"."""
     paths = ["dense"] + (["native"] if native is not None else [])
     chosen: list[tuple[str, int]] = [("packed", 0)] * len(linears)
     open_ = [True] * len(linears)
@@ -81,9 +86,24 @@ def choose_dense_rows(model: nn.Module, rounds: int = 7, native=None) -> dict[st
                 open_[i] = False
         if not any(open_):
             break
+    named = [f"{path}<={rows}" if rows else "packed" for path, rows in chosen]
+    apply_layer_paths(linears, named, native)
+    return named
+
+
+def apply_layer_paths(linears: list, paths: list[str], native) -> None:
+    """Put each layer on its path ("packed" or "path<=r", as :func:`choose_layer_paths`
+    names them) without measuring."""
+    for m, named in zip(linears, paths, strict=True):
+        path, _, rows = named.partition("<=")
+        if path not in PATHS or (path != "packed") != bool(rows):
+            raise ValueError(f"a layer's few-row path is packed, dense<=N or native<=N, "
+                             f"got {named!r}")
+        _use(m, path, int(rows or 0), native)
+
+
+def path_counts(paths: list[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for m, (path, rows) in zip(linears, chosen):
-        _use(m, path, rows, native)
-        key = f"{path}<={rows}" if rows else "packed"
-        counts[key] = counts.get(key, 0) + 1
+    for path in paths:
+        counts[path] = counts.get(path, 0) + 1
     return counts

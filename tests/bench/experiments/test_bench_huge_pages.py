@@ -120,13 +120,14 @@ def test_too_few_long_prompts_are_refused(tiny_model_dir: Path, short_runs) -> N
 @needs_thp
 def test_both_engines_capture_the_same_rows(tiny_model_dir: Path, monkeypatch,
                                             short_runs) -> None:
-    from kvserve.worker import captured_step, cpu_worker
+    from kvserve.worker import captured_step
+    from kvserve.worker.tuning import tuner
     chosen = iter([5, 3])  # what each engine's start-up timing would have chosen
 
     def choose(runner, captured, rounds=5):
         captured.max_rows = next(chosen)
         return {}
-    monkeypatch.setattr(cpu_worker, "choose_captured_rows", choose)
+    monkeypatch.setattr(tuner, "choose_captured_rows", choose)
     seen = []
     real = captured_step.CapturedStep.covers
     monkeypatch.setattr(captured_step.CapturedStep, "covers",

@@ -80,3 +80,17 @@ def test_llama_bench_and_the_runner_must_agree_or_say_why():
     assert near["runner_over_llama_bench"] == pytest.approx(0.96)
     far = llamacpp.llama_bench_check(bench, [{"decode_tok_s": 70.0}])
     assert not far["agree"] and "-30 %" in far["why"]
+
+
+def test_llama_benchs_ggml_build_flags_come_from_its_cmake_cache(tmp_path):
+    from kvserve.bench.peers.llamacpp import cmake_build_flags
+    binary = tmp_path / "build" / "bin" / "llama-bench"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("")
+    assert cmake_build_flags(binary) == {}
+    (tmp_path / "build" / "CMakeCache.txt").write_text(
+        "# a comment\nGGML_NATIVE:BOOL=ON\nGGML_AVX512:BOOL=OFF\n"
+        "CMAKE_BUILD_TYPE:STRING=Release\nCMAKE_C_FLAGS:STRING=-O2\n"
+        "//GGML_CUDA help text\nGGML_CUDA:BOOL=OFF\n")
+    assert cmake_build_flags(binary) == {"GGML_NATIVE": "ON", "GGML_AVX512": "OFF",
+                                         "CMAKE_BUILD_TYPE": "Release", "GGML_CUDA": "OFF"}

@@ -8,7 +8,7 @@ from kvserve.engine.engine_args import EngineArgs
 from kvserve.model.linear_method import packed_linear_available
 from kvserve.worker.tuning.gemm_warmup import (CACHE_HEADROOM, distinct_shapes, kernel_cache_capacity,
                                         rows_to_warm, warm_gemm_kernels)
-from kvserve.worker import cpu_worker
+from kvserve.worker.tuning import tuner
 
 needs_onednn = pytest.mark.skipif(not packed_linear_available(), reason="torch without oneDNN")
 
@@ -59,12 +59,12 @@ def test_every_distinct_shape_runs_at_every_row_count(llama_dir):
 def test_engine_warms_up_to_max_num_seqs_unless_told(llama_dir, monkeypatch, setting,
                                                      expected):
     calls = []
-    original = cpu_worker.warm_gemm_kernels
+    original = tuner.warm_gemm_kernels
 
     def record(model, max_rows):
         calls.append(max_rows)
         return original(model, max_rows)
-    monkeypatch.setattr(cpu_worker, "warm_gemm_kernels", record)
+    monkeypatch.setattr(tuner, "warm_gemm_kernels", record)
     LLM(llama_dir, max_num_seqs=16, gemm_warmup_rows=setting)
     assert calls == ([] if expected is None else [expected])
 
