@@ -90,7 +90,7 @@ def test_a_machine_with_only_a_startup_run_is_in_the_docs_not_the_readme(tmp_pat
     assert "commit `bbbbbbbbbb`" in readme and "Start-up" not in readme
     perf = published.performance_section(loaded)
     assert ("3.0 s measuring every kernel choice, 2.0 s with the saved tuning plan, "
-            "measuring over planned 1.50x (1.40–1.60); 1 of 3 measuring starts") in perf
+            "1.50x (1.40–1.60); 1 of 3 measuring starts chose the saved plan") in perf
     assert "family 23, model 1, AVX2" in perf and "[startup.json](results/startup.json)" in perf
 
 

@@ -188,12 +188,12 @@ def _serving_lines(res: Result, base: str) -> list[str]:
 def _startup_lines(res: Result, base: str) -> list[str]:
     d = res.data["result"]
     starts = {mode: sorted(s)[len(s) // 2] for mode, s in d["round_start_s"].items()}
-    return ["", f"Start-up ({res.data.get('model')}, from `LLM()` to a ready engine): "
+    return ["", f"Start-up ({res.data.get('model')}, `LLM()` to a ready engine): "
             f"{starts['measured']:.1f} s measuring every kernel choice, "
-            f"{starts['planned']:.1f} s with the saved tuning plan, measuring over planned "
+            f"{starts['planned']:.1f} s with the saved tuning plan, "
             f"{_ratio(d.get('speedup'))}; {d['measured_starts_choosing_the_saved_plan']} of "
-            f"{d['rounds']} measuring starts chose the saved plan's kernels (`bench "
-            f"startup`, {_provenance(res, base)})."]
+            f"{d['rounds']} measuring starts chose the saved plan (`bench startup`, "
+            f"{_provenance(res, base)})."]
 
 
 def machine_sections(results: Iterable[Result], base: str = ".",
