@@ -52,9 +52,44 @@ def _config(arch: str):
         return Qwen2Config(**common)
     if arch == "mistral":
         return MistralConfig(**{**common, "sliding_window": 24})
+    if arch in NEW_ARCHS:
+        return _new_arch_config(arch, common)
     if arch == "gpt2":
         return GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
                           bos_token_id=0, eos_token_id=1)
+    raise ValueError(arch)
+
+
+# the architectures beyond the first four, each a tiny config of its own family
+NEW_ARCHS = ["qwen3", "qwen3-yarn", "olmo2", "phi3", "phi3-longrope", "mixtral", "qwen2-moe",
+             "qwen3-moe"]
+
+
+def _new_arch_config(arch: str, common: dict):
+    import transformers as tf
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=16)
+    if arch == "qwen3-yarn":
+        return tf.Qwen3Config(**common, head_dim=16, rope_scaling={
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})
+    if arch == "olmo2":
+        return tf.Olmo2Config(**common, pad_token_id=None)
+    if arch == "phi3":
+        return tf.Phi3Config(**common, pad_token_id=None)
+    if arch == "phi3-longrope":  # partial rotary; every test sequence within 128 positions
+        half = int(16 * 0.5) // 2
+        return tf.Phi3Config(**common, pad_token_id=None, partial_rotary_factor=0.5,
+                             original_max_position_embeddings=128, rope_scaling={
+                                 "rope_type": "longrope", "short_factor": [1.0 + i / 10 for i in range(half)],
+                                 "long_factor": [2.0 + i for i in range(half)]})
+    if arch == "mixtral":
+        return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
+    if arch == "qwen2-moe":  # a shared expert; the second layer dense
+        return tf.Qwen2MoeConfig(**common, **moe, shared_expert_intermediate_size=48,
+                                 mlp_only_layers=[1])
+    if arch == "qwen3-moe":
+        return tf.Qwen3MoeConfig(**common, **moe, head_dim=16, norm_topk_prob=True)
     raise ValueError(arch)
 
 
@@ -100,6 +135,19 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int,
             ids = torch.tensor([[token]])
         outs.append(new)
     return outs
+
+
+def greedy_oracle(model_dirs, lengths: list[int], max_new_tokens: int):
+    """arch -> transformers' greedy tokens for ``prompts_of_lengths(lengths)``, each
+    computed once."""
+    cache: dict[str, list[list[int]]] = {}
+
+    def get(arch: str) -> list[list[int]]:
+        if arch not in cache:
+            cache[arch] = hf_greedy(model_dirs(arch), prompts_of_lengths(lengths),
+                                    max_new_tokens)
+        return cache[arch]
+    return get
 
 
 @torch.inference_mode()

@@ -394,11 +394,11 @@ def _names(text: str, allowed: tuple[str, ...]) -> list[str]:
 
 def _bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None:
     try:
-        from kvserve.model.config import ArchConfig
+        from kvserve.model.registry import read_arch_config
         from kvserve.model.loader import resolve_dtype
         from kvserve.worker.model_runner import kv_bytes_per_block
 
-        cfg = ArchConfig.from_dir(model_dir)
+        cfg = read_arch_config(model_dir)
         return kv_bytes_per_block(cfg, block_size, resolve_dtype(dtype, cfg))
     except Exception:  # only needed for a size budget; parse_kv_budget says so if missing
         return None

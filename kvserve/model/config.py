@@ -1,22 +1,27 @@
 """ArchConfig: the parts of a Hugging Face config.json the engine uses, normalised."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel")
-
 
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    rope_type: str = "default"  # default | linear | llama3
+    rope_type: str = "default"  # one of ROPE_TYPES
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int | None = None
+    short_factor: tuple[float, ...] = ()  # longrope: per frequency, within the original
+    long_factor: tuple[float, ...] = ()   # length, and beyond it
+    attention_factor: float | None = None  # longrope, yarn: cos/sin scaled (None: derived)
+    beta_fast: float = 32.0               # yarn's ramp between interpolation and
+    beta_slow: float = 1.0                # extrapolation
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -41,28 +46,17 @@ class ArchConfig:
     torch_dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ArchConfig:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"model directory {model_dir} has no config.json")
-        return cls.from_dict(json.loads(path.read_text()), source=str(path))
-
-    @classmethod
-    def from_dict(cls, cfg: dict, source: str = "config.json") -> ArchConfig:
-        archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            raise ValueError(
-                f"{source}: architecture {archs or cfg.get('model_type')!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-        if arch == "GPT2LMHeadModel":
-            return _gpt2_config(cfg)
-        return _llama_like_config(arch, cfg)
+    qk_norm: str | None = None        # head: RMSNorm per head (Qwen3); projection: OLMo 2
+    rotary_dim: int | None = None     # partial rotary (Phi-4-mini); None: head_dim
+    num_experts: int = 0              # mixture of experts: routed experts per layer
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True       # the chosen experts' weights renormalised to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's gated shared expert
+    dense_layers: tuple[int, ...] = ()  # layers of a MoE model with a dense MLP
 
 
-def _eos_ids(cfg: dict) -> tuple[int, ...]:
+def eos_ids(cfg: dict) -> tuple[int, ...]:
     eos = cfg.get("eos_token_id")
     if eos is None:
         return ()
@@ -75,23 +69,40 @@ def _rope(cfg: dict) -> RopeConfig:
     params = {**scaling, **params}
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", "linear", "llama3"):
-        raise ValueError(
-            f"rope scaling type {rope_type!r} is not supported; supported: default, linear, llama3")
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope scaling type {rope_type!r} is not supported; supported: "
+                         f"{', '.join(ROPE_TYPES)}")
+    original = (params.get("original_max_position_embeddings")
+                or cfg.get("original_max_position_embeddings"))
+    factor = params.get("factor")
+    if factor is None and rope_type in ("yarn", "longrope") and original:
+        factor = cfg.get("max_position_embeddings", 2048) / original
+    optional = {k: float(params[k]) for k in ("attention_factor", "mscale", "mscale_all_dim")
+                if params.get(k) is not None}
     return RopeConfig(
-        theta=float(theta), rope_type=rope_type, factor=float(params.get("factor", 1.0)),
+        theta=float(theta), rope_type=rope_type, factor=float(factor or 1.0),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=params.get("original_max_position_embeddings"))
+        original_max_position_embeddings=original or (
+            cfg.get("max_position_embeddings") if rope_type in ("yarn", "longrope") else None),
+        short_factor=tuple(params.get("short_factor") or ()),
+        long_factor=tuple(params.get("long_factor") or ()),
+        beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+        truncate=bool(params.get("truncate", True)), **optional)
 
 
-def _llama_like_config(arch: str, cfg: dict) -> ArchConfig:
+def llama_like_config(arch: str, cfg: dict, window_by_default: bool = False,
+                      **fields) -> ArchConfig:
+    """The config of a Llama-like architecture ``arch``; ``fields`` set or override
+    what its own keys say. ``sliding_window`` applies where ``use_sliding_window`` says so
+    (Qwen's configs ship a window that is off), by default where ``window_by_default``
+    (Mistral's)."""
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
     sliding = cfg.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
+    if not cfg.get("use_sliding_window", window_by_default):
         sliding = None
-    return ArchConfig(
+    values = dict(
         architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=hidden,
         num_layers=cfg["num_hidden_layers"], num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads,
@@ -100,14 +111,16 @@ def _llama_like_config(arch: str, cfg: dict) -> ArchConfig:
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         norm_eps=cfg.get("rms_norm_eps", 1e-6), hidden_act=cfg.get("hidden_act", "silu"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+        qkv_bias=bool(cfg.get("attention_bias", False)),
         o_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
         sliding_window=sliding, rope=_rope(cfg),
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
-        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg))
+        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids(cfg))
+    values.update(fields)
+    return ArchConfig(**values)
 
 
-def _gpt2_config(cfg: dict) -> ArchConfig:
+def gpt2_config(cfg: dict) -> ArchConfig:
     hidden = cfg["n_embd"]
     heads = cfg["n_head"]
     return ArchConfig(
@@ -119,4 +132,4 @@ def _gpt2_config(cfg: dict) -> ArchConfig:
         hidden_act=cfg.get("activation_function", "gelu_new"),
         tie_word_embeddings=cfg.get("tie_word_embeddings", True), qkv_bias=True, o_bias=True,
         mlp_bias=True, torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
-        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg))
+        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids(cfg))

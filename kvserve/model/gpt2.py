@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
-from kvserve.model.config import ArchConfig
+from kvserve.model.config import ArchConfig, gpt2_config
 from kvserve.model.layers import Linear, activation, in_row_chunks
 
 
@@ -70,6 +70,7 @@ class GPT2Transformer(nn.Module):
 
 
 class GPT2LMHeadModel(nn.Module):
+    notes = "learned positions, biases, tied embeddings"
     stacked_params: dict[str, tuple[str, int]] = {}
     # HF stores these as Conv1D ([in, out]); nn.Linear wants [out, in].
     transposed_params = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
@@ -81,6 +82,10 @@ class GPT2LMHeadModel(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
+
+    @classmethod
+    def arch_config(cls, name: str, cfg: dict) -> ArchConfig:
+        return gpt2_config(cfg)
 
     def checkpoint_name(self, name: str) -> str:
         """Old GPT-2 checkpoints omit the ``transformer.`` prefix."""

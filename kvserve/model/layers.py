@@ -1,14 +1,11 @@
 """Small building blocks shared by the model families."""
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvserve.kernels import NATIVE_ELEMENTWISE_DTYPES
-from kvserve.model.config import RopeConfig
 from kvserve.model.execution import ExecutionMode
 from kvserve.model.linear_method import FloatLinearMethod, LinearMethod
 
@@ -84,63 +81,6 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
-
-
-def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float()
-                                     / head_dim))
-    if rope.rope_type == "linear":
-        return inv_freq / rope.factor
-    if rope.rope_type == "llama3":
-        old_len = rope.original_max_position_embeddings
-        low_wavelen = old_len / rope.low_freq_factor
-        high_wavelen = old_len / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (old_len / wavelen - rope.low_freq_factor) / (
-            rope.high_freq_factor - rope.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return torch.where(medium, smoothed, scaled)
-    return inv_freq
-
-
-class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin tables, indexed by absolute position (rotate-half layout)."""
-
-    native = None  # kvserve.kernels.Kernels when configured to use them
-
-    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
-        super().__init__()
-        inv_freq = rope_inv_freq(rope, head_dim)
-        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def configure(self, mode: ExecutionMode) -> None:
-        self.native = mode.kernels if self.cos.dtype in NATIVE_ELEMENTWISE_DTYPES else None
-
-    def rotate_qkv_(self, positions: torch.Tensor, qkv: torch.Tensor, num_q: int,
-                    num_k: int, head_dim: int) -> bool:
-        """Rotate q and k inside a fused [T, q|k|v] activation in place, when the native
-        kernel can; False means nothing was done (use ``forward`` on the split q, k)."""
-        if (self.native is None or qkv.dtype != self.cos.dtype or qkv.stride(1) != 1
-                or positions.dtype != torch.int64 or not positions.is_contiguous()):
-            return False
-        self.native.rotary_(qkv, positions, self.cos, self.sin, num_q, num_k, head_dim)
-        return True
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, d]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class GatedActivation(nn.Module):

@@ -15,18 +15,10 @@ from safetensors import safe_open
 from torch import nn
 
 from kvserve.model.config import ArchConfig
-from kvserve.model.gpt2 import GPT2LMHeadModel
-from kvserve.model.llama import LlamaForCausalLM
 from kvserve.model.quantization import quantize_model
+from kvserve.model.registry import MODELS
 
 logger = logging.getLogger(__name__)
-
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "GPT2LMHeadModel": GPT2LMHeadModel,
-}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,14 +80,15 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
     """The checkpoint's model in ``dtype``, its linear layers quantized if asked; with
     ``tp`` (a TensorParallelGroup), this rank's share of it."""
     model_dir = Path(model_dir)
-    cls = MODEL_CLASSES[model_config.architecture]
+    cls = MODELS[model_config.architecture]
     with torch.device("meta"):
         model = cls(model_config)
     model = model.to_empty(device="cpu")
     _load_weights(model, weight_files(model_dir))
     if hasattr(model, "rotary"):  # buffers are not in checkpoints: rebuild them for real
-        from kvserve.model.layers import RotaryEmbedding
-        model.rotary = RotaryEmbedding(model_config.rope, model_config.head_dim,
+        from kvserve.model.rotary import RotaryEmbedding
+        model.rotary = RotaryEmbedding(model_config.rope,
+                                       model_config.rotary_dim or model_config.head_dim,
                                        model_config.max_position_embeddings)
     if model_config.tie_word_embeddings:
         _tie(model)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvserve.config.model import ModelConfig
 from kvserve.default_model import default_model_dir
-from kvserve.model.config import ArchConfig
+from kvserve.model.registry import read_arch_config
 from kvserve.model.loader import resolve_dtype
 from kvserve.model.quantization import check_quantization
 
@@ -35,7 +35,7 @@ def create_model_config(model: str | None, *, dtype: str, max_model_len: int | N
     """The model's part of the engine config; reads the directory's config.json."""
     check_model_settings(dtype, max_model_len, quantization)
     model_dir = resolve_model_dir(model)
-    arch = ArchConfig.from_dir(model_dir)
+    arch = read_arch_config(model_dir)
     limit = arch.max_position_embeddings
     wanted = max_model_len or limit
     if wanted > limit:

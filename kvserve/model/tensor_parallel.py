@@ -85,7 +85,12 @@ class TensorParallelGroup:
 
 
 def check_shardable(arch, size: int) -> None:
-    """Refuse a tensor_parallel_size the model's shape cannot be split by."""
+    """Refuse a tensor_parallel_size the model's shape cannot be split by, and models whose
+    layers are not split yet (mixtures of experts, q/k norms over whole projections)."""
+    if size > 1 and (arch.num_experts or arch.qk_norm == "projection"):
+        what = "mixture-of-experts" if arch.num_experts else "q/k-norm-over-projection"
+        raise ValueError(f"tensor_parallel_size {size}: {arch.architecture}'s {what} layers "
+                         "are not split across ranks yet; run it with tensor_parallel_size 1")
     problems = []
     if arch.num_heads % size:
         problems.append(f"{arch.num_heads} attention heads")
@@ -229,13 +234,13 @@ class VocabParallelHead(nn.Module):
 
 def shard_model(model: nn.Module, tp: TensorParallelGroup) -> None:
     """Split ``model`` (Llama family or GPT-2, loaded whole) into this rank's share."""
+    from kvserve.model.decoder import Attention, GatedMLP
     from kvserve.model.gpt2 import GPT2Attention, GPT2LMHeadModel, GPT2MLP
-    from kvserve.model.llama import LlamaAttention, LlamaMLP
 
     for module in list(model.modules()):
-        if isinstance(module, LlamaAttention):
+        if isinstance(module, Attention):
             _shard_llama_attention(module, tp)
-        elif isinstance(module, LlamaMLP):
+        elif isinstance(module, GatedMLP):
             _shard_gated_mlp(module, tp)
         elif isinstance(module, GPT2Attention):
             _shard_gpt2_attention(module, tp)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvserve.model.config import ArchConfig
-from kvserve.model.loader import MODEL_CLASSES
+from kvserve.model.registry import MODELS, read_arch_config
 from kvserve.request import Request
 from kvserve.spec_decode.proposer import Proposer
 from kvserve.worker.worker_base import DraftAsk, DraftModelInfo
@@ -31,12 +30,12 @@ def check_draft_model(model: str, target) -> None:
         raise ValueError(f"speculative_config.model {model!r} is not a directory (a draft "
                          "model in Hugging Face layout, e.g. kvserve.default_draft_model_dir())")
     try:
-        arch = ArchConfig.from_dir(path)
+        arch = read_arch_config(path)
     except Exception as e:  # a bad or missing config.json, an unknown architecture
         raise ValueError(f"speculative_config.model {model!r} does not load: {e}") from None
-    if arch.architecture not in MODEL_CLASSES:
+    if arch.architecture not in MODELS:
         raise ValueError(f"speculative_config.model {model!r} is a {arch.architecture}; "
-                         f"draft models may be {sorted(MODEL_CLASSES)}")
+                         f"draft models may be {sorted(MODELS.names())}")
     if arch.vocab_size != target.arch.vocab_size:
         raise ValueError(f"speculative_config.model {model!r} has a vocabulary of "
                          f"{arch.vocab_size} tokens, the target {target.arch.vocab_size}: a "

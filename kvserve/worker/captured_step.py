@@ -49,7 +49,7 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
     if kernels is None:
         return "no native kernels"
     if not isinstance(model, LlamaForCausalLM):
-        return f"{type(model).__name__} is not a Llama-family model"
+        return f"{type(model).__name__}: the captured step runs Llama, Mistral and Qwen2 layers only"
     if any(type(m) is not Linear or not isinstance(m.method, FloatLinearMethod)
            for m in _linears(model)):
         return "quantized or sharded linear layers"

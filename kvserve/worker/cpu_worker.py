@@ -28,7 +28,7 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.kernels.build import build_key
 from kvserve.logger import init_logger
-from kvserve.model.config import ArchConfig
+from kvserve.model.registry import read_arch_config
 from kvserve.model.execution import ExecutionMode, configure_layers
 from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
@@ -290,7 +290,7 @@ class CPUWorker(Worker):
         """The draft model, its layers run as the target's, over a pool of as many blocks
         as the target's (the same tokens fit), warmed up."""
         start = time.perf_counter()
-        arch = ArchConfig.from_dir(Path(model_dir))
+        arch = read_arch_config(Path(model_dir))
         model = load_model(model_dir, arch, self.config.model.dtype)
         configure_layers(model, self.mode)
         tuner = self.draft_tuner = StartupTuner(self._load_plan(self.draft_plans, arch, "draft"),

@@ -46,3 +46,9 @@ def test_readme_stays_a_users_document():
     assert "docs/performance.md" in text
     for name in ("Python", "Command line", "HTTP"):
         assert f"### {name}" in text.split("## Using it", 1)[1].split("\n## ", 1)[0], name
+
+
+def test_the_model_table_is_the_registry():
+    from kvserve.model.registry import model_table
+    models = README.read_text().split("## Models", 1)[1].split("\n## ", 1)[0]
+    assert model_table() in models

@@ -5,7 +5,7 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from tests.conftest import ARCHS
-from tests.helpers import hf_greedy, prompts_of_lengths
+from tests.helpers import greedy_oracle, hf_greedy, prompts_of_lengths
 
 LENGTHS = [1, 3, 7, 16, 17, 31, 64, 100, 5, 47]
 MAX_NEW = 12
@@ -22,13 +22,7 @@ def _kvserve_greedy(model_dir: str, prompts, **engine_args) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def oracle(model_dirs):
-    cache = {}
-
-    def get(arch):
-        if arch not in cache:
-            cache[arch] = hf_greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), MAX_NEW)
-        return cache[arch]
-    return get
+    return greedy_oracle(model_dirs, LENGTHS, MAX_NEW)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

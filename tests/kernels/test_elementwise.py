@@ -7,7 +7,8 @@ import torch
 from kvserve.kernels import Kernels, load_kernels
 from kvserve.model.config import RopeConfig
 from kvserve.model.execution import ExecutionMode, configure_layers
-from kvserve.model.layers import GatedActivation, RMSNorm, RotaryEmbedding
+from kvserve.model.layers import GatedActivation, RMSNorm
+from kvserve.model.rotary import RotaryEmbedding
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")

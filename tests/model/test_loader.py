@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from kvserve import LLM, SamplingParams
 from kvserve.model.config import ArchConfig
+from kvserve.model.registry import read_arch_config
 from kvserve.model.loader import resolve_dtype
 from tests.helpers import hf_greedy, prompts_of_lengths
 
@@ -99,7 +100,7 @@ def test_missing_tensor_is_named(llama_dir, tmp_path):
 
 
 def test_dtype_auto_is_float32_without_bf16_hardware(llama_dir, monkeypatch):
-    cfg = ArchConfig.from_dir(llama_dir)
+    cfg = read_arch_config(llama_dir)
     bf16_cfg = ArchConfig(**{**cfg.__dict__, "torch_dtype": "bfloat16"})
     monkeypatch.setattr("kvserve.model.loader.cpu_has_bf16", lambda: False)
     assert resolve_dtype("auto", bf16_cfg) == torch.float32

@@ -140,7 +140,7 @@ def test_enforce_eager_runs_no_captured_step(llama_dir):
 
 
 @pytest.mark.parametrize("arch, engine_args, reason", [
-    ("gpt2", {}, "GPT2LMHeadModel is not a Llama-family model"),
+    ("gpt2", {}, "GPT2LMHeadModel: the captured step runs Llama, Mistral and Qwen2 layers only"),
     ("llama", {"quantization": "int8"}, "quantized or sharded linear layers"),
     ("llama", {"dtype": "bfloat16"}, "weights are not float32"),
     ("llama", {"kv_cache_dtype": "float16"}, "the KV cache is not float32"),

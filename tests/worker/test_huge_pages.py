@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
-from kvserve.model.config import ArchConfig
+from kvserve.model.registry import read_arch_config
 from kvserve.model.loader import load_model
 from kvserve.worker import huge_pages
 from kvserve.worker.huge_pages import HUGE_PAGE, HugePageBuffer, huge_page_zeros, \
@@ -98,7 +98,7 @@ def _all_tensors(model):
 
 def test_moving_keeps_the_model_and_its_ties(model_dirs):
     model_dir = model_dirs("llama3-tied")
-    model = load_model(model_dir, ArchConfig.from_dir(Path(model_dir)), torch.float32)
+    model = load_model(model_dir, read_arch_config(Path(model_dir)), torch.float32)
     head = model.lm_head.weight
     assert head is model.model.embed_tokens.weight
     before = [t.clone() for t in _all_tensors(model)]

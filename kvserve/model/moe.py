@@ -1,0 +1,55 @@
+"""A mixture-of-experts MLP: a router picks each token's top-k experts, the tokens are
+grouped by expert, and each expert that any token chose runs once, as one gated MLP over
+its tokens (one GEMM per active expert and projection). At one token a step only the
+chosen experts' weights are read. Optionally a shared expert every token passes through,
+scaled by a sigmoid gate (Qwen2-MoE)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.model.config import ArchConfig
+from kvserve.model.decoder import GatedMLP
+from kvserve.model.layers import Linear
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = cfg.num_experts, cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
+        self.experts = nn.ModuleList(GatedMLP(cfg, cfg.moe_intermediate_size)
+                                     for _ in range(cfg.num_experts))
+        self.shared_expert = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = GatedMLP(cfg, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's chosen experts [T, k] and their weights [T, k] (softmax over all
+        experts in float32, the top k kept, renormalised where the model says)."""
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return chosen, weights.to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chosen, weights = self.route(x)
+        flat = chosen.flatten()
+        order = torch.argsort(flat, stable=True)   # (token, slot) pairs grouped by expert
+        tokens = order // self.top_k
+        scale = weights.flatten()[order, None]
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in enumerate(torch.bincount(flat, minlength=self.num_experts).tolist()):
+            if count:
+                rows = tokens[start:start + count]
+                out.index_add_(0, rows, self.experts[expert]._forward(x[rows])
+                               * scale[start:start + count])
+                start += count
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert._forward(x)
+        return out
