@@ -345,6 +345,10 @@ class CPUWorker(Worker):
         return self.runner.execute(out)
 
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
+        if self.tp is not None:
+            # every rank's steps run together (their all-reduces): a rank must never take
+            # its own plan's costs while another measures, so ranks measure every time
+            return self.runner.time_rows(row_counts)
         return self.tuner.timings("steps", row_counts, self.runner.time_rows)
 
     def step_time_stats(self) -> StepTimeStats:

@@ -174,3 +174,14 @@ def test_a_failure_on_rank_0_stops_the_engine_and_frees_the_ranks(llama_dir, tp_
     worker.close()
     assert time.monotonic() - start < 5
     assert all(p.poll() is not None for p in worker.ranks)
+
+
+def test_ranks_measure_step_costs_together_at_every_start(llama_dir, tp_llm):
+    """Speculation's step costs are whole TP steps: a rank that took them from a plan
+    while another measured would wait forever on its all-reduces, so none is planned."""
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    for _ in range(2):
+        llm = tp_llm(llama_dir, speculative_config=spec)
+        assert "steps" not in llm.engine.worker.tuning_plan().timings
+        assert _greedy(llm, PROMPTS[:2], 4) == hf_greedy(llama_dir, PROMPTS[:2], 4)
+        llm.engine.close()
