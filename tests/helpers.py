@@ -62,7 +62,7 @@ def _config(arch: str):
 
 # the architectures beyond the first four, each a tiny config of its own family
 NEW_ARCHS = ["qwen3", "qwen3-yarn", "olmo2", "phi3", "phi3-longrope", "mixtral", "qwen2-moe",
-             "qwen3-moe"]
+             "qwen3-moe", "gemma2", "gemma3"]
 
 
 def _new_arch_config(arch: str, common: dict):
@@ -83,6 +83,14 @@ def _new_arch_config(arch: str, common: dict):
                              original_max_position_embeddings=128, rope_scaling={
                                  "rope_type": "longrope", "short_factor": [1.0 + i / 10 for i in range(half)],
                                  "long_factor": [2.0 + i for i in range(half)]})
+    if arch == "gemma2":  # windows short enough that the test prompts pass them
+        return tf.Gemma2Config(**common, head_dim=16, sliding_window=12, pad_token_id=None,
+                               query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                               final_logit_softcapping=3.0)
+    if arch == "gemma3":
+        return tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 3}, head_dim=16,
+                                   sliding_window=12, pad_token_id=None,
+                                   sliding_window_pattern=3, rope_local_base_freq=100.0)
     if arch == "mixtral":
         return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
     if arch == "qwen2-moe":  # a shared expert; the second layer dense

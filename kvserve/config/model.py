@@ -6,9 +6,9 @@ directory's config.json: the fields below are resolved (``dtype`` is a torch dty
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvserve.config.validate import choice, optional_positive_int
 
@@ -28,6 +28,9 @@ class ModelConfig:
     max_model_len: int
     quantization: str | None = None  # a name in kvserve.model.quantization.QUANTIZATION_METHODS
     seed: int = 0
+    generation_config: str = "auto"  # where sampling defaults come from: auto | vllm | DIR
+    # the SamplingParams fields that source recommends, for requests that leave them unset
+    sampling_defaults: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @staticmethod
     def check(dtype: str, max_model_len: int | None) -> None:

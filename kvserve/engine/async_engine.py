@@ -51,6 +51,7 @@ class AsyncLLMEngine(EngineLoop):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.sampling_defaults = engine.config.model.sampling_defaults
         self.vocab_size = engine.vocab_size
         self.max_num_seqs = engine.config.scheduler.max_num_seqs
         self.snapshot = EngineSnapshot()

@@ -112,6 +112,12 @@ class EngineArgs:
     warmup_prompts: str | None = _setting(CacheConfig.warmup_prompts,
         "file of prompts (one per line, or JSONL with 'prompt') whose KV is computed at "
         "start and pinned in the prefix cache")
+    generation_config: str = _setting(ModelConfig.generation_config,
+        "where sampling defaults come from, as vLLM's: auto (the model's "
+        "generation_config.json: temperature, top_p, top_k, min_p, repetition_penalty, "
+        "max_new_tokens, where it differs from transformers' defaults), vllm (none: the "
+        "engine's own), or a directory holding a generation_config.json; a request's own "
+        "fields always win")
     quantization: str | None = _setting(ModelConfig.quantization,
         "int8: linear layers run as int8 x int8 -> int32 with per-channel weight scales and "
         "per-token activation scales (faster GEMMs on CPUs with VNNI); not bit-exact with "
@@ -221,7 +227,8 @@ class EngineArgs:
         a KV manager that gives back rejected drafts' slots, a draft model that fits."""
         model = create_model_config(self.model, dtype=self.dtype,
                                     max_model_len=self.max_model_len,
-                                    quantization=self.quantization, seed=self.seed)
+                                    quantization=self.quantization, seed=self.seed,
+                                    generation_config=self.generation_config)
         parallel = self.create_parallel_config()
         if parallel.tensor_parallel_size > 1:
             check_shardable(model.arch, parallel.tensor_parallel_size)

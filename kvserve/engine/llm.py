@@ -64,10 +64,14 @@ class LLM:
                                 for c in conversations)]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    @staticmethod
-    def _per_prompt(sampling_params, n: int) -> list[SamplingParams]:
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's recommended fields (``generation_config``),
+        what ``generate`` uses when given none."""
+        return SamplingParams(**self.engine.config.model.sampling_defaults)
+
+    def _per_prompt(self, sampling_params, n: int) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams()] * n
+            return [self.get_default_sampling_params()] * n
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * n
         params = list(sampling_params)

@@ -103,6 +103,12 @@ class LLMEngine:
         self.structured = StructuredOutputManager(
             config.model.model_dir, self.vocab_size,
             [t for t in [self.eos_token_id, *self.extra_stop_ids] if t is not None])
+        if config.model.sampling_defaults:
+            logger.info("default sampling parameters from %s: %s (a request's own fields "
+                        "win; --generation-config vllm drops them)",
+                        "the model's generation_config.json"
+                        if config.model.generation_config == "auto"
+                        else config.model.generation_config, config.model.sampling_defaults)
         self.worker.warm_up()
         self.speculator = create_controller(config, self.worker)
         if config.cache.warmup_prompts:

@@ -55,6 +55,8 @@ class AttentionMetadata:
     row_seq_lens: torch.Tensor | None = None
     native: Kernels | None = None  # native kernel, when built and the dtype fits
     sliding_window: int = 0
+    # the same step for layers of another window (models mixing local and global layers)
+    windowed: dict[int, "AttentionMetadata"] = field(default_factory=dict)
 
 
 class KVCache:
@@ -121,13 +123,18 @@ def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                     meta: AttentionMetadata, scale: float,
-                    out_rows: torch.Tensor | None = None) -> torch.Tensor:
+                    out_rows: torch.Tensor | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """q [T, H, d], k/v [T, Hkv, d] for the step's tokens -> output [T, H, d].
 
     ``out_rows``: only these rows' outputs are wanted (-> [len(out_rows), H, d]); the K/V
-    of every row are still written to the pool."""
+    of every row are still written to the pool. ``softcap``: scores capped as
+    ``cap * tanh(score / cap)`` before the softmax (torch path only: a model that caps is
+    given no native metadata)."""
     cache.write(meta.slot_mapping, k, v, meta.native)
     if meta.native is not None:  # float32 math; a bf16/fp16 model's queries are widened
+        if softcap is not None:
+            raise ValueError("soft-capped attention runs on the torch path only")
         tables, seq_lens = meta.row_block_tables, meta.row_seq_lens
         if out_rows is not None:
             q, tables, seq_lens = q[out_rows], tables[out_rows], seq_lens[out_rows]
@@ -135,12 +142,33 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         meta.native.paged_attention_rows(q.float(), cache.k, cache.v, tables, seq_lens, out,
                                          scale, meta.sliding_window)
         return out.to(q.dtype)
-    out = _torch_attention(q, k, v, cache, meta, scale)
+    out = _torch_attention(q, k, v, cache, meta, scale, softcap)
     return out if out_rows is None else out[out_rows]
 
 
+def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor | None, causal: bool, scale: float,
+                          softcap: float) -> torch.Tensor:
+    """SDPA's result for q [B, H, Q, d], k/v [B, Hkv, K, d], with each score capped as
+    ``softcap * tanh(score / softcap)`` before masking (Gemma 2), computed as transformers'
+    eager attention does: scores, cap, mask, a float32 softmax, values."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if causal:
+        qn, kn = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(qn, kn, dtype=torch.bool).tril(kn - qn)
+    if mask is not None:
+        scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
+                  else scores + mask)
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
 def _torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
-                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                     meta: AttentionMetadata, scale: float,
+                     softcap: float | None = None) -> torch.Tensor:
     out = torch.empty_like(q)
     if cache.k.dtype != k.dtype:  # attend to this step's keys as the pool holds them
         k, v = k.to(cache.k.dtype).to(k.dtype), v.to(cache.v.dtype).to(v.dtype)
@@ -149,8 +177,9 @@ def _torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
     if nd:
         kd, vd = cache.gather(meta.decode_block_tables, q.dtype)
         qd = q[:nd].unsqueeze(2)  # [D, H, 1, d]
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
-                                            scale=scale, enable_gqa=gqa)
+        od = (F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
+                                             scale=scale, enable_gqa=gqa) if softcap is None
+              else _softcapped_attention(qd, kd, vd, meta.decode_mask, False, scale, softcap))
         out[:nd] = od.squeeze(2)
     for span in meta.prefills:
         rows = slice(span.row, span.row + span.length)
@@ -159,8 +188,10 @@ def _torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
             kp, vp = (x[rows].transpose(0, 1).unsqueeze(0) for x in (k, v))
         else:
             kp, vp = cache.gather(span.block_table.unsqueeze(0), q.dtype)
-        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=span.mask,
-                                            is_causal=span.mask is None, scale=scale,
-                                            enable_gqa=gqa)
+        op = (F.scaled_dot_product_attention(qp, kp, vp, attn_mask=span.mask,
+                                             is_causal=span.mask is None, scale=scale,
+                                             enable_gqa=gqa) if softcap is None
+              else _softcapped_attention(qp, kp, vp, span.mask, span.mask is None, scale,
+                                         softcap))
         out[rows] = op[0].transpose(0, 1)
     return out

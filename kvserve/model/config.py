@@ -54,6 +54,12 @@ class ArchConfig:
     norm_topk_prob: bool = True       # the chosen experts' weights renormalised to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's gated shared expert
     dense_layers: tuple[int, ...] = ()  # layers of a MoE model with a dense MLP
+    layer_windows: tuple[int, ...] = ()  # each layer's window (0: none); (): sliding_window
+    local_rope: RopeConfig | None = None  # the windowed layers' own rope (Gemma 3)
+    attn_scale: float | None = None      # the scores' scale (None: head_dim ** -0.5)
+    attn_softcap: float | None = None    # scores capped as cap * tanh(score / cap)
+    final_softcap: float | None = None   # the logits likewise
+    scale_embeddings: bool = False       # embeddings times sqrt(hidden_size) (Gemma)
 
 
 def eos_ids(cfg: dict) -> tuple[int, ...]:
@@ -63,7 +69,7 @@ def eos_ids(cfg: dict) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
-def _rope(cfg: dict) -> RopeConfig:
+def rope_config(cfg: dict) -> RopeConfig:
     params = dict(cfg.get("rope_parameters") or {})
     scaling = cfg.get("rope_scaling") or {}
     params = {**scaling, **params}
@@ -113,7 +119,7 @@ def llama_like_config(arch: str, cfg: dict, window_by_default: bool = False,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=bool(cfg.get("attention_bias", False)),
         o_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
-        sliding_window=sliding, rope=_rope(cfg),
+        sliding_window=sliding, rope=rope_config(cfg),
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids(cfg))
     values.update(fields)

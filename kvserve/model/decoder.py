@@ -23,14 +23,17 @@ class Attention(nn.Module):
     step_part = "attention"  # for the step profiler
     tp = None  # TensorParallelGroup when sharded: o_proj gives this rank's partial sum
 
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, index: int = 0) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        # a layer with a window of its own reads that window's metadata (0: the model's)
+        self.window = cfg.layer_windows[index] if cfg.layer_windows else 0
+        self.softcap = cfg.attn_softcap
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.attn_scale or cfg.head_dim ** -0.5
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm == "head":  # Qwen3: each head's q and k normed over its dims
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
@@ -60,8 +63,10 @@ class Attention(nn.Module):
                                                                self.head_dim)
         if not rotated:
             q, k = rotary(positions, q, k)
-        out = self.o_proj(paged_attention(q, k, v, cache, meta, self.scale, out_rows)
-                          .reshape(-1, self.q_size))
+        if self.window:
+            meta = meta.windowed.get(self.window, meta)
+        out = self.o_proj(paged_attention(q, k, v, cache, meta, self.scale, out_rows,
+                                          self.softcap).reshape(-1, self.q_size))
         return out if self.tp is None else self.tp.all_reduce_(out)
 
 
@@ -98,7 +103,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ArchConfig, index: int, mlp: MLPFactory = gated_mlp) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, index)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = mlp(cfg, index)
 
@@ -124,7 +129,7 @@ class PostNormDecoderLayer(nn.Module):
 
     def __init__(self, cfg: ArchConfig, index: int, mlp: MLPFactory = gated_mlp) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, index)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = mlp(cfg, index)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
@@ -139,6 +144,34 @@ class PostNormDecoderLayer(nn.Module):
             hidden = hidden[out_rows]
         hidden = hidden + h
         return self.post_feedforward_layernorm(self.mlp(hidden)), hidden
+
+
+class SandwichDecoderLayer(nn.Module):
+    """Norms before and after attention and before and after the MLP, the residual adds
+    after the post-norms (Gemma 2 and 3)."""
+
+    def __init__(self, cfg: ArchConfig, index: int, mlp: MLPFactory = gated_mlp) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.self_attn = Attention(cfg, index)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.mlp = mlp(cfg, index)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+    def forward(self, x, residual, positions, rotary, cache, meta, out_rows=None):
+        """As :class:`DecoderLayer`'s: x is the previous layer's post-normed MLP output,
+        added to ``residual`` in the fused add-and-norm."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.post_attention_layernorm(
+            self.self_attn(h, positions, rotary, cache, meta, out_rows))
+        if out_rows is not None:
+            residual = residual[out_rows]
+        h, residual = self.pre_feedforward_layernorm(h, residual)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 
 class DecoderModel(nn.Module):
@@ -174,8 +207,17 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim or cfg.head_dim,
-                                      cfg.max_position_embeddings)
+        self.make_rotaries()
+
+    def make_rotaries(self) -> None:
+        """The rotary tables (buffers no checkpoint holds: the loader has them made anew
+        once the model leaves the meta device); a second for windowed layers with a rope
+        of their own."""
+        cfg = self.config
+        dim = cfg.rotary_dim or cfg.head_dim
+        self.rotary = RotaryEmbedding(cfg.rope, dim, cfg.max_position_embeddings)
+        self.rotary_local = (None if cfg.local_rope is None else
+                             RotaryEmbedding(cfg.local_rope, dim, cfg.max_position_embeddings))
 
     @classmethod
     def arch_config(cls, name: str, cfg: dict) -> ArchConfig:
@@ -191,14 +233,20 @@ class CausalLM(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
                 meta: AttentionMetadata, out_rows: torch.Tensor | None = None) -> torch.Tensor:
         x, residual = self.model.embed_tokens(tokens), None
+        if self.config.scale_embeddings:  # sqrt(hidden) rounded to the weights' dtype
+            x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
         for i, (layer, cache) in enumerate(zip(self.model.layers, caches)):
             last = i == len(caches) - 1
-            x, residual = layer(x, residual, positions, self.rotary, cache, meta,
+            local = self.rotary_local is not None and layer.self_attn.window
+            x, residual = layer(x, residual, positions,
+                                self.rotary_local if local else self.rotary, cache, meta,
                                 out_rows if last else None)
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        cap = self.config.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def param_name_inter(model: nn.Module, param_name: str) -> int:

@@ -85,11 +85,10 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
         model = cls(model_config)
     model = model.to_empty(device="cpu")
     _load_weights(model, weight_files(model_dir))
-    if hasattr(model, "rotary"):  # buffers are not in checkpoints: rebuild them for real
-        from kvserve.model.rotary import RotaryEmbedding
-        model.rotary = RotaryEmbedding(model_config.rope,
-                                       model_config.rotary_dim or model_config.head_dim,
-                                       model_config.max_position_embeddings)
+    if hasattr(model, "make_rotaries"):  # buffers are not in checkpoints: made for real
+        model.make_rotaries()
+    if hasattr(model, "after_load"):  # what the model computes once from its weights
+        model.after_load()
     if model_config.tie_word_embeddings:
         _tie(model)
     model = model.to(dtype)

@@ -8,6 +8,7 @@ from pathlib import Path
 from kvserve.config.model import ModelConfig
 from kvserve.default_model import default_model_dir
 from kvserve.model.registry import read_arch_config
+from kvserve.model.generation_config import sampling_defaults
 from kvserve.model.loader import resolve_dtype
 from kvserve.model.quantization import check_quantization
 
@@ -31,7 +32,8 @@ def check_model_settings(dtype: str, max_model_len: int | None,
 
 
 def create_model_config(model: str | None, *, dtype: str, max_model_len: int | None,
-                        quantization: str | None, seed: int) -> ModelConfig:
+                        quantization: str | None, seed: int,
+                        generation_config: str = "auto") -> ModelConfig:
     """The model's part of the engine config; reads the directory's config.json."""
     check_model_settings(dtype, max_model_len, quantization)
     model_dir = resolve_model_dir(model)
@@ -41,4 +43,5 @@ def create_model_config(model: str | None, *, dtype: str, max_model_len: int | N
     if wanted > limit:
         raise ValueError(f"max_model_len {wanted} exceeds the model's "
                          f"max_position_embeddings {limit}")
-    return ModelConfig(model_dir, arch, resolve_dtype(dtype, arch), wanted, quantization, seed)
+    return ModelConfig(model_dir, arch, resolve_dtype(dtype, arch), wanted, quantization, seed,
+                       generation_config, sampling_defaults(generation_config, model_dir))

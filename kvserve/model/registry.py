@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from kvserve.model.config import ArchConfig
+from kvserve.model.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from kvserve.model.gpt2 import GPT2LMHeadModel
 from kvserve.model.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
 from kvserve.model.moe_models import MixtralForCausalLM, Qwen2MoeForCausalLM, \
@@ -30,6 +31,8 @@ MODELS.register("Phi3ForCausalLM", Phi3ForCausalLM)
 MODELS.register("MixtralForCausalLM", MixtralForCausalLM)
 MODELS.register("Qwen2MoeForCausalLM", Qwen2MoeForCausalLM)
 MODELS.register("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM)
+MODELS.register("Gemma2ForCausalLM", Gemma2ForCausalLM)
+MODELS.register("Gemma3ForCausalLM", Gemma3ForCausalLM)
 MODELS.register("GPT2LMHeadModel", GPT2LMHeadModel)
 
 

@@ -195,8 +195,10 @@ class CPUWorker(Worker):
         cache = self.config.cache
         disk_path = (Path(cache.kv_offload_dir) / f"kvserve-kv-{os.getpid()}.bin"
                      if layout.disk_slots else None)
-        # attention math is float32 whatever the compute dtype (see paged_attention)
-        attention = self.kernels if self.kv_dtype in NATIVE_KV_DTYPES else None
+        # attention math is float32 whatever the compute dtype (see paged_attention); the
+        # native kernel does not soft-cap scores
+        attention = (self.kernels if self.kv_dtype in NATIVE_KV_DTYPES
+                     and self.arch.attn_softcap is None else None)
         self.runner = ModelRunner(self.model, self.arch, layout, self.kv_dtype,
                                   self.config.model.seed, attention, disk_path, self._pool_zeros)
         self.runner.captured = self._captured_step(self.runner, "")
@@ -300,7 +302,8 @@ class CPUWorker(Worker):
         tuner.layer_paths(model, self.kernels)
         dtype = self.config.model.dtype
         layout = self.kv_layout_for(arch, dtype)
-        attention = self.kernels if dtype in NATIVE_KV_DTYPES else None
+        attention = (self.kernels if dtype in NATIVE_KV_DTYPES and arch.attn_softcap is None
+                     else None)
         runner = ModelRunner(model, arch, layout, dtype, self.config.model.seed, attention,
                              zeros=self._pool_zeros)
         runner.warm_up(min(self.config.warmup_tokens, arch.max_position_embeddings - 1))

@@ -25,7 +25,6 @@ import torch
 from kvserve.core.kv.block_pool import BlockPool
 from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest
 from kvserve.sampling_params import SamplingParams
-from kvserve.worker.input_batch import build_inputs
 from kvserve.worker.model_runner import ModelRunner
 from kvserve.worker.worker_base import DraftAsk, DraftProposal
 
@@ -86,8 +85,7 @@ class DraftRunner:
     def _greedy(self, scheduled: list[ScheduledRequest]) -> list[int]:
         """Each scheduled request's argmax next token, in the order given (the flat
         batch puts decodes before prompt chunks)."""
-        inputs = build_inputs(scheduled, self.block_size, self.runner.config.sliding_window,
-                              self.runner.native_attention)
+        inputs = self.runner.step_inputs(scheduled)
         best = self.runner.forward(inputs).argmax(dim=-1).tolist()
         by_id = {s.request_id: token for s, token in zip(inputs.sample_order, best)}
         return [by_id[s.request_id] for s in scheduled]

@@ -1,6 +1,8 @@
 """Turn a SchedulerOutput into the step's flat input tensors and attention metadata."""
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,12 +42,21 @@ def _window_ok(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | Non
 
 
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
-                 sliding_window: int | None, native: Kernels | None = None) -> StepInputs:
+                 sliding_window: int | None, native: Kernels | None = None,
+                 layer_windows: tuple[int, ...] = ()) -> StepInputs:
     """``native``: attention by the native kernel, every row in one call (no gathered
-    copy, no mask)."""
+    copy, no mask). ``layer_windows``: windows some layers have of their own; their
+    metadata goes in ``meta.windowed``."""
     if native is not None and decodes_only(scheduled):
-        return _decode_inputs(scheduled, block_size, sliding_window, native)
-    return _flat_inputs(scheduled, block_size, sliding_window, native)
+        inputs = _decode_inputs(scheduled, block_size, sliding_window, native)
+    else:
+        inputs = _flat_inputs(scheduled, block_size, sliding_window, native)
+    for window in sorted(set(layer_windows) - {0, sliding_window or 0}):
+        inputs.meta.windowed[window] = (
+            dataclasses.replace(inputs.meta, sliding_window=window, windowed={})
+            if inputs.meta.native is not None
+            else _flat_inputs(scheduled, block_size, window, None).meta)
+    return inputs
 
 
 def decodes_only(scheduled: list[ScheduledRequest]) -> bool:

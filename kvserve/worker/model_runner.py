@@ -78,8 +78,7 @@ class ModelRunner:
                  [ScheduledRequest(f"warm-up-{i}", [0], prompt_len, t, None)
                   for i, t in enumerate(tables)]]
         for scheduled in steps:
-            self.forward(build_inputs(scheduled, bs, self.config.sliding_window,
-                                      self.native_attention), self.caches[:WARM_UP_LAYERS])
+            self.forward(self.step_inputs(scheduled), self.caches[:WARM_UP_LAYERS])
         return num_prompts * prompt_len
 
     @torch.inference_mode()
@@ -106,8 +105,7 @@ class ModelRunner:
                      warm: bool = True) -> float:
         """Median seconds of the model on ``scheduled`` over ``rounds`` runs, after one
         that only warms up (``warm``)."""
-        inputs = build_inputs(scheduled, self.block_size, self.config.sliding_window,
-                              self.native_attention)
+        inputs = self.step_inputs(scheduled)
         samples = []
         for _ in range(rounds + warm):
             start = time.perf_counter()
@@ -137,6 +135,11 @@ class ModelRunner:
         if self.disk is not None:
             self.disk.close()
 
+    def step_inputs(self, scheduled: list[ScheduledRequest]) -> StepInputs:
+        """The tensors of a step of ``scheduled`` for this model and pool."""
+        return build_inputs(scheduled, self.block_size, self.config.sliding_window,
+                            self.native_attention, self.config.layer_windows)
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: K/V moves and copies first, then the model on the flat batch."""
@@ -156,8 +159,7 @@ class ModelRunner:
         if logits is not None:
             order, num_draft_rows = out.scheduled, 0
         else:
-            inputs = build_inputs(out.scheduled, self.block_size, self.config.sliding_window,
-                                  self.native_attention)
+            inputs = self.step_inputs(out.scheduled)
             logits = self.forward(inputs)
             num_sample = len(inputs.sample_rows)
             if inputs.prompt_spans:

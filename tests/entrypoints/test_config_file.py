@@ -249,6 +249,7 @@ TABLE = {
     "warmup_prompts": "/etc/kvserve/prompts.txt",
     "omp_threads_bind": "0-3",
     "tuning_plan": "/etc/kvserve/tuning-plan.json",
+    "generation_config": "vllm",
     "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
                            "prompt_lookup_min": 1, "prompt_lookup_max": 3},
 }

@@ -29,7 +29,6 @@ from kvserve.bench.instruments.paired import paired_ratio, ratio_cell
 from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest
 from kvserve.sampling_params import SamplingParams
 from kvserve.worker import compute_thread
-from kvserve.worker.input_batch import build_inputs
 
 BATCH_SIZES = (1, 16, 64)
 CONTEXT = 128
@@ -113,7 +112,7 @@ def overlap_times(runner, batch: int, work_s: float, repeats: int = 20) -> dict[
                          f"blocks; the pool has {runner.caches[0].k.shape[0]}")
     step = [ScheduledRequest(f"overlap-{i}", [3], CONTEXT, list(range(i * blocks, (i + 1) * blocks)),
                              info) for i in range(batch)]
-    inputs = build_inputs(step, bs, runner.config.sliding_window, runner.native_attention)
+    inputs = runner.step_inputs(step)
     helper = _Helper(work_s)
 
     def forward() -> None:

@@ -162,7 +162,8 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
         return register
 
     def model_card() -> ModelCard:
-        return ModelCard(id=served_model_name, max_model_len=engine.max_model_len)
+        return ModelCard(id=served_model_name, max_model_len=engine.max_model_len,
+                         default_sampling_params=engine.sampling_defaults)
 
     @route("/health", "GET")
     async def health(request: Request) -> Response:

@@ -321,6 +321,8 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=_now)
     owned_by: str = "kvserve"
     max_model_len: int | None = None
+    # the sampling fields a request leaving them unset gets (--generation-config)
+    default_sampling_params: dict[str, Any] = Field(default_factory=dict)
 
 
 class ModelList(BaseModel):

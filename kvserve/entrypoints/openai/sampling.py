@@ -16,7 +16,10 @@ SAMPLING_FIELDS = frozenset(
 
 
 def make_sampling_params(req: Any, max_tokens: int | None, logprobs: int | None,
-                         tokenizer) -> SamplingParams:
+                         tokenizer, defaults: dict[str, Any] | None = None) -> SamplingParams:
+    """``defaults``: the model's recommended sampling fields, for those the request
+    leaves unset (``max_tokens`` is the caller's to settle)."""
+    defaults = defaults or {}
     kwargs = dict(n=req.n, stop=req.stop, seed=req.seed, stop_token_ids=req.stop_token_ids,
                   logit_bias=_token_biases(req.logit_bias), ignore_eos=req.ignore_eos,
                   bad_words_token_ids=_bad_word_sequences(req.bad_words, tokenizer),
@@ -27,6 +30,8 @@ def make_sampling_params(req: Any, max_tokens: int | None, logprobs: int | None,
                  "presence_penalty", "frequency_penalty"):
         if getattr(req, name) is not None:
             kwargs[name] = getattr(req, name)
+        elif name in defaults:
+            kwargs[name] = defaults[name]
     try:
         return SamplingParams(**kwargs)
     except ValueError as e:
@@ -44,6 +49,14 @@ def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | Non
                               "logit_bias")
         out[int(key)] = bias
     return out
+
+
+def default_max_tokens(given: int | None, defaults: dict[str, Any], room: int) -> int | None:
+    """The request's max_tokens, else the model's recommended one within the room the
+    prompt leaves, else None."""
+    if given is not None or "max_tokens" not in defaults:
+        return given
+    return max(1, min(int(defaults["max_tokens"]), room))
 
 
 def structured_outputs_of(req: Any) -> StructuredOutputsParams | None:

@@ -21,7 +21,8 @@ from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,
 from kvserve.entrypoints.openai.context import ServerContext, random_id
 from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
-from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params, \
+from kvserve.entrypoints.openai.sampling import check_prompt, default_max_tokens, \
+    make_sampling_params, \
     truncate_prompt
 from kvserve.tracing import trace_headers
 from kvserve.batch.lines import is_batch_line
@@ -85,9 +86,11 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     if req.truncate_prompt_tokens is not None:
         ids = truncate_prompt(ids, req.truncate_prompt_tokens, ctx.engine.max_model_len)
         text = ctx.engine.tokenizer.decode(ids)
-    max_tokens = req.max_completion_tokens or req.max_tokens  # None: up to max_model_len
+    defaults = ctx.engine.sampling_defaults
+    max_tokens = default_max_tokens(req.max_completion_tokens or req.max_tokens, defaults,
+                                    ctx.engine.max_model_len - len(ids))  # None: the room
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = make_sampling_params(req, max_tokens, logprobs, ctx.engine.tokenizer)
+    params = make_sampling_params(req, max_tokens, logprobs, ctx.engine.tokenizer, defaults)
     if forced is not None:
         if params.structured_outputs is not None:
             raise bad_request("a forced tool call and another output constraint cannot be "

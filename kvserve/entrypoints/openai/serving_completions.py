@@ -16,7 +16,8 @@ from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
 from kvserve.entrypoints.openai.context import ServerContext, random_id
 from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
-from kvserve.entrypoints.openai.sampling import check_prompt, make_sampling_params, \
+from kvserve.entrypoints.openai.sampling import check_prompt, default_max_tokens, \
+    make_sampling_params, \
     truncate_prompt
 from kvserve.tracing import trace_headers
 from kvserve.batch.lines import is_batch_line
@@ -104,9 +105,11 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     params = []
     for _, ids in prompts:
         room = ctx.engine.max_model_len - len(ids)
+        defaults = ctx.engine.sampling_defaults
         max_tokens = 1 if req.max_tokens == 0 else (
-            req.max_tokens or max(1, min(_DEFAULT_MAX_TOKENS, room)))
-        sp = make_sampling_params(req, max_tokens, req.logprobs, ctx.engine.tokenizer)
+            default_max_tokens(req.max_tokens, defaults, room)
+            or max(1, min(_DEFAULT_MAX_TOKENS, room)))
+        sp = make_sampling_params(req, max_tokens, req.logprobs, ctx.engine.tokenizer, defaults)
         sp.prompt_logprobs = num_top
         check_prompt(ctx, ids, sp)
         params.append(sp)

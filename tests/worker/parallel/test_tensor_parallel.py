@@ -37,7 +37,7 @@ def tp_llm():
         llm.engine.close()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "llama3-tied", "mistral", "qwen3",
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "llama3-tied", "mistral", "qwen3", "gemma2",
                                   "phi3-longrope"])
 def test_tp2_greedy_tokens_and_logprobs_are_transformers(arch, model_dirs, tp_llm):
     model_dir = model_dirs(arch)
