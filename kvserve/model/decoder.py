@@ -64,7 +64,10 @@ class Attention(nn.Module):
         if not rotated:
             q, k = rotary(positions, q, k)
         if self.window:
-            meta = meta.windowed.get(self.window, meta)
+            if self.window not in meta.windowed:
+                raise ValueError(f"no attention metadata for this layer's window {self.window}: "
+                                 "build the step's inputs with the model's layer_windows")
+            meta = meta.windowed[self.window]
         out = self.o_proj(paged_attention(q, k, v, cache, meta, self.scale, out_rows,
                                           self.softcap).reshape(-1, self.q_size))
         return out if self.tp is None else self.tp.all_reduce_(out)

@@ -68,7 +68,27 @@ class Tokenizer:
         return bool(self.chat_template) and "tools" in self.chat_template
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, *,
+                            documents: list[dict] | None = None,
+                            continue_final_message: bool = False,
+                            template_kwargs: dict | None = None) -> str:
+        """The conversation as the model's template writes it. ``documents``: passed to
+        the template (retrieval-augmented templates); ``continue_final_message``: the
+        text ends with the last message's content, left open for the model to continue
+        (no generation prompt); ``template_kwargs``: more variables for the template
+        (Qwen3's ``enable_thinking``), as transformers' ``apply_chat_template`` takes."""
+        extra = dict(template_kwargs or {})
+        reserved = sorted(set(extra) & TEMPLATE_VARIABLES)
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}: the "
+                             "request's own fields set them")
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ValueError("continue_final_message and add_generation_prompt cannot "
+                                 "both be true")
+            if not messages or not isinstance(messages[-1].get("content"), str):
+                raise ValueError("continue_final_message needs a last message with text "
+                                 "content")
         if not self.chat_template:
             raise ValueError("this model has no chat template (tokenizer_config.json "
                              "'chat_template' or chat_template.jinja); use a completion prompt")
@@ -77,11 +97,25 @@ class Tokenizer:
         env.filters["tojson"] = lambda value, indent=None: json.dumps(
             value, ensure_ascii=False, indent=indent)  # as transformers: no HTML escaping
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+            text = env.from_string(self.chat_template).render(
+                **extra, messages=messages, add_generation_prompt=add_generation_prompt,
+                tools=tools, documents=documents, bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "")
         except TemplateError as e:
             raise ValueError(f"chat template failed: {e}") from e
+        if continue_final_message:  # cut what the template wrote after the last content
+            final = messages[-1]["content"].strip()
+            end = text.rfind(final)
+            if not final or end < 0:
+                raise ValueError("continue_final_message: the template does not write the "
+                                 "last message's content as given")
+            text = text[:end + len(final)]
+        return text
+
+
+# what the template's own arguments are: chat_template_kwargs may not shadow them
+TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents",
+                                "bos_token", "eos_token"})
 
 
 def _raise_template_error(message: str):

@@ -1,5 +1,6 @@
 """vLLM's request extras through the server: truncate_prompt_tokens, bad_words,
-stream_options.continuous_usage_stats, /tokenize's token_strs."""
+stream_options.continuous_usage_stats, /tokenize's token_strs, the chat template's
+continue_final_message and chat_template_kwargs."""
 from __future__ import annotations
 
 import httpx
@@ -58,3 +59,21 @@ def test_truncating_a_prompt_of_invalid_token_ids_is_a_400(server):
     r = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
         "prompt": [-283, 53874, -1547], "truncate_prompt_tokens": 2})
     assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
+
+
+def test_chat_continues_the_final_message_and_names_bad_template_fields(server):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the"}]
+    url = f"{server.url}/v1/chat/completions"
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0}
+    ok = httpx.post(url, json={**body, "continue_final_message": True,
+                               "add_generation_prompt": False}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+    both = httpx.post(url, json={**body, "continue_final_message": True}, timeout=60)
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    shadow = httpx.post(url, json={**body, "chat_template_kwargs": {"messages": []}},
+                        timeout=60)
+    assert shadow.status_code == 400 and shadow.json()["error"]["param"] == \
+        "chat_template_kwargs"
+    extra = httpx.post(url, json={**body, "chat_template_kwargs": {"enable_thinking": False},
+                                  "documents": [{"title": "t", "text": "x"}]}, timeout=60)
+    assert extra.status_code == 200

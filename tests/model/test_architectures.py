@@ -43,7 +43,12 @@ def _greedy(model_dir: str, prompts, **settings) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+# every architecture in three modes in `make test`, the rest of the matrix in `make test-slow`
+FAST_MODES = ("default", "chunked", "torch-attention")
+
+
+@pytest.mark.parametrize("mode", [m if m in FAST_MODES else pytest.param(m, marks=pytest.mark.slow)
+                                  for m in MODES])
 @pytest.mark.parametrize("arch", NEW_ARCHS)
 def test_greedy_tokens_are_transformers(arch, mode, model_dirs, oracle):
     assert _greedy(model_dirs(arch), prompts_of_lengths(LENGTHS), **MODES[mode]) == oracle(arch)

@@ -37,16 +37,23 @@ _LONG_TEXT = 4096
 
 
 async def render_chat(ctx: ServerContext, messages: list[ChatMessage],
-                      add_generation_prompt: bool, tools: list[dict] | None = None
-                      ) -> tuple[str, list[int]]:
-    """Chat template -> (text, token ids), as LLM.chat does."""
+                      add_generation_prompt: bool, tools: list[dict] | None = None,
+                      req: ChatCompletionRequest | None = None) -> tuple[str, list[int]]:
+    """Chat template -> (text, token ids), as LLM.chat does; ``req``: the chat request's
+    template fields (documents, continue_final_message, chat_template_kwargs)."""
     tok = ctx.engine.tokenizer
+    fields = {} if req is None else dict(
+        documents=req.documents, continue_final_message=req.continue_final_message,
+        template_kwargs=req.chat_template_kwargs)
     try:
         text = tok.apply_chat_template(conversation(messages), add_generation_prompt,
                                        [{"type": "function", "function": f} for f in tools]
-                                       if tools else None)
+                                       if tools else None, **fields)
     except ValueError as e:
-        raise bad_request(str(e), "messages") from None
+        param = ("chat_template_kwargs" if "chat_template_kwargs" in str(e) else
+                 "continue_final_message" if "continue_final_message" in str(e) else
+                 "messages")
+        raise bad_request(str(e), param) from None
     if len(text) > _LONG_TEXT:
         ids = await asyncio.to_thread(tok.encode, text, False)
     else:
@@ -82,7 +89,7 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
         raise bad_request("a forced tool call and response_format cannot be combined",
                           "response_format")
     text, ids = await render_chat(ctx, req.messages, req.add_generation_prompt,
-                                  plan.functions if plan else None)
+                                  plan.functions if plan else None, req)
     if req.truncate_prompt_tokens is not None:
         ids = truncate_prompt(ids, req.truncate_prompt_tokens, ctx.engine.max_model_len)
         text = ctx.engine.tokenizer.decode(ids)
