@@ -42,6 +42,7 @@ from kvserve.entrypoints.openai.serving_completions import create_completion
 from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.entrypoints.openai.openapi import build_openapi
 from kvserve.entrypoints.openai.request_body import parse_request
+from kvserve.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from kvserve.batch.runner import BatchRunner
 from kvserve.batch.store import BatchStore
@@ -111,10 +112,12 @@ def _endpoint(fn):
 def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None,
               max_waiting: int = DEFAULT_MAX_WAITING,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              tool_call_parser: str = "hermes", batch: BatchSettings | None = None) -> FastAPI:
+              tool_call_parser: str = "hermes", batch: BatchSettings | None = None,
+              reasoning_parser: str | None = None) -> FastAPI:
     """``batch``: where the Batch API keeps its state (None: no /v1/files, /v1/batches)."""
     ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes,
-                        TOOL_PARSERS[tool_call_parser]())
+                        TOOL_PARSERS[tool_call_parser](),
+                        None if reasoning_parser is None else REASONING_PARSERS[reasoning_parser]())
     tok = engine.tokenizer
     vocab = max(tok.vocab_size, engine.vocab_size)
 
@@ -306,6 +309,7 @@ class ServerSettings:
         app = dict(served_model_name=name, max_waiting=args.max_waiting,
                    max_body_bytes=args.max_body_bytes,
                    tool_call_parser=getattr(args, "tool_call_parser", "hermes"),
+                   reasoning_parser=getattr(args, "reasoning_parser", None),
                    batch=BatchSettings(args.state_dir or default_state_dir(),
                                        args.max_batch_lines_in_flight,
                                        args.max_batch_file_bytes))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from kvserve.config.observability import METRICS_PREFIXES
+from kvserve.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 
@@ -46,3 +47,6 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="do not log one line per HTTP request")
     p.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSERS.names(),
                    help="how the model writes tool calls (default: hermes)")
+    p.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS.names(),
+                   help="split a reasoning model's chat answers into reasoning_content "
+                        "(its <think> block) and content (default: off)")

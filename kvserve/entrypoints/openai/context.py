@@ -22,6 +22,7 @@ class ServerContext:
     max_waiting: int
     max_body_bytes: int
     tool_parser: Any = None  # a tool_parsers.ToolParser
+    reasoning_parser: Any = None  # a reasoning_parsers.ReasoningParser, or None: off
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

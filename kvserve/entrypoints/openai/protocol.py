@@ -261,6 +261,7 @@ class ResponseToolCall(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # --reasoning-parser: the model's thinking
     refusal: str | None = None
     tool_calls: list[ResponseToolCall] = Field(default_factory=list)
 
@@ -293,6 +294,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")

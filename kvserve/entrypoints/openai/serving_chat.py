@@ -103,6 +103,10 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
             raise bad_request("a forced tool call and another output constraint cannot be "
                               "combined", "tool_choice")
         params.structured_outputs = forced
+    if ctx.reasoning_parser is not None and params.structured_outputs is not None:
+        raise bad_request("an output constraint with --reasoning-parser would constrain the "
+                          "reasoning too: a grammar that starts after it is not implemented "
+                          "yet", "tool_choice" if forced is not None else "response_format")
     check_prompt(ctx, ids, params)
     ctx.check_capacity(req.n)
     request_id = random_id("chatcmpl")
@@ -129,8 +133,10 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
         if req.logprobs:
             lp = ChatChoiceLogprobs(content=chat_logprobs(o.token_ids, o.logprobs or [], texts,
                                                           req.top_logprobs or 0))
-        content, calls = extract_calls(plan, ctx.tool_parser, o.text)
-        message = ChatResponseMessage(content=content, tool_calls=[
+        reasoning, text = split_reasoning(ctx, o.text)
+        content, calls = extract_calls(plan, ctx.tool_parser, text)
+        message = ChatResponseMessage(content=content or (None if reasoning else content),
+                                      reasoning_content=reasoning, tool_calls=[
             ResponseToolCall(id=cid, function=ResponseFunctionCall(name=name, arguments=args))
             for cid, name, args in calls])
         reason = "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
@@ -158,6 +164,8 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
                    None if usage is not None else exclude)
 
     states = {j: ChoiceState(hold) for j in range(req.n)}
+    thinking = {j: ctx.reasoning_parser.stream() for j in range(req.n)} \
+        if ctx.reasoning_parser is not None else None
     usage = UsageInfo()
     for j in range(req.n):  # OpenAI opens each choice with the role
         yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant",
@@ -179,7 +187,15 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
             if req.logprobs:
                 logprobs = ChatChoiceLogprobs(content=chat_logprobs(
                     ids, lps or [], texts, req.top_logprobs or 0))
-            delta = DeltaMessage(content=text) if text or not state.done else DeltaMessage()
+            reasoning = None
+            if thinking is not None:
+                reasoning, text = thinking[o.index].feed(text, final=state.done)
+                if not (reasoning or text or state.done or logprobs):
+                    continue  # all held back: maybe a tag's first characters
+            if thinking is None:
+                delta = DeltaMessage(content=text) if text or not state.done else DeltaMessage()
+            else:
+                delta = DeltaMessage(content=text or None, reasoning_content=reasoning or None)
             yield chunk([ChatStreamChoice(
                 index=o.index, delta=delta, logprobs=logprobs,
                 finish_reason=o.finish_reason if state.done else None,
@@ -194,11 +210,20 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
 
 
 def _final_tool_chunk(chunk, ctx: ServerContext, plan, o) -> str:
-    """A finished choice's whole answer: its tool calls, or its text."""
-    content, calls = extract_calls(plan, ctx.tool_parser, o.text)
-    delta = DeltaMessage(content=content, tool_calls=[
+    """A finished choice's whole answer: its reasoning, and its tool calls or text."""
+    reasoning, text = split_reasoning(ctx, o.text)
+    content, calls = extract_calls(plan, ctx.tool_parser, text)
+    delta = DeltaMessage(content=content, reasoning_content=reasoning, tool_calls=[
         DeltaToolCall(index=i, id=cid, function=ResponseFunctionCall(name=name, arguments=a))
         for i, (cid, name, a) in enumerate(calls)] or None)
     reason = "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
     return chunk([ChatStreamChoice(index=o.index, delta=delta, finish_reason=reason,
                                    stop_reason=o.stop_reason)])
+
+
+def split_reasoning(ctx: ServerContext, text: str) -> tuple[str | None, str]:
+    """(reasoning, the rest) of a whole answer; (None, text) without a reasoning parser."""
+    if ctx.reasoning_parser is None:
+        return None, text
+    reasoning, content = ctx.reasoning_parser.split(text)
+    return reasoning, content or ""

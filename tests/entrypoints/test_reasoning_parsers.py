@@ -1,0 +1,83 @@
+"""--reasoning-parser: a reasoning model's answer split into reasoning_content and
+content, whole and streamed (tags split across chunks held back, never shown), for the
+qwen3 and deepseek_r1 conventions; an output constraint that would bind the reasoning too
+is refused by name."""
+from __future__ import annotations
+
+import pytest
+
+from kvserve.entrypoints.openai import serving_chat
+from kvserve.entrypoints.openai.context import ServerContext
+from kvserve.entrypoints.openai.protocol import ChatCompletionRequest
+from kvserve.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+from kvserve.outputs import CompletionOutput, RequestOutput
+from tests.entrypoints.test_stream_chunks import Stream, StubEngine, _collect
+
+ANSWER = "<think>\nadd them</think>\n\nIt is 4."
+
+
+@pytest.mark.parametrize("name, text, want", [
+    ("qwen3", ANSWER, ("\nadd them", "\n\nIt is 4.")),
+    ("qwen3", "It is 4.", (None, "It is 4.")),            # thinking off: all reply
+    ("qwen3", "<think>still going", ("still going", None)),  # cut off while thinking
+    ("deepseek_r1", "add them</think>It is 4.", ("add them", "It is 4.")),
+    ("deepseek_r1", ANSWER, ("\nadd them", "\n\nIt is 4.")),
+    ("deepseek_r1", "still going", ("still going", None)),
+])
+def test_whole_answers_split(name, text, want):
+    assert REASONING_PARSERS[name]().split(text) == want
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_streamed_in_any_pieces_it_adds_up_and_shows_no_tag(name, size):
+    stream = REASONING_PARSERS[name]().stream()
+    reasoning = content = ""
+    for i in range(0, len(ANSWER), size):
+        r, c = stream.feed(ANSWER[i:i + size])
+        assert "think>" not in r + c
+        reasoning, content = reasoning + r, content + c
+    r, c = stream.feed("", final=True)
+    assert (reasoning + r, content + c) == ("\nadd them", "\n\nIt is 4.")
+
+
+class ThinkingEngine(StubEngine):
+    async def stream_outputs(self, stream):
+        for end in (2, 9, 15, 20, len(ANSWER)):
+            done = end == len(ANSWER)
+            yield RequestOutput("r0", "x", [1], [CompletionOutput(
+                0, ANSWER[:end], list(range(end)), finish_reason="stop" if done else None)],
+                finished=done)
+
+
+def test_the_chat_stream_sends_reasoning_then_content():
+    ctx = ServerContext(engine=ThinkingEngine(), model_name="m", max_waiting=8,
+                        max_body_bytes=1 << 20, reasoning_parser=REASONING_PARSERS["qwen3"]())
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "2+2?"}],
+                                stream=True)
+    deltas = [c["choices"][0]["delta"] for c in
+              _collect(ctx, serving_chat._stream(ctx, req, "chatcmpl-1", [Stream()], hold=0))]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "\nadd them"
+    assert "".join(d.get("content", "") for d in deltas) == "\n\nIt is 4."
+    assert not any("think>" in d.get("content", "") + d.get("reasoning_content", "")
+                   for d in deltas)
+    first_content = next(i for i, d in enumerate(deltas[1:], 1) if d.get("content"))
+    assert all("reasoning_content" not in d for d in deltas[first_content + 1:])
+
+
+def test_an_output_constraint_with_a_reasoning_parser_is_refused(tmp_path, llama_dir):
+    import httpx
+    from tests.entrypoints.conftest import ServerProcess
+    server = ServerProcess(llama_dir, tmp_path / "log", "--reasoning-parser", "qwen3")
+    try:
+        server.wait_healthy()
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "response_format": {"type": "json_object"}}
+        refused = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "response_format"
+        plain = httpx.post(f"{server.url}/v1/chat/completions", json={
+            **body, "response_format": None}, timeout=60).json()["choices"][0]["message"]
+        assert "reasoning_content" in plain  # the field is there (None: no think block)
+    finally:
+        server.terminate()
