@@ -115,7 +115,7 @@ class Tokenizer:
 
 # what the template's own arguments are: chat_template_kwargs may not shadow them
 TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents",
-                                "bos_token", "eos_token"})
+                                "bos_token", "eos_token", "raise_exception"})
 
 
 def _raise_template_error(message: str):

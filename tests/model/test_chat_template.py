@@ -57,6 +57,8 @@ def test_bad_combinations_are_named(model_dir):
         tok.apply_chat_template(MESSAGES, True, continue_final_message=True)
     with pytest.raises(ValueError, match="chat_template_kwargs may not set messages"):
         tok.apply_chat_template(MESSAGES, True, template_kwargs={"messages": []})
+    with pytest.raises(ValueError, match="may not set raise_exception"):
+        tok.apply_chat_template(MESSAGES, True, template_kwargs={"raise_exception": 1})
 
 
 def test_llm_chat_continues_the_final_message(model_dir):
