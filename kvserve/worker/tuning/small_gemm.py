@@ -17,9 +17,7 @@ import statistics
 import time
 
 import torch
-from torch import nn
 
-from kvserve.worker.tuning.row_padding import packed_linears
 
 DENSE_ROWS = (1, 2, 3, 4)  # row counts tried on the dense weight
 REQUIRED_GAIN = 0.10       # the dense path must be at least this much faster
@@ -55,12 +53,6 @@ def _layer_times(linears: list, rows: int, path: str, rounds: int, native) -> li
             m(inputs[m.in_features])
             samples[i].append(time.perf_counter() - start)
     return [statistics.median(s[1:]) for s in samples]
-
-
-def choose_dense_rows(model: nn.Module, rounds: int = 7, native=None) -> dict[str, int]:
-    """Give each packed layer of ``model`` its measured few-row path
-    (:func:`choose_layer_paths`); returns how many layers took each path."""
-    return path_counts(choose_layer_paths(packed_linears(model), rounds, native))
 
 
 def choose_layer_paths(linears: list, rounds: int = 7, native=None) -> list[str]:

@@ -16,10 +16,12 @@ class _Layer:
 
 
 @pytest.fixture
-def layers(monkeypatch):
-    made = [_Layer(), _Layer(), _Layer("bfloat16")]
-    monkeypatch.setattr(small_gemm, "packed_linears", lambda model: made)
-    return made
+def layers():
+    return [_Layer(), _Layer(), _Layer("bfloat16")]
+
+
+def _counts(layers, native=None) -> dict[str, int]:
+    return small_gemm.path_counts(small_gemm.choose_layer_paths(layers, native=native))
 
 
 def _times(monkeypatch, table):
@@ -37,7 +39,7 @@ def test_each_layer_takes_its_fastest_path_while_it_stays_the_fastest(monkeypatc
         "native": {1: [0.7, 0.8, 0.1], 2: [0.8, 0.9, 0.1], 3: [0.85, 0.9, 0.1],
                    4: [0.95, 0.9, 0.1]}})
     native = object()
-    counts = small_gemm.choose_dense_rows(None, native=native)
+    counts = _counts(layers, native)
     # layer 0: native at 1-3 (at 4 it gains under 10 %); layer 1: dense at 1-2;
     # layer 2 is bfloat16, so never native: dense at 1-2
     assert counts == {"native<=3": 1, "dense<=2": 2}
@@ -51,4 +53,4 @@ def test_each_layer_takes_its_fastest_path_while_it_stays_the_fastest(monkeypatc
 def test_without_the_kernels_only_dense_is_tried(monkeypatch, layers):
     slow = {r: [1.0] * 3 for r in small_gemm.DENSE_ROWS}
     _times(monkeypatch, {"packed": slow, "dense": slow})
-    assert small_gemm.choose_dense_rows(None) == {"packed": 3}
+    assert _counts(layers) == {"packed": 3}
