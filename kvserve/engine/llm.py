@@ -58,13 +58,15 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
              continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None,
+             chat_template: str | None = None) -> list[RequestOutput]:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.engine.tokenizer
         prompts = [{"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
                    for text in (tok.apply_chat_template(
                        c, add_generation_prompt, continue_final_message=continue_final_message,
-                       template_kwargs=chat_template_kwargs) for c in conversations)]
+                       template_kwargs=chat_template_kwargs, chat_template=chat_template)
+                       for c in conversations)]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def get_default_sampling_params(self) -> SamplingParams:

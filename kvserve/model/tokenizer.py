@@ -62,21 +62,24 @@ class Tokenizer:
                       ) -> "StreamDecoder":
         return StreamDecoder(self._tok, prefix_ids, skip_special_tokens)
 
-    @property
-    def renders_tools(self) -> bool:
-        """Whether the chat template shows the model its tools."""
-        return bool(self.chat_template) and "tools" in self.chat_template
+    def renders_tools(self, chat_template: str | None = None) -> bool:
+        """Whether the chat template (the model's, or ``chat_template``) shows the model
+        its tools."""
+        template = chat_template or self.chat_template
+        return bool(template) and "tools" in template
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, *,
                             documents: list[dict] | None = None,
                             continue_final_message: bool = False,
-                            template_kwargs: dict | None = None) -> str:
+                            template_kwargs: dict | None = None,
+                            chat_template: str | None = None) -> str:
         """The conversation as the model's template writes it. ``documents``: passed to
         the template (retrieval-augmented templates); ``continue_final_message``: the
         text ends with the last message's content, left open for the model to continue
         (no generation prompt); ``template_kwargs``: more variables for the template
-        (Qwen3's ``enable_thinking``), as transformers' ``apply_chat_template`` takes."""
+        (Qwen3's ``enable_thinking``), as transformers' ``apply_chat_template`` takes;
+        ``chat_template``: a template to use instead of the model's."""
         extra = dict(template_kwargs or {})
         reserved = sorted(set(extra) & TEMPLATE_VARIABLES)
         if reserved:
@@ -89,7 +92,8 @@ class Tokenizer:
             if not messages or not isinstance(messages[-1].get("content"), str):
                 raise ValueError("continue_final_message needs a last message with text "
                                  "content")
-        if not self.chat_template:
+        template = chat_template or self.chat_template
+        if not template:
             raise ValueError("this model has no chat template (tokenizer_config.json "
                              "'chat_template' or chat_template.jinja); use a completion prompt")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -97,7 +101,7 @@ class Tokenizer:
         env.filters["tojson"] = lambda value, indent=None: json.dumps(
             value, ensure_ascii=False, indent=indent)  # as transformers: no HTML escaping
         try:
-            text = env.from_string(self.chat_template).render(
+            text = env.from_string(template).render(
                 **extra, messages=messages, add_generation_prompt=add_generation_prompt,
                 tools=tools, documents=documents, bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "")
@@ -111,6 +115,21 @@ class Tokenizer:
                                  "last message's content as given")
             text = text[:end + len(final)]
         return text
+
+
+def load_chat_template(value: str) -> str:
+    """``--chat-template``: a Jinja file's path, or the template's text itself."""
+    path = Path(value)
+    if "{" not in value:
+        if not path.is_file():
+            raise ValueError(f"--chat-template {value!r}: no such file (give a Jinja "
+                             "template file or the template's text)")
+        value = path.read_text()
+    try:
+        ImmutableSandboxedEnvironment().parse(value)
+    except TemplateError as e:
+        raise ValueError(f"--chat-template is not a valid Jinja template: {e}") from None
+    return value
 
 
 # what the template's own arguments are: chat_template_kwargs may not shadow them

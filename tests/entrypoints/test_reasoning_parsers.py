@@ -81,3 +81,53 @@ def test_an_output_constraint_with_a_reasoning_parser_is_refused(tmp_path, llama
         assert "reasoning_content" in plain  # the field is there (None: no think block)
     finally:
         server.terminate()
+
+
+THINK_THEN_CALL = ('<think>\nthe user wants Oslo</think>\n\nLet me look.\n<tool_call>\n'
+                   '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+
+
+class CallingEngine(StubEngine):
+    async def stream_outputs(self, stream):
+        ends = list(range(3, len(THINK_THEN_CALL), 4)) + [len(THINK_THEN_CALL)]
+        for end in ends:
+            done = end == len(THINK_THEN_CALL)
+            yield RequestOutput("r0", "x", [1], [CompletionOutput(
+                0, THINK_THEN_CALL[:end], list(range(end)),
+                finish_reason="stop" if done else None)], finished=done)
+
+
+def test_reasoning_and_tool_calls_stream_as_deltas_that_add_up_to_the_whole_answer():
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
+    from kvserve.entrypoints.openai.tools import extract_calls, plan_tools
+    from tests.entrypoints.test_tools_server import TOOLS
+
+    ctx = ServerContext(engine=CallingEngine(), model_name="m", max_waiting=8,
+                        max_body_bytes=1 << 20, tool_parser=TOOL_PARSERS["hermes"](),
+                        reasoning_parser=REASONING_PARSERS["qwen3"]())
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Oslo?"}],
+                                tools=TOOLS, stream=True)
+
+    class Shows:  # a template that shows the tools
+        def renders_tools(self, template=None):
+            return True
+
+    plan = plan_tools(req, Shows())
+    state = ChatCompletionStreamState()
+    chunks = _collect(ctx, serving_chat._stream(ctx, req, "chatcmpl-1", [Stream()], 0, plan))
+    for c in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(c))
+    got = state.get_final_completion().choices[0]
+    reasoning, rest = serving_chat.split_reasoning(ctx, THINK_THEN_CALL)
+    content, calls = extract_calls(plan, ctx.tool_parser, rest)
+    assert reasoning == "\nthe user wants Oslo" and content == "\n\nLet me look."
+    assert "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks) \
+        == reasoning
+    assert got.message.content == content and got.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in got.message.tool_calls] == \
+        [(name, args) for _, name, args in calls]
+    pieces = [c for c in chunks if c["choices"][0]["delta"].get("tool_calls")]
+    assert len(pieces) > 2  # the arguments streamed as they were written

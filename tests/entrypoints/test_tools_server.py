@@ -36,14 +36,32 @@ def test_required_and_named_tool_choice_give_valid_calls(client):
     _check_calls(named.choices[0].message)
 
 
-def test_streamed_tool_calls_arrive_as_delta_tool_calls(client):
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=MSG, tools=TOOLS, tool_choice="required", max_tokens=80,
-        temperature=0, stream=True, parallel_tool_calls=False))
-    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert calls and calls[0].function.name in SCHEMAS
-    assert json.loads(calls[0].function.arguments) is not None
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+def assembled(stream):
+    """A streamed chat as the official client assembles it: (message, finish_reason, how
+    many chunks carried tool-call pieces)."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    state, pieces = ChatCompletionStreamState(), 0
+    for chunk in stream:
+        state.handle_chunk(chunk)
+        pieces += bool(chunk.choices and chunk.choices[0].delta.tool_calls)
+    choice = state.get_final_completion().choices[0]
+    return choice.message, choice.finish_reason, pieces
+
+
+def calls_of(message) -> list[tuple[str, str]]:
+    return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
+def test_streamed_tool_calls_assemble_into_the_whole_answers_calls(client):
+    body = dict(model=MODEL, messages=MSG, tools=TOOLS, tool_choice="required",
+                max_tokens=80, temperature=0, parallel_tool_calls=False)
+    whole = client.chat.completions.create(**body).choices[0]
+    message, reason, pieces = assembled(client.chat.completions.create(**body, stream=True))
+    assert reason == whole.finish_reason == "tool_calls"
+    assert calls_of(message) == calls_of(whole.message) and calls_of(message)
+    assert all(c.id.startswith("call_") for c in message.tool_calls)
+    assert pieces > 1  # the arguments came in pieces, not one chunk at the end
 
 
 def test_a_conversation_with_tool_results_goes_back_through_the_template(client):
@@ -70,3 +88,67 @@ def test_inconsistent_tool_requests_are_400s(server, body, message):
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=30,
                    json={"messages": MSG, "max_tokens": 5, **body})
     assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
+# Qwen's tool-calling template in short: the tools in <tools></tools> in the system turn,
+# calls as hermes <tool_call> blocks
+HERMES_TEMPLATE = (
+    "{% if tools %}<|user|>\n# Tools\n<tools>\n{% for t in tools %}{{ t | tojson }}\n"
+    "{% endfor %}</tools>\nAnswer with <tool_call>{\"name\": ..., \"arguments\": ...}"
+    "</tool_call>.\n{% endif %}{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{{ m['content'] or '' }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n"
+    "{% endif %}")
+
+
+# bounded arguments, so that a random model's call ends within the tokens it has
+SHORT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+    "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {}, "additionalProperties": False}}}]
+
+
+def test_a_qwen3_model_with_a_hermes_template_streams_the_calls_it_answers_whole(
+        model_dirs, tmp_path):
+    from openai import OpenAI
+
+    from tests.entrypoints.conftest import ServerProcess
+    template = tmp_path / "hermes.jinja"
+    template.write_text(HERMES_TEMPLATE)
+    server = ServerProcess(model_dirs("qwen3"), tmp_path / "log", "--chat-template",
+                           str(template), "--tool-call-parser", "hermes")
+    try:
+        server.wait_healthy()
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="x")
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            body = dict(messages=MSG, tools=SHORT_TOOLS, tool_choice=choice, max_tokens=100,
+                        temperature=0, parallel_tool_calls=False,
+                        model=client.models.list().data[0].id)
+            whole = client.chat.completions.create(**body).choices[0]
+            message, reason, _ = assembled(client.chat.completions.create(**body, stream=True))
+            assert reason == whole.finish_reason == "tool_calls"
+            assert calls_of(message) == calls_of(whole.message) and calls_of(message)
+            for call in message.tool_calls:
+                jsonschema.validate(json.loads(call.function.arguments), next(
+                    t["function"]["parameters"] for t in SHORT_TOOLS
+                    if t["function"]["name"] == call.function.name))
+        auto = client.chat.completions.create(messages=MSG, tools=TOOLS, max_tokens=5,
+                                              model=body["model"])  # the template shows tools
+        assert auto.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    finally:
+        server.terminate()
+
+
+def test_auto_tool_choice_can_be_switched_off():
+    from types import SimpleNamespace
+
+    from kvserve.entrypoints.openai.errors import APIError
+    from kvserve.entrypoints.openai.protocol import ChatCompletionRequest
+    from kvserve.entrypoints.openai.tools import plan_tools
+
+    req = ChatCompletionRequest(messages=MSG, tools=TOOLS)
+    shows = SimpleNamespace(renders_tools=lambda template=None: True)
+    assert plan_tools(req, shows).forced == []
+    with pytest.raises(APIError, match="--enable-auto-tool-choice"):
+        plan_tools(req, shows, auto=False)

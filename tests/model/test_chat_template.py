@@ -71,3 +71,21 @@ def test_llm_chat_continues_the_final_message(model_dir):
     thinking = llm.chat(MESSAGES[:1], SamplingParams(max_tokens=1), use_tqdm=False,
                         chat_template_kwargs={"enable_thinking": False})[0]
     assert thinking.prompt.endswith("<|assistant|>\n<think></think>\n")
+
+
+def test_a_chat_template_given_as_a_file_or_text_replaces_the_models(tmp_path, tokenizer_dir):
+    from kvserve.model.tokenizer import Tokenizer, load_chat_template
+
+    tok = Tokenizer(tokenizer_dir)
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    for given in (str(path), path.read_text()):
+        template = load_chat_template(given)
+        text = tok.apply_chat_template([{"role": "user", "content": "hi"}],
+                                       chat_template=template)
+        assert text == "[hi]"
+    assert not tok.renders_tools() and tok.renders_tools("{{ tools }}")
+    with pytest.raises(ValueError, match="no such file"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+    with pytest.raises(ValueError, match="not a valid Jinja template"):
+        load_chat_template("{% for m in messages %}")

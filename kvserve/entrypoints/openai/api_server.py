@@ -44,6 +44,7 @@ from kvserve.entrypoints.openai.openapi import build_openapi
 from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from kvserve.model.tokenizer import load_chat_template
 from kvserve.batch.runner import BatchRunner
 from kvserve.batch.store import BatchStore
 from kvserve.entrypoints.openai.batch_routes import add_batch_routes, make_executor
@@ -113,11 +114,13 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
               max_waiting: int = DEFAULT_MAX_WAITING,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               tool_call_parser: str = "hermes", batch: BatchSettings | None = None,
-              reasoning_parser: str | None = None) -> FastAPI:
+              reasoning_parser: str | None = None, chat_template: str | None = None,
+              auto_tool_choice: bool = True) -> FastAPI:
     """``batch``: where the Batch API keeps its state (None: no /v1/files, /v1/batches)."""
     ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes,
                         TOOL_PARSERS[tool_call_parser](),
-                        None if reasoning_parser is None else REASONING_PARSERS[reasoning_parser]())
+                        None if reasoning_parser is None else REASONING_PARSERS[reasoning_parser](),
+                        chat_template, auto_tool_choice)
     tok = engine.tokenizer
     vocab = max(tok.vocab_size, engine.vocab_size)
 
@@ -310,6 +313,9 @@ class ServerSettings:
                    max_body_bytes=args.max_body_bytes,
                    tool_call_parser=getattr(args, "tool_call_parser", "hermes"),
                    reasoning_parser=getattr(args, "reasoning_parser", None),
+                   chat_template=(load_chat_template(args.chat_template)
+                                  if getattr(args, "chat_template", None) else None),
+                   auto_tool_choice=getattr(args, "enable_auto_tool_choice", True),
                    batch=BatchSettings(args.state_dir or default_state_dir(),
                                        args.max_batch_lines_in_flight,
                                        args.max_batch_file_bytes))

@@ -47,6 +47,14 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="do not log one line per HTTP request")
     p.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSERS.names(),
                    help="how the model writes tool calls (default: hermes)")
+    p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="let the model choose whether to call a tool (tool_choice 'auto', "
+                        "OpenAI's default when tools are given); needs a chat template "
+                        "that shows the model its tools (default: on)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, as a file or its text, used instead of the "
+                        "model's (default: the model's own)")
     p.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS.names(),
                    help="split a reasoning model's chat answers into reasoning_content "
                         "(its <think> block) and content (default: off)")

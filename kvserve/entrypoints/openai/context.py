@@ -23,6 +23,8 @@ class ServerContext:
     max_body_bytes: int
     tool_parser: Any = None  # a tool_parsers.ToolParser
     reasoning_parser: Any = None  # a reasoning_parsers.ReasoningParser, or None: off
+    chat_template: str | None = None  # --chat-template: instead of the model's
+    auto_tool_choice: bool = True  # --enable-auto-tool-choice
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

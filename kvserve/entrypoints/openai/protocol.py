@@ -266,11 +266,27 @@ class ChatResponseMessage(BaseModel):
     tool_calls: list[ResponseToolCall] = Field(default_factory=list)
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None  # in a call's first delta only
+    arguments: str | None = None  # the next piece of the arguments' JSON text
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class DeltaToolCall(BaseModel):
+    """A piece of the ``index``-th call: the first carries its id and name, the rest
+    more of its arguments, as OpenAI streams them."""
+
     index: int
-    id: str
-    type: Literal["function"] = "function"
-    function: ResponseFunctionCall
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChoice(BaseModel):

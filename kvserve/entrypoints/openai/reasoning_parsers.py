@@ -10,6 +10,7 @@ vLLM's ``--reasoning-parser`` does.
 """
 from __future__ import annotations
 
+from kvserve.entrypoints.openai.partial_json import held_prefix
 from kvserve.registry import Registry
 
 START, END = "<think>", "</think>"
@@ -34,14 +35,6 @@ class DeepSeekR1Parser(ReasoningParser):
 
 class Qwen3Parser(ReasoningParser):
     opened_by_prompt = False
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """How many of ``text``'s last characters could begin ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ReasoningStream:
@@ -81,7 +74,7 @@ class ReasoningStream:
                 reasoning, self.buffer = self.buffer[:end], self.buffer[end + len(END):]
                 self.state = "content"
             else:
-                keep = 0 if final else _partial_tag(self.buffer, END)
+                keep = 0 if final else held_prefix(self.buffer, END)
                 reasoning = self.buffer[:len(self.buffer) - keep]
                 self.buffer = self.buffer[len(self.buffer) - keep:]
         if self.state == "content":

@@ -15,7 +15,7 @@ from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,
                                                  ChatCompletionResponse, ChatMessage,
                                                  ChatResponseMessage, ChatStreamChoice,
                                                  ChatTokenLogprob, ChatTopLogprob,
-                                                 DeltaMessage, DeltaToolCall,
+                                                 DeltaMessage,
                                                  ResponseFunctionCall, ResponseToolCall,
                                                  UsageInfo)
 from kvserve.entrypoints.openai.context import ServerContext, random_id
@@ -29,8 +29,8 @@ from kvserve.batch.lines import is_batch_line
 from kvserve.entrypoints.openai.streaming import (ChoiceState, SSEResponse, add_all,
                                                   final_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
-from kvserve.entrypoints.openai.tools import conversation, extract_calls, forced_call, \
-    plan_tools
+from kvserve.entrypoints.openai.tools import ToolCallStream, conversation, extract_calls, \
+    forced_call, plan_tools
 from kvserve.model.token_text import TokenTexts
 
 _LONG_TEXT = 4096
@@ -45,6 +45,7 @@ async def render_chat(ctx: ServerContext, messages: list[ChatMessage],
     fields = {} if req is None else dict(
         documents=req.documents, continue_final_message=req.continue_final_message,
         template_kwargs=req.chat_template_kwargs)
+    fields["chat_template"] = ctx.chat_template
     try:
         text = tok.apply_chat_template(conversation(messages), add_generation_prompt,
                                        [{"type": "function", "function": f} for f in tools]
@@ -83,7 +84,7 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
         raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
-    plan = plan_tools(req, ctx.engine.tokenizer)
+    plan = plan_tools(req, ctx.engine.tokenizer, ctx.chat_template, ctx.auto_tool_choice)
     forced = forced_call(plan, ctx.tool_parser)
     if forced is not None and req.response_format is not None:
         raise bad_request("a forced tool call and response_format cannot be combined",
@@ -98,6 +99,8 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
                                     ctx.engine.max_model_len - len(ids))  # None: the room
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = make_sampling_params(req, max_tokens, logprobs, ctx.engine.tokenizer, defaults)
+    if plan is not None and ctx.tool_parser.needs_special_tokens:
+        params.skip_special_tokens = False  # the call's marker is a special token
     if forced is not None:
         if params.structured_outputs is not None:
             raise bad_request("a forced tool call and another output constraint cannot be "
@@ -150,8 +153,7 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
 
 async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: str, streams,
                   hold: int, plan=None) -> AsyncIterator[str]:
-    """Server-sent chunks. With tools in play the answer may be a call, so each choice is
-    held until it finishes and then sent as content or as ``delta.tool_calls``."""
+    """Server-sent chunks: each choice's reasoning, content and tool calls as deltas."""
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -166,6 +168,9 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
     states = {j: ChoiceState(hold) for j in range(req.n)}
     thinking = {j: ctx.reasoning_parser.stream() for j in range(req.n)} \
         if ctx.reasoning_parser is not None else None
+    calls = {j: ToolCallStream(plan, ctx.tool_parser) for j in range(req.n)} \
+        if plan is not None else None
+    answers = dict.fromkeys(range(req.n), "")  # each choice's answer after its reasoning
     usage = UsageInfo()
     for j in range(req.n):  # OpenAI opens each choice with the role
         yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant",
@@ -176,29 +181,30 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
             if state.done:
                 continue
             text, ids, lps = state.advance(o)
-            if plan is not None:
-                if not state.done:
-                    continue
-                yield _final_tool_chunk(chunk, ctx, plan, o)
-                continue
             if state.nothing_to_send(text, ids):
                 continue
             logprobs = None
             if req.logprobs:
                 logprobs = ChatChoiceLogprobs(content=chat_logprobs(
                     ids, lps or [], texts, req.top_logprobs or 0))
-            reasoning = None
+            reasoning = tool_calls = None
             if thinking is not None:
                 reasoning, text = thinking[o.index].feed(text, final=state.done)
-                if not (reasoning or text or state.done or logprobs):
-                    continue  # all held back: maybe a tag's first characters
-            if thinking is None:
+            if calls is not None:
+                answers[o.index] += text
+                text, tool_calls = calls[o.index].feed(answers[o.index], final=state.done)
+            if thinking is None and calls is None:
                 delta = DeltaMessage(content=text) if text or not state.done else DeltaMessage()
+            elif reasoning or text or tool_calls or state.done or logprobs:
+                delta = DeltaMessage(content=text or None, reasoning_content=reasoning or None,
+                                     tool_calls=tool_calls or None)
             else:
-                delta = DeltaMessage(content=text or None, reasoning_content=reasoning or None)
+                continue  # all held back: maybe a tag's or a call's first characters
+            reason = o.finish_reason if state.done else None
+            if reason == "stop" and calls is not None and calls[o.index].num_calls:
+                reason = "tool_calls"
             yield chunk([ChatStreamChoice(
-                index=o.index, delta=delta, logprobs=logprobs,
-                finish_reason=o.finish_reason if state.done else None,
+                index=o.index, delta=delta, logprobs=logprobs, finish_reason=reason,
                 stop_reason=o.stop_reason if state.done else None)],
                 usage_so_far(out) if continuous else None)
         if out.finished:
@@ -207,18 +213,6 @@ async def _stream(ctx: ServerContext, req: ChatCompletionRequest, request_id: st
     if include_usage:
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         yield chunk([], usage)
-
-
-def _final_tool_chunk(chunk, ctx: ServerContext, plan, o) -> str:
-    """A finished choice's whole answer: its reasoning, and its tool calls or text."""
-    reasoning, text = split_reasoning(ctx, o.text)
-    content, calls = extract_calls(plan, ctx.tool_parser, text)
-    delta = DeltaMessage(content=content, reasoning_content=reasoning, tool_calls=[
-        DeltaToolCall(index=i, id=cid, function=ResponseFunctionCall(name=name, arguments=a))
-        for i, (cid, name, a) in enumerate(calls)] or None)
-    reason = "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
-    return chunk([ChatStreamChoice(index=o.index, delta=delta, finish_reason=reason,
-                                   stop_reason=o.stop_reason)])
 
 
 def split_reasoning(ctx: ServerContext, text: str) -> tuple[str | None, str]:
