@@ -7,6 +7,11 @@ mask after each draft prefix, then the matcher rolls back); the sampler and the 
 verifier apply the masks in their shared logits pass. After the step the matcher
 consumes the tokens the request kept. A preempted request keeps its output, so its
 matcher stays valid.
+
+A request whose constraint follows a reasoning model's thinking has a gate
+(:class:`~kvserve.structured_output.reasoning.ReasoningGate`): while it thinks, its rows
+get no mask and its drafts stop before the token that would end the thinking; the
+matcher consumes only what comes after.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvserve.structured_output.guidance import GuidanceBackend
+from kvserve.structured_output.reasoning import ANSWERING, UNDECIDED, ReasoningGate
 
 if TYPE_CHECKING:  # the engine's types the manager is handed; it imports no engine code
     from kvserve.core.scheduler_output import SchedulerOutput
@@ -29,6 +35,8 @@ class StructuredOutputManager:
         self._args = (str(model_dir / "tokenizer.json"), vocab_size, eos_ids)
         self._backend: GuidanceBackend | None = None  # built on the first grammar
         self._matchers: dict[str, object] = {}
+        self._gates: dict[str, ReasoningGate] = {}  # requests that may still be thinking
+        self._opening_tokens: dict[str, torch.Tensor] = {}  # start tag -> tokens opening it
         self.mask_seconds = 0.0  # cumulative time computing masks, and how many rows
         self.masked_rows = 0
         self._pool: ThreadPoolExecutor | None = None
@@ -45,10 +53,32 @@ class StructuredOutputManager:
 
     def add(self, req: Request, grammar: str) -> None:
         self._matchers[req.request_id] = self.backend.matcher(grammar)
+        span = req.sampling_params.structured_outputs.reasoning
+        if span is not None:
+            self._gates[req.request_id] = ReasoningGate(span)
 
     def remove(self, request_ids) -> None:
         for rid in request_ids:
             self._matchers.pop(rid, None)
+            self._gates.pop(rid, None)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.backend.tokenizer.decode_str(token_ids)
+
+    def _gate(self, rid: str) -> ReasoningGate | None:
+        """The request's gate while it has not reached its answer."""
+        gate = self._gates.get(rid)
+        return gate if gate is not None and gate.state != ANSWERING else None
+
+    def _opening(self, start: str) -> torch.Tensor:
+        """The tokens whose text opens ``start`` (a first token that starts thinking)."""
+        if start not in self._opening_tokens:
+            mask = torch.zeros(self.backend.vocab_size, dtype=torch.bool)
+            for t in range(self.backend.vocab_size):
+                if self._decode([t]).lstrip().startswith(start):
+                    mask[t] = True
+            self._opening_tokens[start] = mask
+        return self._opening_tokens[start]
 
     def has_any(self) -> bool:
         return bool(self._matchers)
@@ -59,7 +89,10 @@ class StructuredOutputManager:
         cut = {}
         for rid, tokens in drafts.items():
             m = self._matchers.get(rid)
-            if m is not None:
+            gate = self._gate(rid)
+            if gate is not None:
+                tokens = gate.thinking_drafts(tokens, self._decode)
+            elif m is not None:
                 ok = m.try_consume_tokens(tokens)
                 if ok:
                     m.rollback(ok)
@@ -79,14 +112,23 @@ class StructuredOutputManager:
         batched call for the requests without drafts, draft by draft for the others."""
         start = time.perf_counter()
         plain, drafted = [], []
+        opening = []
         for s in out.scheduled:
             m = self._matchers.get(s.request_id)
-            if m is not None and s.sample:
+            gate = self._gate(s.request_id)
+            if m is None or not s.sample or (gate is not None and gate.state != UNDECIDED):
+                continue  # unconstrained, or thinking: no mask
+            if gate is not None:
+                opening.append((s, m, gate))
+            else:
                 (drafted if s.num_draft_tokens else plain).append((s, m))
         masks = {}
+        for s, m, gate in opening:  # the first token: the grammar's, or the start tag
+            masks[s.request_id] = (self.backend.mask(m)
+                                   | self._opening(gate.span.start)).unsqueeze(0)
         if plain:
             rows = self.backend.masks([m for _, m in plain])
-            masks = {s.request_id: rows[i:i + 1] for i, (s, _) in enumerate(plain)}
+            masks.update({s.request_id: rows[i:i + 1] for i, (s, _) in enumerate(plain)})
         for s, m in drafted:
             rows = [self.backend.mask(m)]
             for d in s.token_ids[len(s.token_ids) - s.num_draft_tokens:]:
@@ -103,6 +145,10 @@ class StructuredOutputManager:
         for req, kept in progressed:
             m = self._matchers.get(req.request_id)
             if m is not None and kept:
-                if not m.consume_tokens(req.output_token_ids[-kept:]) and not m.is_stopped():
+                tokens = req.output_token_ids[-kept:]
+                gate = self._gate(req.request_id)
+                if gate is not None:
+                    tokens = gate.advance(tokens, self._decode)
+                if tokens and not m.consume_tokens(tokens) and not m.is_stopped():
                     raise RuntimeError(f"request {req.request_id}: a sampled token broke "
                                        f"its grammar ({m.get_error()})")

@@ -4,18 +4,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from kvserve.structured_output.reasoning import ReasoningSpan
+
 
 @dataclass(frozen=True)
 class StructuredOutputsParams:
     """Exactly one of: ``json`` (a JSON schema, dict or text), ``regex``, ``choice`` (the
     output is one of these strings), ``grammar`` (Lark, or GBNF), ``json_object`` (any
-    JSON object)."""
+    JSON object). ``reasoning``: the constraint binds what follows the model's thinking
+    (None: the whole output)."""
 
     json: dict | str | None = None
     regex: str | None = None
     choice: list[str] | tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool = False
+    reasoning: ReasoningSpan | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar")

@@ -1,7 +1,7 @@
 """--reasoning-parser: a reasoning model's answer split into reasoning_content and
 content, whole and streamed (tags split across chunks held back, never shown), for the
-qwen3 and deepseek_r1 conventions; an output constraint that would bind the reasoning too
-is refused by name."""
+qwen3 and deepseek_r1 conventions; an output constraint binds the answer after the
+thinking."""
 from __future__ import annotations
 
 import pytest
@@ -65,20 +65,34 @@ def test_the_chat_stream_sends_reasoning_then_content():
     assert all("reasoning_content" not in d for d in deltas[first_content + 1:])
 
 
-def test_an_output_constraint_with_a_reasoning_parser_is_refused(tmp_path, llama_dir):
+def test_an_output_constraint_beside_a_reasoning_parser_binds_the_answer(tmp_path, llama_dir):
+    """qwen3: the answer thinks only if its first token opens <think>; this tokenizer has
+    no such token, so the whole answer is bound and parses."""
+    import json
+
     import httpx
     from tests.entrypoints.conftest import ServerProcess
     server = ServerProcess(llama_dir, tmp_path / "log", "--reasoning-parser", "qwen3")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
     try:
         server.wait_healthy()
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-                "response_format": {"type": "json_object"}}
-        refused = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
-        assert refused.status_code == 400
-        assert refused.json()["error"]["param"] == "response_format"
-        plain = httpx.post(f"{server.url}/v1/chat/completions", json={
-            **body, "response_format": None}, timeout=60).json()["choices"][0]["message"]
-        assert "reasoning_content" in plain  # the field is there (None: no think block)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+                "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "n", "schema": schema}}}
+        for stream in (False, True):
+            r = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": stream},
+                           timeout=60)
+            assert r.status_code == 200, r.text
+            if stream:
+                deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in
+                          r.text.splitlines() if line.startswith("data: {")]
+                content = "".join(d.get("content") or "" for d in deltas)
+            else:
+                message = r.json()["choices"][0]["message"]
+                assert "reasoning_content" in message and not message["reasoning_content"]
+                content = message["content"]
+            assert json.loads(content)["n"] <= 99
     finally:
         server.terminate()
 

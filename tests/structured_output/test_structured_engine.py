@@ -143,3 +143,28 @@ def test_a_grammar_that_allows_only_eos_beats_min_tokens_and_bad_words(llm):
     text = other.generate("a", banned, use_tqdm=False)[0].outputs[0].text
     assert text in ("yes", "no")
     assert other.engine.kv.stats().num_used_blocks == 0
+
+
+@pytest.mark.parametrize("settings", [
+    {}, {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                "prompt_lookup_min": 1}}], ids=["plain", "speculative"])
+def test_a_constraint_after_reasoning_leaves_the_thinking_free_and_binds_the_answer(
+        llm, settings):
+    """The embedded model writes code; with its "thinking" ending at the first newline,
+    that line is what the model writes unconstrained, and what follows matches."""
+    from kvserve.structured_output.reasoning import ReasoningSpan
+
+    engine = LLM(**settings) if settings else llm
+    schema = SCHEMAS[0]
+    constraint = Constraint(json=schema, reasoning=ReasoningSpan(end="\n"))
+    for temperature, n in ((0.0, 1), (0.9, 4)):
+        outs = _texts(engine, constraint, n=n, temperature=temperature)
+        free = _texts(llm, None, n=n, temperature=temperature)
+        for (text, reason), (free_text, _) in zip(outs, free):
+            thinking, newline, answer = text.partition("\n")
+            assert reason == "stop" and newline, text
+            jsonschema.validate(json.loads(answer), schema)
+            assert thinking == free_text.partition("\n")[0]  # same seed, same free part
+    if settings:
+        assert engine.engine.speculator.stats.num_draft_tokens > 0
+    assert not engine.engine.structured.has_any()

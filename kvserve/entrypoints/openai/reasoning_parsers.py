@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kvserve.entrypoints.openai.partial_json import held_prefix
 from kvserve.registry import Registry
+from kvserve.structured_output.reasoning import ReasoningSpan
 
 START, END = "<think>", "</think>"
 
@@ -27,6 +28,10 @@ class ReasoningParser:
 
     def stream(self) -> ReasoningStream:
         return ReasoningStream(self.opened_by_prompt)
+
+    def span(self) -> ReasoningSpan:
+        """The thinking's bounds, for an output constraint that binds what follows."""
+        return ReasoningSpan(START, END, self.opened_by_prompt)
 
 
 class DeepSeekR1Parser(ReasoningParser):

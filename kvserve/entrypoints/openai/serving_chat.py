@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import AsyncIterator
 
@@ -107,9 +108,8 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
                               "combined", "tool_choice")
         params.structured_outputs = forced
     if ctx.reasoning_parser is not None and params.structured_outputs is not None:
-        raise bad_request("an output constraint with --reasoning-parser would constrain the "
-                          "reasoning too: a grammar that starts after it is not implemented "
-                          "yet", "tool_choice" if forced is not None else "response_format")
+        params.structured_outputs = dataclasses.replace(  # it binds the answer, not the thinking
+            params.structured_outputs, reasoning=ctx.reasoning_parser.span())
     check_prompt(ctx, ids, params)
     ctx.check_capacity(req.n)
     request_id = random_id("chatcmpl")
