@@ -48,6 +48,9 @@ def _config(arch: str):
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})
     if arch == "llama-linear":
         return LlamaConfig(**{**common, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    if arch == "llama-dynamic":  # trained on 48 positions, serves 4 x 48
+        return LlamaConfig(**{**common, "max_position_embeddings": 48,
+                              "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
     if arch == "qwen2":
         return Qwen2Config(**common)
     if arch == "mistral":

@@ -21,7 +21,7 @@ class RopeConfig:
     truncate: bool = True
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,12 @@ def rope_config(cfg: dict) -> RopeConfig:
     factor = params.get("factor")
     if factor is None and rope_type in ("yarn", "longrope") and original:
         factor = cfg.get("max_position_embeddings", 2048) / original
+    if rope_type == "dynamic":  # NTK by the sequence's length past the model's own
+        trained = cfg.get("max_position_embeddings", 2048)
+        if original not in (None, trained):
+            raise ValueError(f"dynamic rope with original_max_position_embeddings {original} "
+                             f"other than max_position_embeddings {trained} is not supported")
+        original = trained
     optional = {k: float(params[k]) for k in ("attention_factor", "mscale", "mscale_all_dim")
                 if params.get(k) is not None}
     return RopeConfig(
@@ -90,7 +96,8 @@ def rope_config(cfg: dict) -> RopeConfig:
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=original or (
-            cfg.get("max_position_embeddings") if rope_type in ("yarn", "longrope") else None),
+            cfg.get("max_position_embeddings") if rope_type in ("yarn", "longrope")
+            else None),
         short_factor=tuple(params.get("short_factor") or ()),
         long_factor=tuple(params.get("long_factor") or ()),
         beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
@@ -122,6 +129,9 @@ def llama_like_config(arch: str, cfg: dict, window_by_default: bool = False,
         sliding_window=sliding, rope=rope_config(cfg),
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids(cfg))
+    if values["rope"].rope_type == "dynamic":  # it serves sequences factor times longer
+        values["max_position_embeddings"] = int(values["max_position_embeddings"]
+                                                * values["rope"].factor)
     values.update(fields)
     return ArchConfig(**values)
 

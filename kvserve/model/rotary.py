@@ -1,6 +1,6 @@
 """Rotary position embeddings: cos/sin tables by absolute position, precomputed for every
-position the model takes, with the scalings checkpoints ship (``linear``, ``llama3``,
-``yarn``, ``longrope``), each computed as transformers computes it."""
+position the model takes, with the scalings checkpoints ship (``linear``, ``dynamic``,
+``llama3``, ``yarn``, ``longrope``), each computed as transformers computes it."""
 from __future__ import annotations
 
 import math
@@ -67,6 +67,20 @@ def _longrope_factor(rope: RopeConfig) -> float:
     return math.sqrt(1 + math.log(rope.factor) / math.log(rope.original_max_position_embeddings))
 
 
+def _dynamic_freqs(rope: RopeConfig, dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """Dynamic NTK: a token at position p past the trained length rotates with the base
+    transformers computes for a sequence of p + 1 tokens, the length it has when that
+    token is generated; within the trained length, the plain base."""
+    trained = rope.original_max_position_embeddings
+    lengths = torch.maximum(positions[:, 0].to(torch.int64) + 1, torch.tensor(trained))
+    base = rope.theta * ((rope.factor * lengths / trained) - (rope.factor - 1)) ** (
+        dim / (dim - 2))
+    inv_freq = 1.0 / (base[:, None] ** _exponents(dim)[None, :])
+    within = positions < trained
+    plain = positions * (1.0 / (rope.theta ** _exponents(dim)))[None, :]
+    return torch.where(within, plain, positions * inv_freq)
+
+
 def rope_inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
     """The inverse frequencies of a rope without per-position choices (all but
     longrope)."""
@@ -83,9 +97,10 @@ def rope_inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
 def rope_tables(rope: RopeConfig, dim: int, max_positions: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [max_positions, dim] (rotate-half layout). longrope takes its short
-    factors at positions within the original length and its long ones beyond it: a
-    sequence within the original length matches transformers exactly; transformers
-    switches a whole forward pass to the long factors once it passes that length."""
+    factors at positions within the original length and its long ones beyond it, and
+    dynamic rescales each position past it by its own length: a prompt within the
+    original length matches transformers exactly, however far generation goes past it;
+    transformers rotates a whole longer prompt by the prompt's length."""
     positions = torch.arange(max_positions, dtype=torch.float32)[:, None]
     scale = 1.0
     if rope.rope_type == "longrope":
@@ -95,6 +110,8 @@ def rope_tables(rope: RopeConfig, dim: int, max_positions: int
         within = positions < rope.original_max_position_embeddings
         freqs = torch.where(within, positions * short[None, :], positions * long[None, :])
         scale = _longrope_factor(rope)
+    elif rope.rope_type == "dynamic":
+        freqs = _dynamic_freqs(rope, dim, positions)
     else:
         freqs = positions * rope_inv_freq(rope, dim)[None, :]
         if rope.rope_type == "yarn":

@@ -96,6 +96,22 @@ def test_moe_routes_each_token_to_its_top_experts_only(model_dirs):
     assert torch.allclose(weights.sum(-1), torch.ones(1))  # norm_topk_prob
 
 
+@pytest.mark.parametrize("settings", [{}, {"max_num_batched_tokens": 8, "block_size": 4},
+                                      {"attention_backend": "torch"}],
+                         ids=["default", "chunked", "torch-attention"])
+def test_dynamic_rope_generates_past_the_trained_length_as_transformers(model_dirs, settings):
+    """Prompts within the 48 trained positions, generation well past them: each new
+    token rotates by the length its sequence has then, as transformers does."""
+    model_dir = model_dirs("llama-dynamic")
+    prompts = prompts_of_lengths([10, 30, 45], seed=5)
+    llm = LLM(model_dir, **settings)
+    assert llm.engine.max_model_len == 4 * 48
+    params = SamplingParams(temperature=0.0, max_tokens=70, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+    assert got == hf_greedy(model_dir, prompts, 70)
+
+
 class TinyArchForCausalLM(CausalLM):
     """An architecture added in a test: Qwen3's layers under another name."""
     notes = "a test's own"
