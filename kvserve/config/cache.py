@@ -23,6 +23,8 @@ class CacheConfig:
     kv_offload_size: int | str = "4GiB"
     warmup_prompts: str | None = None     # prompts whose KV is pinned at start
     swap_enabled: bool = False            # preemption_mode swap (SchedulerConfig's)
+    # keep every layer's KV for the whole sequence, even where a layer's window reads less
+    disable_hybrid_kv_cache_manager: bool = False
 
     def __post_init__(self) -> None:
         positive_int("block_size", self.block_size)

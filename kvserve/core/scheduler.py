@@ -303,10 +303,12 @@ class Scheduler:
         k = req.sampling_params.prompt_logprobs
         prompt = (PromptLogprobsInfo(k, req.prompt_token_ids)
                   if k is not None and start < req.num_prompt_tokens else None)
+        tables = self.kv.group_tables(req)
         return ScheduledRequest(
             request_id=req.request_id, token_ids=tokens + drafts if drafts else tokens,
-            start_pos=start, block_table=list(self.kv.block_table(req)), sampling=sampling,
-            num_draft_tokens=len(drafts) if drafts else 0, prompt_logprobs=prompt)
+            start_pos=start, block_table=list(tables[0]), sampling=sampling,
+            num_draft_tokens=len(drafts) if drafts else 0, prompt_logprobs=prompt,
+            group_tables=tuple(tables[1:]))
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         candidates = self.running[first_unscheduled:]

@@ -37,6 +37,8 @@ class ScheduledRequest:
     sampling: SamplingInfo | None  # set when this step ends the prompt or is a decode
     num_draft_tokens: int = 0  # the last ones of token_ids: guesses the step verifies
     prompt_logprobs: PromptLogprobsInfo | None = None
+    # the windowed KV groups' tables (see core/kv/groups.py), when the model has them
+    group_tables: tuple[list[int], ...] = ()
 
     @property
     def sample(self) -> bool:

@@ -92,6 +92,12 @@ class EngineArgs:
         "buddy kv_manager: share of the KV blocks pre-allocated as the buddy memory pool")
     enable_prefix_caching: bool = _setting(CacheConfig.enable_prefix_caching,
         "reuse the KV of full blocks shared with earlier prompts (paged kv_manager)")
+    disable_hybrid_kv_cache_manager: bool = _setting(
+        CacheConfig.disable_hybrid_kv_cache_manager,
+        "as vLLM's: keep every layer's KV for the whole sequence; by default a model "
+        "mixing sliding-window and full layers (Gemma 2, 3) keeps a block table per layer "
+        "group, and windowed layers give back the blocks their window no longer reads "
+        "(paged kv_manager)")
     background_step_tokens: int = _setting(SchedulerConfig.background_step_tokens,
         "while foreground requests are there (and for 5 s after), background ones (batch "
         "API lines) compute at most this many tokens a step, so they never stretch a "

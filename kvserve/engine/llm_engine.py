@@ -18,6 +18,7 @@ from pathlib import Path
 from kvserve.config import EngineConfig
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.core.kv import create_kv_manager
+from kvserve.core.kv.groups import engine_kv_groups
 from kvserve.core.scheduler import Scheduler
 from kvserve.core.scheduler_output import SchedulerOutput, SchedulerStats
 from kvserve.engine.output_processor import OutputProcessor
@@ -88,8 +89,11 @@ class LLMEngine:
         self.kv_layout: KVCacheLayout = self.worker.determine_kv_cache_layout()
         self.worker.initialize_kv_cache(self.kv_layout)
         layout = self.kv_layout
-        self.kv = create_kv_manager(config.cache, layout.num_blocks, layout.swap_slots,
-                                    layout.disk_slots)
+        spec = config.speculative
+        self.kv = create_kv_manager(
+            config.cache, layout.num_blocks, layout.swap_slots, layout.disk_slots,
+            engine_kv_groups(config), config.scheduler.max_num_batched_tokens
+            + (spec.num_speculative_tokens if spec is not None else 0))
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.tokenizer = Tokenizer(config.model.model_dir)
         self.outputs = OutputProcessor(self.tokenizer)

@@ -26,8 +26,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: ArchConfig, index: int = 0) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        # a layer with a window of its own reads that window's metadata (0: the model's)
+        # a layer with a window of its own reads that window's metadata (0: the model's),
+        # or its KV group's where the pool keeps groups (set by the model runner)
         self.window = cfg.layer_windows[index] if cfg.layer_windows else 0
+        self.meta_key: int | tuple[int, int] = self.window
         self.softcap = cfg.attn_softcap
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -64,10 +66,10 @@ class Attention(nn.Module):
         if not rotated:
             q, k = rotary(positions, q, k)
         if self.window:
-            if self.window not in meta.windowed:
+            if self.meta_key not in meta.windowed:
                 raise ValueError(f"no attention metadata for this layer's window {self.window}: "
                                  "build the step's inputs with the model's layer_windows")
-            meta = meta.windowed[self.window]
+            meta = meta.windowed[self.meta_key]
         out = self.o_proj(paged_attention(q, k, v, cache, meta, self.scale, out_rows,
                                           self.softcap).reshape(-1, self.q_size))
         return out if self.tp is None else self.tp.all_reduce_(out)

@@ -37,6 +37,7 @@ from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, Captured
 from kvserve.worker.draft_runner import DraftRunner
 from kvserve.worker.kv_pool_size import kv_cache_layout
 from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
+from kvserve.core.kv.groups import engine_kv_groups
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import allowed_cpus, cpus_to_bind, freeze_startup_objects, \
     keep_freed_memory, physical_cores, return_freed_memory
@@ -200,7 +201,8 @@ class CPUWorker(Worker):
         attention = (self.kernels if self.kv_dtype in NATIVE_KV_DTYPES
                      and self.arch.attn_softcap is None else None)
         self.runner = ModelRunner(self.model, self.arch, layout, self.kv_dtype,
-                                  self.config.model.seed, attention, disk_path, self._pool_zeros)
+                                  self.config.model.seed, attention, disk_path, self._pool_zeros,
+                                  engine_kv_groups(self.config))
         self.runner.captured = self._captured_step(self.runner, "")
 
     # -- warm-up -----------------------------------------------------------------------------

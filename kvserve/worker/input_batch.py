@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvserve.core.kv.groups import KVGroups
 from kvserve.core.scheduler_output import ScheduledRequest
 from kvserve.kernels import Kernels
 from kvserve.model.attention import AttentionMetadata, PrefillSpan
@@ -43,14 +44,24 @@ def _window_ok(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | Non
 
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
                  sliding_window: int | None, native: Kernels | None = None,
-                 layer_windows: tuple[int, ...] = ()) -> StepInputs:
+                 layer_windows: tuple[int, ...] = (), groups: KVGroups | None = None
+                 ) -> StepInputs:
     """``native``: attention by the native kernel, every row in one call (no gathered
     copy, no mask). ``layer_windows``: windows some layers have of their own; their
-    metadata goes in ``meta.windowed``."""
-    if native is not None and decodes_only(scheduled):
-        inputs = _decode_inputs(scheduled, block_size, sliding_window, native)
-    else:
-        inputs = _flat_inputs(scheduled, block_size, sliding_window, native)
+    metadata goes in ``meta.windowed``, by window, or with ``groups`` by (window, group),
+    read through each group's own block tables."""
+    decodes = native is not None and decodes_only(scheduled)
+    build = _decode_inputs if decodes else _flat_inputs
+    inputs = build(scheduled, block_size, sliding_window, native)
+    if groups is not None:
+        for g, window in enumerate(groups.windows):
+            if window:
+                own = [dataclasses.replace(s, block_table=s.group_tables[g - 1])
+                       if s.group_tables else s for s in scheduled]
+                inputs.meta.windowed[(window, g)] = build(
+                    own, block_size, window,
+                    native if inputs.meta.native is not None else None).meta
+        return inputs
     for window in sorted(set(layer_windows) - {0, sliding_window or 0}):
         inputs.meta.windowed[window] = (
             dataclasses.replace(inputs.meta, sliding_window=window, windowed={})

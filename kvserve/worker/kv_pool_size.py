@@ -14,6 +14,7 @@ from kvserve.config.engine import EngineConfig
 from kvserve.config.validate import parse_size
 from kvserve.logger import init_logger
 from kvserve.model.config import ArchConfig
+from kvserve.core.kv.groups import engine_kv_groups
 from kvserve.worker.model_runner import kv_bytes_per_block
 from kvserve.worker.platform import available_memory_bytes
 from kvserve.worker.worker_base import KVCacheLayout
@@ -28,9 +29,11 @@ def kv_cache_layout(config: EngineConfig, arch: ArchConfig, kv_dtype: torch.dtyp
                     ranks: int = 1) -> KVCacheLayout:
     """``arch``: this rank's share of the model; ``ranks``: the tensor-parallel size."""
     cache = config.cache
-    per_block = kv_bytes_per_block(arch, cache.block_size, kv_dtype)
+    groups = engine_kv_groups(config)
+    per_block = kv_bytes_per_block(arch, cache.block_size, kv_dtype, groups)
     dtype_name = str(kv_dtype).removeprefix("torch.")
-    num = _num_blocks(config, per_block, dtype_name, ranks)
+    num = _num_blocks(config, per_block, dtype_name, ranks,
+                      groups.num_groups if groups is not None else 1)
     swap = cache.swap_space_bytes // per_block
     disk = cache.disk_tier_bytes // per_block
     if cache.swap_enabled and swap < 1:
@@ -45,8 +48,10 @@ def kv_cache_layout(config: EngineConfig, arch: ArchConfig, kv_dtype: torch.dtyp
     return KVCacheLayout(num, cache.block_size, per_block, dtype_name, swap, disk)
 
 
-def _num_blocks(config: EngineConfig, per_block: int, dtype_name: str, ranks: int) -> int:
-    """``per_block``: this rank's bytes of a block."""
+def _num_blocks(config: EngineConfig, per_block: int, dtype_name: str, ranks: int,
+                num_groups: int = 1) -> int:
+    """``per_block``: this rank's bytes of a block; ``num_groups``: the KV groups each
+    request holds a table in (at most a table's blocks each)."""
     cache = config.cache
     if cache.num_kv_blocks is not None:
         num, source = cache.num_kv_blocks, "num_kv_blocks"
@@ -59,7 +64,7 @@ def _num_blocks(config: EngineConfig, per_block: int, dtype_name: str, ranks: in
     else:
         share = int(min(available_memory_bytes() * DEFAULT_KV_SHARE, DEFAULT_KV_CAP))
         max_len = config.model.max_model_len
-        useful = config.scheduler.max_num_seqs * -(-max_len // cache.block_size)
+        useful = config.scheduler.max_num_seqs * -(-max_len // cache.block_size) * num_groups
         num = max(1, min(share // (per_block * ranks), useful))
         source = (f"default: min({DEFAULT_KV_SHARE:.0%} of available RAM, "
                   f"{DEFAULT_KV_CAP / 2**30:g} GiB, max_num_seqs x max_model_len)")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from kvserve.core.kv.groups import KVGroups
 from kvserve.core.scheduler_output import SamplingInfo, ScheduledRequest, SchedulerOutput
 from kvserve.model.attention import KVCache
 from kvserve.sampling_params import SamplingParams
@@ -28,29 +29,41 @@ _LOGPROBS = {k: SamplingParams(temperature=0.0, logprobs=k) for k in range(21)}
 WARM_UP_LAYERS = 2
 
 
-def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype,
+                       groups: KVGroups | None = None) -> int:
+    """A block's bytes: every layer's K and V, or with KV groups one group's layers'."""
     elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    layers = cfg.num_layers if groups is None else groups.slots
+    return 2 * layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch: ArchConfig, layout: KVCacheLayout,
                  kv_dtype: torch.dtype, seed: int, attention_kernels=None,
-                 disk_path: Path | None = None, zeros=torch.zeros) -> None:
+                 disk_path: Path | None = None, zeros=torch.zeros,
+                 groups: KVGroups | None = None) -> None:
         """``attention_kernels``: native kernels that read this pool's dtype, or None
-        for torch attention; ``zeros`` allocates the pools (see KVCache)."""
+        for torch attention; ``zeros`` allocates the pools (see KVCache); ``groups``:
+        the KV groups sharing the pool (a block holds one group's layers)."""
         self.model = model
         self.config = arch
         self.block_size = layout.block_size
-        self.caches = [KVCache(layout.num_blocks, layout.block_size, arch.num_kv_heads,
-                               arch.head_dim, kv_dtype, zeros)
-                       for _ in range(arch.num_layers)]
+        self.groups = groups
+        self.pools = [KVCache(layout.num_blocks, layout.block_size, arch.num_kv_heads,
+                              arch.head_dim, kv_dtype, zeros)
+                      for _ in range(arch.num_layers if groups is None else groups.slots)]
+        self.caches = (self.pools if groups is None  # each layer's
+                       else [self.pools[s] for s in groups.layer_slot])
+        if groups is not None:
+            for layer, (g, window) in enumerate(
+                    (g, groups.windows[g]) for g in groups.layer_group):
+                model.model.layers[layer].self_attn.meta_key = (window, g) if window else 0
         self.sampler = Sampler(seed)
         self.verifier = RejectionSampler(self.sampler)
-        self.swap = BlockStore(layout.swap_slots, self.caches) if layout.swap_slots else None
-        self.disk = (BlockStore(layout.disk_slots, self.caches, disk_path)
+        self.swap = BlockStore(layout.swap_slots, self.pools) if layout.swap_slots else None
+        self.disk = (BlockStore(layout.disk_slots, self.pools, disk_path)
                      if layout.disk_slots else None)
-        self.mover = TierMover(self.caches, self.swap, self.disk)
+        self.mover = TierMover(self.pools, self.swap, self.disk)
         self.native_attention = attention_kernels
         self.captured = None  # a CapturedStep, set by the worker unless eager is enforced
         self.mask_wait_seconds = 0.0  # sampling waited this long for grammar masks
@@ -138,7 +151,7 @@ class ModelRunner:
     def step_inputs(self, scheduled: list[ScheduledRequest]) -> StepInputs:
         """The tensors of a step of ``scheduled`` for this model and pool."""
         return build_inputs(scheduled, self.block_size, self.config.sliding_window,
-                            self.native_attention, self.config.layer_windows)
+                            self.native_attention, self.config.layer_windows, self.groups)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -149,7 +162,7 @@ class ModelRunner:
         if out.block_copies:
             src = torch.tensor([s for s, _ in out.block_copies])
             dst = torch.tensor([d for _, d in out.block_copies])
-            for cache in self.caches:
+            for cache in self.pools:
                 cache.copy_blocks(src, dst)
         result = ModelRunnerOutput()
         if not out.scheduled:

@@ -7,6 +7,10 @@ and checks that every scheduled request's block table reaches, for each position
 attends to, a slot holding that position's fingerprint. Block copies are applied as one
 gather-then-scatter (what ModelRunner does) and also pair by pair in order; both must
 agree, so a copy list never depends on how it is executed.
+
+With KV groups (``windows``: per group, 0 for full attention or its window), each group
+writes through its own table and a slot's fingerprint is tagged with the group that
+wrote it; a group reads each query's window only.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.core.kv import create_kv_manager
+from kvserve.core.kv.groups import KVGroups
 from kvserve.core.scheduler import Scheduler
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
@@ -60,9 +65,13 @@ def _next_token(prints: list[int]) -> int:
 
 def simulate(args: EngineArgs, num_blocks: int, requests: list[Request],
              max_steps: int = 20_000, arrivals: dict[int, list[Request]] | None = None,
-             clock: list[float] | None = None) -> SimResult:
+             clock: list[float] | None = None, windows: tuple[int, ...] | None = None
+             ) -> SimResult:
     """Run ``requests`` to completion; ``arrivals`` adds more before given steps."""
-    kv = create_kv_manager(args.create_cache_config(), num_blocks)
+    groups = None if windows is None else KVGroups(windows, (), (), 1)
+    kv = create_kv_manager(args.create_cache_config(), num_blocks, groups=groups,
+                           step_tokens=args.max_num_batched_tokens)
+    windows = windows or (0,)
     sched = Scheduler(args.create_scheduler_config(), kv)
     for req in requests:
         sched.add_request(req)
@@ -103,30 +112,40 @@ def simulate(args: EngineArgs, num_blocks: int, requests: list[Request],
             fp = prints.of(req)
             end = sr.start_pos + len(sr.token_ids)
             assert sr.token_ids == tokens[sr.start_pos:end]
-            assert len(sr.block_table) == kv.blocks_for(end), "table length != blocks needed"
-            tables[sr.request_id] = sr.block_table
-            for pos in range(sr.start_pos, end):
-                slot = sr.block_table[pos // bs] * bs + pos % bs
-                content[slot] = fp[pos]
-        # no two requests share a writable block; a copy source reused in the step
-        owners: dict[int, str] = {}
-        for rid, table in tables.items():
-            for b in table:
+            group_tables = (sr.block_table, *sr.group_tables)
+            assert len(group_tables) == len(windows)
+            for g, table in enumerate(group_tables):
+                assert len(table) == kv.blocks_for(end), "table length != blocks needed"
+                tables[(sr.request_id, g)] = table
+                for pos in range(sr.start_pos, end):
+                    content[table[pos // bs] * bs + pos % bs] = (g, fp[pos])
+        # no two requests (or groups) share a writable block; a copy source reused in
+        # the step; a block a window gave back reads as block 0 and is never written
+        owners: dict[int, tuple[str, int]] = {}
+        for (rid, g), table in tables.items():
+            sr = next(s for s in out.scheduled if s.request_id == rid)
+            first = max(0, sr.start_pos - windows[g] + 1) // bs if windows[g] else 0
+            for b in table[first:]:
                 assert 0 <= b < kv.num_blocks
                 if b in srcs and b not in dsts:
                     res.same_step_reuse += 1
-                other = owners.setdefault(b, rid)
+                other = owners.setdefault(b, (rid, g))
                 shared = args.kv_manager == "paged" and args.enable_prefix_caching
-                assert other == rid or shared, f"block {b} held by {other} and {rid}"
-        # reads of the step
+                assert other == (rid, g) or (shared and other[1] == g), \
+                    f"block {b} held by {other} and {(rid, g)}"
+        # reads of the step: each query position its window's keys
         for sr in out.scheduled:
             fp = prints.of(sched.requests[sr.request_id])
-            for pos in range(sr.start_pos + len(sr.token_ids)):
-                slot = sr.block_table[pos // bs] * bs + pos % bs
-                assert content.get(slot) == fp[pos], (
-                    f"{sr.request_id} reads wrong KV at position {pos} (step {step})")
+            for g, w in enumerate(windows):
+                table = tables[(sr.request_id, g)]
+                first = max(0, sr.start_pos - w + 1) if w else 0
+                for pos in range(first, sr.start_pos + len(sr.token_ids)):
+                    slot = table[pos // bs] * bs + pos % bs
+                    assert content.get(slot) == (g, fp[pos]), (
+                        f"{sr.request_id} group {g} reads wrong KV at position {pos} "
+                        f"(step {step})")
         st = kv.stats()
-        assert st.used_tokens <= st.allocated_slots <= st.num_blocks * bs
+        assert st.used_tokens <= st.allocated_slots <= st.num_blocks * bs, st
         assert 0 <= st.unusable_free_blocks <= st.num_blocks - st.num_used_blocks
         if out.scheduled:
             res.utilization.append(st.utilization)

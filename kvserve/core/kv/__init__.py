@@ -14,6 +14,8 @@ from __future__ import annotations
 from kvserve.config.cache import CacheConfig
 from kvserve.core.kv.buddy import BuddyKVCacheManager
 from kvserve.core.kv.contiguous import ContiguousKVCacheManager
+from kvserve.core.kv.groups import KVGroups
+from kvserve.core.kv.hybrid import HybridKVCacheManager
 from kvserve.core.kv.interface import KVCacheManager, KVStats
 from kvserve.core.kv.paged import PagedKVCacheManager
 from kvserve.registry import Registry
@@ -25,9 +27,15 @@ KV_MANAGERS.register("contiguous", ContiguousKVCacheManager)
 
 
 def create_kv_manager(cache: CacheConfig, num_blocks: int, swap_slots: int = 0,
-                      disk_slots: int = 0) -> KVCacheManager:
+                      disk_slots: int = 0, groups: KVGroups | None = None,
+                      step_tokens: int = 0) -> KVCacheManager:
     """The manager ``cache.kv_manager`` names, over ``num_blocks`` blocks; the slower
-    tiers' slots are passed only when there are some (only paged has tiers)."""
+    tiers' slots are passed only when there are some (only paged has tiers). With KV
+    groups (a model mixing windowed and full layers), paged memory keeps a table per
+    group (``step_tokens``: the most tokens a request computes in a step)."""
+    if groups is not None:
+        return HybridKVCacheManager(num_blocks, cache.block_size, groups.windows,
+                                    cache.enable_prefix_caching, step_tokens)
     tiers = {k: v for k, v in (("swap_slots", swap_slots), ("disk_slots", disk_slots)) if v}
     return KV_MANAGERS[cache.kv_manager].from_config(cache, num_blocks, **tiers)
 

@@ -115,6 +115,11 @@ class KVCacheManager(ABC):
     def block_table(self, req: Request) -> list[int]:
         """The blocks holding ``req``'s tokens, in token order."""
 
+    def group_tables(self, req: Request) -> list[list[int]]:
+        """Each KV group's table (see groups.py), the first being ``block_table``'s;
+        one table serves every layer unless the manager keeps groups."""
+        return [self.block_table(req)]
+
     @abstractmethod
     def stats(self) -> KVStats:
         """Current usage, utilisation and fragmentation."""
