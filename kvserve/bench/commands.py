@@ -317,7 +317,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
-    combos = [(kv, b) for kv in _names(args.kv_managers, KV_MANAGERS.names())
+    designs = _kv_designs(model_dir, _names(args.kv_managers, KV_MANAGERS.names()), num_blocks)
+    combos = [(kv, b) for kv in designs
               for b in _names(args.batchings, BATCHING_POLICIES.names())]
     need = sum(r.prompt_len + r.max_tokens for r in wl.requests)
     settings = {"model": model_dir.name, "workload": wl.name, "requests": len(wl),
@@ -336,8 +337,11 @@ def cmd_memory(args: argparse.Namespace) -> int:
             print(f"round {i + 1} of {args.repeats}", flush=True)
         done: dict[tuple[str, str], memory.MemoryResult] = {}
         for kv, b in combos if i % 2 == 0 else combos[::-1]:  # alternate: drift cancels
-            res = memory.run_combo(model_dir, wl.requests, kv, b, num_blocks, engine_args,
-                                   args.dry_run, progress=True)
+            manager, extra, blocks = designs[kv]
+            res = memory.run_combo(model_dir, wl.requests, manager, b, blocks,
+                                   {**engine_args, **extra}, args.dry_run, progress=True,
+                                   label=kv, bytes_per_block=bytes_per_block and
+                                   bytes_per_block * num_blocks // blocks)
             done[kv, b] = res
             print(f"  {kv:10s} {b:13s} util {memory.pct(res.kv_utilization):>7s}  "
                   f"ext {memory.pct(res.external_fragmentation):>7s}  "
@@ -352,6 +356,28 @@ def cmd_memory(args: argparse.Namespace) -> int:
         _write_outputs(args, info, model_dir, wl, settings, num_blocks, block_size, rounds,
                        final=i + 1 == (1 if args.dry_run else args.repeats))
     return 0
+
+
+def _kv_designs(model_dir: Path, managers: list[str], num_blocks: int
+                ) -> dict[str, tuple[str, dict[str, Any], int]]:
+    """label -> (kv_manager, engine settings, blocks) for each design compared. A model
+    mixing windowed and full layers runs paged memory twice, in the same bytes: keeping
+    every layer's KV (``paged-no-hybrid``), and with a table per KV group (``paged``,
+    the default), whose blocks hold one group's layers."""
+    from kvserve.core.kv.groups import kv_groups
+    from kvserve.model.registry import read_arch_config
+
+    arch = read_arch_config(model_dir)
+    groups = kv_groups(arch.layer_windows, arch.sliding_window)
+    keep_all = {"disable_hybrid_kv_cache_manager": True}
+    designs = {}
+    for kv in managers:
+        if kv == "paged" and groups is not None:
+            designs["paged-no-hybrid"] = ("paged", keep_all, num_blocks)
+            designs["paged"] = ("paged", {}, num_blocks * arch.num_layers // groups.slots)
+        else:
+            designs[kv] = (kv, keep_all if groups is not None else {}, num_blocks)
+    return designs
 
 
 def _write_outputs(args: argparse.Namespace, info: dict[str, Any], model_dir: Path,

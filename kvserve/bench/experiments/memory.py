@@ -58,6 +58,7 @@ class StepTotals:
     free_blocks: int = 0
     running: int = 0
     computed_tokens: int = 0  # tokens the model ran, recomputation after preemption included
+    blocks_per_running: float = 0.0  # sum over steps of used blocks / running requests
 
     peak_running: int = 0
 
@@ -71,6 +72,7 @@ class StepTotals:
         self.unusable_free_blocks += kv.unusable_free_blocks
         self.free_blocks += kv.num_blocks - kv.num_used_blocks
         self.running += num_running
+        self.blocks_per_running += kv.num_used_blocks / max(stats.num_running, 1)
         self.peak_running = max(self.peak_running, stats.num_running)
 
     @property
@@ -106,6 +108,9 @@ class MemoryResult:
     num_requests: int
     num_blocks: int
     extra: dict[str, Any] = field(default_factory=dict)
+    # mean over steps of the KV the pool holds per running request (bytes of a block
+    # known: the design's blocks may hold fewer layers, see core/kv/groups.py)
+    kv_mib_per_request: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,7 +210,11 @@ def _run_dry(requests: Sequence[BenchRequest], args: Any, num_blocks: int
     from kvserve.core.scheduler import Scheduler
     from kvserve.request import Request
 
-    kv = create_kv_manager(args.create_cache_config(), num_blocks)
+    from kvserve.core.kv.groups import engine_kv_groups
+
+    groups = engine_kv_groups(args.create_engine_config()) if args.model else None
+    kv = create_kv_manager(args.create_cache_config(), num_blocks, groups=groups,
+                           step_tokens=args.max_num_batched_tokens)
     sched = Scheduler(args.create_scheduler_config(), kv)
     t0 = time.monotonic()
     for i, r in enumerate(requests):
@@ -225,9 +234,11 @@ def _run_dry(requests: Sequence[BenchRequest], args: Any, num_blocks: int
 
 def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv_manager: str,
               batching: str, num_blocks: int, engine_args: dict[str, Any] | None = None,
-              dry_run: bool = False, progress: bool = False) -> MemoryResult:
+              dry_run: bool = False, progress: bool = False, label: str | None = None,
+              bytes_per_block: int | None = None) -> MemoryResult:
     """Run the requests under one kv_manager x batching combination (``progress``: a
-    bar of the requests done while the model runs)."""
+    bar of the requests done while the model runs; ``label``: the design's name in the
+    results, when not the manager's)."""
     from kvserve.engine.engine_args import EngineArgs
 
     args = EngineArgs(model=None if model_dir is None else str(model_dir),
@@ -241,7 +252,7 @@ def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv
     useful = sum(r.max_tokens for r in requests)
     least = sum(r.prompt_len + r.max_tokens - 1 for r in requests)  # last token is not fed
     return MemoryResult(
-        kv_manager=kv_manager, batching=batching,
+        kv_manager=label or kv_manager, batching=batching,
         kv_utilization=totals.utilization,
         internal_fragmentation=1.0 - totals.utilization,
         external_fragmentation=totals.external_fragmentation,
@@ -253,7 +264,9 @@ def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv
         output_tok_per_cpu_s=useful / info["cpu_s"] if info["cpu_s"] else None,
         mean_running=totals.running / totals.steps if totals.steps else 0.0,
         steps=totals.steps, wall_s=wall, num_requests=len(requests),
-        num_blocks=info["num_blocks"])
+        num_blocks=info["num_blocks"],
+        kv_mib_per_request=(totals.blocks_per_running / totals.steps * bytes_per_block / 2**20
+                            if bytes_per_block and totals.steps else None))
 
 
 # -- reporting ---------------------------------------------------------------------------------
@@ -298,7 +311,10 @@ def format_markdown(results: Sequence[MemoryResult], context: str = "") -> str:
     head = ("| kv-manager | batching | KV utilisation | internal frag. | external frag. "
             "| peak running | mean running | preemptions | moved blocks | recomputed "
             "| steps | output tok/s | tok/s ratio | tok per CPU-s | P99 latency s |")
-    lines = [head, "|" + "---|" * 15]
+    per_request = any(r.kv_mib_per_request is not None for r in results)
+    if per_request:
+        head += " KV MiB / request |"
+    lines = [head, "|" + "---|" * (16 if per_request else 15)]
     for r in results:
         lines.append(
             f"| {r.kv_manager} | {r.batching} | {pct(r.kv_utilization)} "
@@ -308,7 +324,8 @@ def format_markdown(results: Sequence[MemoryResult], context: str = "") -> str:
             f"| {num_or_dash(r.output_tok_s, '.1f')} "
             f"| {'–' if r.relative_tok_s is None else r.relative_tok_s.cell()} "
             f"| {num_or_dash(r.output_tok_per_cpu_s, '.1f')} "
-            f"| {num_or_dash(r.p99_latency_s, '.1f')} |")
+            f"| {num_or_dash(r.p99_latency_s, '.1f')} |"
+            + (f" {num_or_dash(r.kv_mib_per_request, '.1f')} |" if per_request else ""))
     out = "\n".join(lines)
     summary = ordering_summary(results)
     return (context + "\n\n" if context else "") + out + ("\n\n" + summary if summary else "")

@@ -1,8 +1,10 @@
 """Deterministic random-weight bench models (``kvserve bench make-model``).
 
-The shapes are those of ``shared/BENCHMARKS.md``; weights come from
-``torch.manual_seed(0)`` and transformers' own initialisation, so every machine
-builds the same model. The embedded default model's tokenizer is copied in so the
+The Llama shapes are those of ``shared/BENCHMARKS.md``; ``bench-gemma2-100m`` has
+Gemma 2's layout (local layers with a 4096-token window alternating with global ones,
+soft-capped scores and logits) at bench-100m's width, and ``bench-moe-150m`` Qwen3-MoE's
+(16 experts, 2 routed per token). Weights come from ``torch.manual_seed(0)`` and
+transformers' own initialisation, so every machine builds the same model. The embedded default model's tokenizer is copied in so the
 bench model can be served and prompted with text as well as token ids.
 """
 
@@ -34,7 +36,7 @@ TOKENIZER_FILES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class BenchModelSpec:
-    """Shape of a Llama bench model."""
+    """Shape of a bench model: Llama's, or (``architecture``) Gemma 2's or Qwen3-MoE's."""
 
     hidden_size: int
     num_layers: int
@@ -45,22 +47,36 @@ class BenchModelSpec:
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+    architecture: str = "llama"  # llama, gemma2 or qwen3_moe
+    sliding_window: int = 0      # gemma2: its local layers' window
+    num_experts: int = 0         # qwen3_moe: experts per layer, and routed per token
+    experts_per_token: int = 0
 
-    def num_params(self) -> int:
-        """Total parameter count (untied embeddings, no biases)."""
+    def num_params(self, active: bool = False) -> int:
+        """Total parameter count (untied embeddings, no biases); ``active``: those one
+        token's forward pass reads (a MoE layer's routed experts only)."""
         head_dim = self.hidden_size // self.num_heads
         q_o = 2 * self.hidden_size * self.num_heads * head_dim
         k_v = 2 * self.hidden_size * self.num_kv_heads * head_dim
         mlp = 3 * self.hidden_size * self.intermediate_size
         norms = 2 * self.hidden_size
+        if self.num_experts:
+            experts = self.experts_per_token if active else self.num_experts
+            mlp = experts * mlp + self.hidden_size * self.num_experts  # and the router
         layer = q_o + k_v + mlp + norms
-        return self.num_layers * layer + 2 * self.vocab_size * self.hidden_size + self.hidden_size
+        # the output head; the embedding table, of which a token reads one row
+        embeddings = (1 if active else 2) * self.vocab_size * self.hidden_size
+        return self.num_layers * layer + embeddings + self.hidden_size
 
 
 BENCH_MODELS: Mapping[str, BenchModelSpec] = MappingProxyType(
     {
         "bench-30m": BenchModelSpec(512, 8, 8, 4, 1536),
         "bench-100m": BenchModelSpec(768, 12, 12, 4, 2048),
+        "bench-gemma2-100m": BenchModelSpec(768, 12, 12, 4, 2048, max_position_embeddings=8192,
+                                            architecture="gemma2", sliding_window=4096),
+        "bench-moe-150m": BenchModelSpec(512, 8, 8, 4, 768, architecture="qwen3_moe",
+                                         num_experts=16, experts_per_token=2),
     }
 )
 
@@ -115,7 +131,7 @@ def make_bench_model(
     ``copy_tokenizer=False`` builds weights only (for tests without a tokenizer).
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     spec = _resolve_spec(name)
     out = Path(out_dir)
@@ -140,23 +156,9 @@ def make_bench_model(
                 f"vocab_size {spec.vocab_size}"
             )
 
-    config = LlamaConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta,
-        rms_norm_eps=spec.rms_norm_eps,
-        tie_word_embeddings=False,
-        bos_token_id=special["bos"],
-        eos_token_id=special["eos"],
-        pad_token_id=special["pad"],
-    )
+    config = _hf_config(spec, special)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     if tok_dir is not None:
@@ -168,6 +170,31 @@ def make_bench_model(
         json.dumps({"name": name if isinstance(name, str) else "custom", **asdict(spec)}, indent=2)
     )
     return out
+
+
+def _hf_config(spec: BenchModelSpec, special: dict[str, int | None]):
+    import transformers as tf
+
+    common = dict(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings, rope_theta=spec.rope_theta,
+        rms_norm_eps=spec.rms_norm_eps, tie_word_embeddings=False,
+        bos_token_id=special["bos"], eos_token_id=special["eos"], pad_token_id=special["pad"])
+    head_dim = spec.hidden_size // spec.num_heads
+    if spec.architecture == "llama":
+        return tf.LlamaConfig(**common)
+    if spec.architecture == "gemma2":
+        return tf.Gemma2Config(**common, head_dim=head_dim, sliding_window=spec.sliding_window,
+                               query_pre_attn_scalar=head_dim)
+    if spec.architecture == "qwen3_moe":
+        return tf.Qwen3MoeConfig(**common, head_dim=head_dim, num_experts=spec.num_experts,
+                                 num_experts_per_tok=spec.experts_per_token,
+                                 moe_intermediate_size=spec.intermediate_size,
+                                 norm_topk_prob=True)
+    raise ValueError(f"bench model architecture {spec.architecture!r}: one of llama, gemma2, "
+                     "qwen3_moe")
 
 
 def model_vocab(model_dir: str | Path) -> tuple[int, list[int]]:

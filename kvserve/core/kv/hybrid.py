@@ -11,6 +11,10 @@ every block and each windowed group the blocks of its last window: blocks a wind
 gave back stay cached until the pool reuses them. Preemption recomputes (a swapped-out
 request's windows would need their own slots); the part-filled prompt block is not
 shared by copy.
+
+A request starts only when its whole prompt fits: a window gives back its blocks only
+after the prompt's chunks pass it, so a request admitted into the room the windows
+left would preempt itself at its next chunk, and be admitted again, over and over.
 """
 from __future__ import annotations
 
@@ -143,10 +147,20 @@ class HybridKVCacheManager(KVCacheManager):
                 self.cache.evict(block)
         return blocks
 
+    def _prompt_blocks(self, req: Request) -> int:
+        """The most blocks ``req``'s prompt holds at once: every group's table to its
+        end, a window's only its reach (chunks of ``step_tokens``)."""
+        tokens = req.num_tokens
+        return sum(self.blocks_for(tokens) if not w else
+                   min(self.blocks_for(tokens), self.blocks_for(w - 1 + max(self.step_tokens, 1))
+                       + 1) for w in self.windows)
+
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         rid = req.request_id
-        tables = self._tables.get(rid) or [[] for _ in self.windows]
         computed = req.num_computed_tokens
+        if rid not in self._tables and self._prompt_blocks(req) > self.pool.num_free:
+            return False  # starting now, it would preempt itself before its prompt ends
+        tables = self._tables.get(rid) or [[] for _ in self.windows]
         self._drop_outside(tables, computed)  # never read again, whatever happens next
         target = self.blocks_for(computed + num_new_tokens)
         grow = [(g, max(len(t), self.first_needed(g, computed)), target)

@@ -85,3 +85,21 @@ def test_relative_tok_s_is_the_median_of_the_rounds_ratios():
     saved = json.loads(json.dumps(to_jsonable(other)))["relative_tok_s"]
     assert saved == {"median": 2.0, "min": 2.0, "max": 6.0, "rounds": 3,
                      "per_round": [2.0, 2.0, 6.0]}
+
+
+def test_a_windowed_model_compares_paged_memory_with_and_without_kv_groups(tmp_path,
+                                                                            model_dirs):
+    """Gemma 2's layout: in the same bytes, paged memory with a table per KV group holds
+    less KV per request than keeping every layer's, once prompts pass the window."""
+    out = tmp_path / "mem.json"
+    rc = main(["bench", "memory", "--model", model_dirs("gemma2"), "--dry-run",
+               "--workload", "random", "--input-len", "200", "--output-len", "20",
+               "--num-prompts", "6", "--kv-managers", "paged,buddy",
+               "--batchings", "continuous", "--kv-budget", "60%", "--json", str(out)])
+    assert rc == 0
+    rows = {r["kv_manager"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"paged", "paged-no-hybrid", "buddy"}
+    grouped, whole = rows["paged"], rows["paged-no-hybrid"]
+    assert grouped["num_blocks"] == 2 * whole["num_blocks"]  # half the layers a block
+    assert grouped["kv_mib_per_request"] < 0.8 * whole["kv_mib_per_request"]
+    assert grouped["preemptions"] <= whole["preemptions"]
