@@ -5,7 +5,8 @@ machine that wrote them (CPU name, family, model, vector ISA, cores) and prints,
 machine, the headline table: ``bench compare``'s offline ``mixed`` run against vLLM and HF
 transformers (with its single-stream run against llama.cpp and llama-bench's cross-check)
 and ``bench serving``'s run at a fixed request rate against vLLM, and ``bench
-startup``'s start with a saved tuning plan against one that measures. The README's
+startup``'s start with a saved tuning plan against one that measures, and ``bench
+memory``'s KV held per request with and without KV groups. The README's
 "Performance" section is the headline table of the machine measured last;
 docs/performance.md's "Current figures" holds every machine's figures. A test checks that both are exactly what this
 module prints from the files, so no figure is typed by hand. ``--write`` puts them there.
@@ -42,6 +43,8 @@ class Result:
             return "serving"
         if "round_start_s" in self.data.get("result", {}):
             return "startup"
+        if "kv_blocks" in self.data and "results" in self.data:
+            return "memory"
         return None
 
     @property
@@ -57,6 +60,7 @@ class MachineResults:
     compare: Result | None = None
     serving: Result | None = None
     startup: Result | None = None
+    memory: Result | None = None
     others: list[Result] = field(default_factory=list)
 
     @property
@@ -65,8 +69,8 @@ class MachineResults:
 
     @property
     def results(self) -> list[Result]:
-        return [r for r in (self.compare, self.serving, self.startup, *self.others)
-                if r is not None]
+        return [r for r in (self.compare, self.serving, self.startup, self.memory,
+                            *self.others) if r is not None]
 
 
 def load_results(root: Path) -> list[Result]:
@@ -93,7 +97,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     return sorted(groups.values(), key=lambda g: g.date, reverse=True)
 
 
-KINDS = ("compare", "serving", "startup")
+KINDS = ("compare", "serving", "startup", "memory")
 
 
 def _machine_title(m: dict[str, Any]) -> str:
@@ -196,16 +200,35 @@ def _startup_lines(res: Result, base: str) -> list[str]:
             f"{_provenance(res, base)})."]
 
 
+def _memory_lines(res: Result, base: str) -> list[str]:
+    d = res.data
+    rows = {r["kv_manager"]: r for r in d["results"] if r["batching"] == "continuous"}
+    wl = d.get("workload", {})
+    held = {k: r.get("kv_mib_per_request") for k, r in rows.items()}
+    grouped, whole = held.get("paged"), held.get("paged-no-hybrid")
+    if grouped is None or whole is None:
+        return []
+    return ["", f"KV memory ({d.get('model')}, {wl.get('num_requests', '?')} requests of "
+            f"{wl.get('input_len', '?')} + {wl.get('output_len', '?')} tokens, one budget "
+            f"in bytes): paged memory with a table per KV group holds {grouped:.1f} MiB a "
+            f"running request, keeping every layer's {whole:.1f} MiB "
+            f"({100 * (grouped / whole - 1):+.0f} %); mean running "
+            f"{rows['paged']['mean_running']:.1f} against "
+            f"{rows['paged-no-hybrid']['mean_running']:.1f} (`bench memory --dry-run`, "
+            f"{_provenance(res, base)})."]
+
+
 def machine_sections(results: Iterable[Result], base: str = ".",
                      kinds: tuple[str, ...] = KINDS) -> list[list[str]]:
     """Each machine's lines of the ``kinds`` of results it has, the machine measured last
     first; ``base``: the folder of the document the links are written from, relative to
     the repository."""
     lines_of = {"compare": _compare_lines, "serving": _serving_lines,
-                "startup": _startup_lines}
+                "startup": _startup_lines, "memory": _memory_lines}
     out = []
     for group in _by_machine(results):
-        present = [k for k in kinds if getattr(group, k) is not None]
+        present = [k for k in kinds if getattr(group, k) is not None
+                   and lines_of[k](getattr(group, k), base)]
         if not present:
             continue
         lines = [f"**{_machine_title(group.machine)}**", ""]
