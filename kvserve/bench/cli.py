@@ -242,6 +242,22 @@ def _add_startup(sub: Any) -> None:
                       workload=False)
 
 
+def _add_moe(sub: Any) -> None:
+    from kvserve.bench.experiments.moe import cmd_moe
+    p = _add_rounds_bench(sub, "moe", cmd_moe,
+                          "a mixture-of-experts model's batch-1 decode vs a dense model of "
+                          "the same size, in alternating rounds",
+                          "Decode one request on a MoE model (--model, e.g. bench-moe-150m) "
+                          "and on a dense model of the same total size (--dense, or built "
+                          "from the MoE model's shape); report the step times, the weight "
+                          "bytes each step reads and the experts each layer ran per token.",
+                          workload=False)
+    p.add_argument("--dense", default=None,
+                   help="the dense peer's directory (default: built from --model's shape)")
+    p.add_argument("--decode-steps", type=int, default=64, help="timed steps a round")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens (default 64)")
+
+
 def _add_overlap(sub: Any) -> None:
     from kvserve.bench.experiments.overlap import cmd_overlap
     _add_rounds_bench(sub, "overlap", cmd_overlap,
@@ -337,7 +353,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
-                _add_huge_pages, _add_startup, _add_overlap, _add_serving, _add_server_ab, _add_tp,
+                _add_huge_pages, _add_startup, _add_moe, _add_overlap, _add_serving, _add_server_ab, _add_tp,
                 _add_batch, _add_replicas, _add_report):
         add(sub)
     for command in sub.choices.values():

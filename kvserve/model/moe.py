@@ -26,6 +26,8 @@ class SparseMoE(nn.Module):
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = GatedMLP(cfg, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
+        self.expert_calls = 0   # experts run, and tokens routed, since start (bench moe)
+        self.tokens_routed = 0
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's chosen experts [T, k] and their weights [T, k] (softmax over all
@@ -44,8 +46,10 @@ class SparseMoE(nn.Module):
         scale = weights.flatten()[order, None]
         out = torch.zeros_like(x)
         start = 0
+        self.tokens_routed += x.shape[0]
         for expert, count in enumerate(torch.bincount(flat, minlength=self.num_experts).tolist()):
             if count:
+                self.expert_calls += 1
                 rows = tokens[start:start + count]
                 out.index_add_(0, rows, self.experts[expert]._forward(x[rows])
                                * scale[start:start + count])
