@@ -40,6 +40,28 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         chosen, weights = self.route(x)
+        if x.shape[0] == 1:
+            out = self._one_token(x, chosen[0].tolist(), weights[0])
+        else:
+            out = self._grouped(x, chosen, weights)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert._forward(x)
+        return out
+
+    def _one_token(self, x: torch.Tensor, chosen: list[int], weights: torch.Tensor
+                   ) -> torch.Tensor:
+        """One token: its experts in expert order (the grouped path's sums, bit for bit),
+        without sorting or scattering."""
+        self.tokens_routed += 1
+        self.expert_calls += len(chosen)
+        out = None
+        for slot in sorted(range(len(chosen)), key=chosen.__getitem__):
+            y = self.experts[chosen[slot]]._forward(x) * weights[slot]
+            out = y if out is None else out + y
+        return out
+
+    def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor
+                 ) -> torch.Tensor:
         flat = chosen.flatten()
         order = torch.argsort(flat, stable=True)   # (token, slot) pairs grouped by expert
         tokens = order // self.top_k
@@ -54,6 +76,4 @@ class SparseMoE(nn.Module):
                 out.index_add_(0, rows, self.experts[expert]._forward(x[rows])
                                * scale[start:start + count])
                 start += count
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert._forward(x)
         return out
