@@ -6,7 +6,8 @@ machine, the headline table: ``bench compare``'s offline ``mixed`` run against v
 transformers (with its single-stream run against llama.cpp and llama-bench's cross-check)
 and ``bench serving``'s run at a fixed request rate against vLLM, and ``bench
 startup``'s start with a saved tuning plan against one that measures, and ``bench
-memory``'s KV held per request with and without KV groups. The README's
+memory``'s KV held per request with and without KV groups, and ``bench moe``'s
+mixture-of-experts decode against a dense model of its size. The README's
 "Performance" section is the headline table of the machine measured last;
 docs/performance.md's "Current figures" holds every machine's figures. A test checks that both are exactly what this
 module prints from the files, so no figure is typed by hand. ``--write`` puts them there.
@@ -45,6 +46,8 @@ class Result:
             return "startup"
         if "kv_blocks" in self.data and "results" in self.data:
             return "memory"
+        if "dense_over_moe" in self.data.get("result", {}):
+            return "moe"
         return None
 
     @property
@@ -61,6 +64,7 @@ class MachineResults:
     serving: Result | None = None
     startup: Result | None = None
     memory: Result | None = None
+    moe: Result | None = None
     others: list[Result] = field(default_factory=list)
 
     @property
@@ -70,7 +74,7 @@ class MachineResults:
     @property
     def results(self) -> list[Result]:
         return [r for r in (self.compare, self.serving, self.startup, self.memory,
-                            *self.others) if r is not None]
+                            self.moe, *self.others) if r is not None]
 
 
 def load_results(root: Path) -> list[Result]:
@@ -97,7 +101,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     return sorted(groups.values(), key=lambda g: g.date, reverse=True)
 
 
-KINDS = ("compare", "serving", "startup", "memory")
+KINDS = ("compare", "serving", "startup", "memory", "moe")
 
 
 def _machine_title(m: dict[str, Any]) -> str:
@@ -218,13 +222,25 @@ def _memory_lines(res: Result, base: str) -> list[str]:
             f"{_provenance(res, base)})."]
 
 
+def _moe_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    mib = {k: v / 2**20 for k, v in d["bytes_read_per_token"].items()}
+    step = {k: 1e3 * sorted(v)[len(v) // 2] for k, v in d["step_s"].items()}
+    return ["", f"MoE decode ({res.data.get('model')}, one request): a step reads "
+            f"{mib['moe']:.0f} MiB of its {d['weight_bytes']['moe'] / 2**20:.0f} MiB of weights "
+            f"({d['experts_per_tok']} of {d['num_experts']} experts, "
+            f"{d['experts_run_per_routed_token']:.2f} run per token) and takes "
+            f"{step['moe']:.1f} ms, a dense model of the same size {step['dense']:.1f} ms: "
+            f"{_ratio(d.get('dense_over_moe'))} (`bench moe`, {_provenance(res, base)})."]
+
+
 def machine_sections(results: Iterable[Result], base: str = ".",
                      kinds: tuple[str, ...] = KINDS) -> list[list[str]]:
     """Each machine's lines of the ``kinds`` of results it has, the machine measured last
     first; ``base``: the folder of the document the links are written from, relative to
     the repository."""
     lines_of = {"compare": _compare_lines, "serving": _serving_lines,
-                "startup": _startup_lines, "memory": _memory_lines}
+                "startup": _startup_lines, "memory": _memory_lines, "moe": _moe_lines}
     out = []
     for group in _by_machine(results):
         present = [k for k in kinds if getattr(group, k) is not None
