@@ -258,6 +258,27 @@ def _add_moe(sub: Any) -> None:
     p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens (default 64)")
 
 
+def _add_sinks(sub: Any) -> None:
+    from kvserve.bench.experiments.sinks import cmd_sinks
+    p = sub.add_parser("sinks", help="perplexity past the training context with a sliding "
+                                     "window, with and without attention sinks",
+                       description="Score held-out texts several times the model's training "
+                                   "context with a window of that length, with sinks beside "
+                                   "a window shorter by as many, and in pieces of the "
+                                   "training length; report each perplexity.")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--num-texts", type=int, default=16, help="held-out texts (default 16)")
+    p.add_argument("--context-factor", type=int, default=4,
+                   help="text length in training contexts (default 4)")
+    p.add_argument("--sinks", type=int, default=4, help="sink tokens (default 4)")
+    p.add_argument("--training-context", type=int, default=None,
+                   help="the training sequence length (default: training_info.json's, else "
+                        "max_position_embeddings)")
+    add_engine_args(p)
+    add_output_args(p, plot=False)
+    p.set_defaults(func=cmd_sinks)
+
+
 def _add_overlap(sub: Any) -> None:
     from kvserve.bench.experiments.overlap import cmd_overlap
     _add_rounds_bench(sub, "overlap", cmd_overlap,
@@ -353,7 +374,7 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
-                _add_huge_pages, _add_startup, _add_moe, _add_overlap, _add_serving, _add_server_ab, _add_tp,
+                _add_huge_pages, _add_startup, _add_moe, _add_sinks, _add_overlap, _add_serving, _add_server_ab, _add_tp,
                 _add_batch, _add_replicas, _add_report):
         add(sub)
     for command in sub.choices.values():

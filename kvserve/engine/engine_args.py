@@ -118,6 +118,13 @@ class EngineArgs:
     warmup_prompts: str | None = _setting(CacheConfig.warmup_prompts,
         "file of prompts (one per line, or JSONL with 'prompt') whose KV is computed at "
         "start and pinned in the prefix cache")
+    attention_window: int | None = _setting(
+        None, "StreamingLLM on a model without a window of its own: each token attends to the "
+        "last N tokens (and the attention_sinks first ones), so the model serves sequences "
+        "past its trained length (max_model_len may then exceed it)")
+    attention_sinks: int = _setting(
+        0, "with attention_window: the first N tokens stay visible to every token, as if "
+        "just before the window (StreamingLLM's attention sinks; torch attention path)")
     generation_config: str = _setting(ModelConfig.generation_config,
         "where sampling defaults come from, as vLLM's: auto (the model's "
         "generation_config.json: temperature, top_p, top_k, min_p, repetition_penalty, "
@@ -234,7 +241,9 @@ class EngineArgs:
         model = create_model_config(self.model, dtype=self.dtype,
                                     max_model_len=self.max_model_len,
                                     quantization=self.quantization, seed=self.seed,
-                                    generation_config=self.generation_config)
+                                    generation_config=self.generation_config,
+                                    attention_window=self.attention_window,
+                                    attention_sinks=self.attention_sinks)
         parallel = self.create_parallel_config()
         if parallel.tensor_parallel_size > 1:
             check_shardable(model.arch, parallel.tensor_parallel_size)

@@ -55,6 +55,7 @@ class AttentionMetadata:
     row_seq_lens: torch.Tensor | None = None
     native: Kernels | None = None  # native kernel, when built and the dtype fits
     sliding_window: int = 0
+    sinks: int = 0  # StreamingLLM: keys before this position are seen beside the window
     # the same step for layers of another window (models mixing local and global layers)
     windowed: dict[int, "AttentionMetadata"] = field(default_factory=dict)
 
@@ -124,13 +125,15 @@ def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                     meta: AttentionMetadata, scale: float,
                     out_rows: torch.Tensor | None = None,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None,
+                    q_sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, d], k/v [T, Hkv, d] for the step's tokens -> output [T, H, d].
 
     ``out_rows``: only these rows' outputs are wanted (-> [len(out_rows), H, d]); the K/V
     of every row are still written to the pool. ``softcap``: scores capped as
     ``cap * tanh(score / cap)`` before the softmax (torch path only: a model that caps is
-    given no native metadata)."""
+    given no native metadata). ``q_sinks``: with ``meta.sinks``, the queries that score
+    the sink keys (StreamingLLM's positions within the cache; torch path only)."""
     cache.write(meta.slot_mapping, k, v, meta.native)
     if meta.native is not None:  # float32 math; a bf16/fp16 model's queries are widened
         if softcap is not None:
@@ -142,7 +145,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         meta.native.paged_attention_rows(q.float(), cache.k, cache.v, tables, seq_lens, out,
                                          scale, meta.sliding_window)
         return out.to(q.dtype)
-    out = _torch_attention(q, k, v, cache, meta, scale, softcap)
+    out = _torch_attention(q, k, v, cache, meta, scale, softcap, q_sinks)
     return out if out_rows is None else out[out_rows]
 
 
@@ -166,9 +169,30 @@ def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
+def _sink_attention(q: torch.Tensor, q_sinks: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float,
+                    sinks: int) -> torch.Tensor:
+    """Attention for q [B, H, Q, d] over k/v [B, Hkv, K, d] whose first ``sinks`` keys
+    are scored by ``q_sinks`` instead (the same queries rotated to where the window
+    starts), one softmax over all of them."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = min(sinks, k.shape[-2])
+    scores[..., :s] = torch.matmul(q_sinks, k[..., :s, :].transpose(-1, -2)) * scale
+    if causal:
+        qn, kn = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(qn, kn, dtype=torch.bool).tril(kn - qn)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
 def _torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                      meta: AttentionMetadata, scale: float,
-                     softcap: float | None = None) -> torch.Tensor:
+                     softcap: float | None = None,
+                     q_sinks: torch.Tensor | None = None) -> torch.Tensor:
     out = torch.empty_like(q)
     if cache.k.dtype != k.dtype:  # attend to this step's keys as the pool holds them
         k, v = k.to(cache.k.dtype).to(k.dtype), v.to(cache.v.dtype).to(v.dtype)
@@ -177,9 +201,14 @@ def _torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
     if nd:
         kd, vd = cache.gather(meta.decode_block_tables, q.dtype)
         qd = q[:nd].unsqueeze(2)  # [D, H, 1, d]
-        od = (F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
-                                             scale=scale, enable_gqa=gqa) if softcap is None
-              else _softcapped_attention(qd, kd, vd, meta.decode_mask, False, scale, softcap))
+        if q_sinks is not None:
+            od = _sink_attention(qd, q_sinks[:nd].unsqueeze(2), kd, vd, meta.decode_mask,
+                                 False, scale, meta.sinks)
+        elif softcap is None:
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
+                                                scale=scale, enable_gqa=gqa)
+        else:
+            od = _softcapped_attention(qd, kd, vd, meta.decode_mask, False, scale, softcap)
         out[:nd] = od.squeeze(2)
     for span in meta.prefills:
         rows = slice(span.row, span.row + span.length)
@@ -188,10 +217,15 @@ def _torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
             kp, vp = (x[rows].transpose(0, 1).unsqueeze(0) for x in (k, v))
         else:
             kp, vp = cache.gather(span.block_table.unsqueeze(0), q.dtype)
-        op = (F.scaled_dot_product_attention(qp, kp, vp, attn_mask=span.mask,
-                                             is_causal=span.mask is None, scale=scale,
-                                             enable_gqa=gqa) if softcap is None
-              else _softcapped_attention(qp, kp, vp, span.mask, span.mask is None, scale,
-                                         softcap))
+        if q_sinks is not None:
+            op = _sink_attention(qp, q_sinks[rows].transpose(0, 1).unsqueeze(0), kp, vp,
+                                 span.mask, span.mask is None, scale, meta.sinks)
+        elif softcap is None:
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=span.mask,
+                                                is_causal=span.mask is None, scale=scale,
+                                                enable_gqa=gqa)
+        else:
+            op = _softcapped_attention(qp, kp, vp, span.mask, span.mask is None, scale,
+                                       softcap)
         out[rows] = op[0].transpose(0, 1)
     return out

@@ -58,6 +58,8 @@ class ArchConfig:
     local_rope: RopeConfig | None = None  # the windowed layers' own rope (Gemma 3)
     attn_scale: float | None = None      # the scores' scale (None: head_dim ** -0.5)
     attn_softcap: float | None = None    # scores capped as cap * tanh(score / cap)
+    # StreamingLLM: with a sliding window the engine imposes, the first tokens stay visible
+    attention_sinks: int = 0
     final_softcap: float | None = None   # the logits likewise
     scale_embeddings: bool = False       # embeddings times sqrt(hidden_size) (Gemma)
 

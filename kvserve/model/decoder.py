@@ -70,8 +70,12 @@ class Attention(nn.Module):
                 raise ValueError(f"no attention metadata for this layer's window {self.window}: "
                                  "build the step's inputs with the model's layer_windows")
             meta = meta.windowed[self.meta_key]
+        q_sinks = None
+        if meta.sinks:  # the sinks as if just before the window: the query rotated back
+            far = (positions - (meta.sinks + meta.sliding_window - 1)).clamp(min=0)
+            q_sinks = rotary.rotate_back(far, q)
         out = self.o_proj(paged_attention(q, k, v, cache, meta, self.scale, out_rows,
-                                          self.softcap).reshape(-1, self.q_size))
+                                          self.softcap, q_sinks).reshape(-1, self.q_size))
         return out if self.tp is None else self.tp.all_reduce_(out)
 
 

@@ -24,6 +24,41 @@ def resolve_model_dir(model: str | None) -> Path:
     return path
 
 
+# rotations that depend on the position alone: attention then depends on distances only
+RELATIVE_ROPES = ("default", "linear", "llama3", "yarn")
+
+
+def streaming_arch(arch, window: int | None, sinks: int, max_model_len: int | None):
+    """StreamingLLM on a model without a window of its own: each token attends to the
+    first ``sinks`` tokens and the last ``window``, the sinks as if they sat just before
+    the window, so no distance exceeds ``sinks + window``, which must be within the
+    trained positions; the model then serves sequences longer than those
+    (``max_model_len``)."""
+    import dataclasses
+
+    if window is None:
+        raise ValueError("attention_sinks needs attention_window: the sinks are kept beside "
+                         "a sliding window")
+    if window < 1 or sinks < 0:
+        raise ValueError(f"attention_window must be >= 1 and attention_sinks >= 0, got "
+                         f"{window} and {sinks}")
+    if arch.sliding_window or any(arch.layer_windows):
+        raise ValueError(f"{arch.architecture} has sliding windows of its own; "
+                         "attention_window is for models without one")
+    if arch.rope.rope_type not in RELATIVE_ROPES:
+        raise ValueError(f"attention_window needs a rope whose rotation depends on the "
+                         f"position alone ({', '.join(RELATIVE_ROPES)}); this model's is "
+                         f"{arch.rope.rope_type!r}")
+    if sinks and (arch.rotary_dim or arch.head_dim) != arch.head_dim:
+        raise ValueError("attention_sinks needs a rotary embedding over the whole head")
+    if window + sinks > arch.max_position_embeddings:
+        raise ValueError(f"attention_window + attention_sinks ({window} + {sinks}) exceeds the "
+                         f"model's {arch.max_position_embeddings} positions")
+    return dataclasses.replace(
+        arch, sliding_window=window, attention_sinks=sinks,
+        max_position_embeddings=max(arch.max_position_embeddings, max_model_len or 0))
+
+
 def check_model_settings(dtype: str, max_model_len: int | None,
                          quantization: str | None) -> None:
     """The model settings' rules that need no checkpoint."""
@@ -33,11 +68,14 @@ def check_model_settings(dtype: str, max_model_len: int | None,
 
 def create_model_config(model: str | None, *, dtype: str, max_model_len: int | None,
                         quantization: str | None, seed: int,
-                        generation_config: str = "auto") -> ModelConfig:
+                        generation_config: str = "auto", attention_window: int | None = None,
+                        attention_sinks: int = 0) -> ModelConfig:
     """The model's part of the engine config; reads the directory's config.json."""
     check_model_settings(dtype, max_model_len, quantization)
     model_dir = resolve_model_dir(model)
     arch = read_arch_config(model_dir)
+    if attention_window is not None or attention_sinks:
+        arch = streaming_arch(arch, attention_window, attention_sinks, max_model_len)
     limit = arch.max_position_embeddings
     wanted = max_model_len or limit
     if wanted > limit:

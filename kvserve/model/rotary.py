@@ -158,6 +158,14 @@ class RotaryEmbedding(nn.Module):
                                 x[..., dim:]), dim=-1) for x in (q, k))
 
 
+    def rotate_back(self, offsets: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H, d], rotated at some positions, rotated back by ``offsets`` [T]
+        positions (the rotation by -offset; offset 0 leaves x as it is)."""
+        cos = self.cos[offsets].unsqueeze(1).to(x.dtype)
+        sin = self.sin[offsets].unsqueeze(1).to(x.dtype)
+        return x * cos - _rotate_half(x) * sin
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -199,7 +199,8 @@ class CPUWorker(Worker):
         # attention math is float32 whatever the compute dtype (see paged_attention); the
         # native kernel does not soft-cap scores
         attention = (self.kernels if self.kv_dtype in NATIVE_KV_DTYPES
-                     and self.arch.attn_softcap is None else None)
+                     and self.arch.attn_softcap is None and not self.arch.attention_sinks
+                     else None)
         self.runner = ModelRunner(self.model, self.arch, layout, self.kv_dtype,
                                   self.config.model.seed, attention, disk_path, self._pool_zeros,
                                   engine_kv_groups(self.config))
@@ -305,6 +306,7 @@ class CPUWorker(Worker):
         dtype = self.config.model.dtype
         layout = self.kv_layout_for(arch, dtype)
         attention = (self.kernels if dtype in NATIVE_KV_DTYPES and arch.attn_softcap is None
+                     and not arch.attention_sinks
                      else None)
         runner = ModelRunner(model, arch, layout, dtype, self.config.model.seed, attention,
                              zeros=self._pool_zeros)

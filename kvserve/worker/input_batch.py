@@ -36,21 +36,30 @@ def _pad_tables(tables: list[list[int]], width: int) -> np.ndarray:
     return out
 
 
-def _window_ok(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+def _window_ok(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None,
+               sinks: int = 0) -> torch.Tensor:
     if window is None:
         return torch.ones((), dtype=torch.bool)
-    return key_pos > query_pos - window
+    inside = key_pos > query_pos - window
+    return inside | (key_pos < sinks) if sinks else inside
 
 
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
                  sliding_window: int | None, native: Kernels | None = None,
-                 layer_windows: tuple[int, ...] = (), groups: KVGroups | None = None
-                 ) -> StepInputs:
+                 layer_windows: tuple[int, ...] = (), groups: KVGroups | None = None,
+                 sinks: int = 0) -> StepInputs:
     """``native``: attention by the native kernel, every row in one call (no gathered
     copy, no mask). ``layer_windows``: windows some layers have of their own; their
     metadata goes in ``meta.windowed``, by window, or with ``groups`` by (window, group),
-    read through each group's own block tables."""
+    read through each group's own block tables. ``sinks``: the first tokens every token
+    sees beside its window (torch attention path)."""
     decodes = native is not None and decodes_only(scheduled)
+    if sinks:
+        if native is not None:
+            raise ValueError("attention sinks run on the torch attention path")
+        inputs = _flat_inputs(scheduled, block_size, sliding_window, None, sinks)
+        inputs.meta.sinks, inputs.meta.sliding_window = sinks, sliding_window or 0
+        return inputs
     build = _decode_inputs if decodes else _flat_inputs
     inputs = build(scheduled, block_size, sliding_window, native)
     if groups is not None:
@@ -77,7 +86,8 @@ def decodes_only(scheduled: list[ScheduledRequest]) -> bool:
 
 
 def _flat_inputs(scheduled: list[ScheduledRequest], block_size: int,
-                 sliding_window: int | None, native: Kernels | None) -> StepInputs:
+                 sliding_window: int | None, native: Kernels | None,
+                 sinks: int = 0) -> StepInputs:
     """Any step: decodes, prefill chunks, drafts, prompt logprobs, either attention."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     prefills = [s for s in scheduled if len(s.token_ids) > 1]
@@ -103,9 +113,9 @@ def _flat_inputs(scheduled: list[ScheduledRequest], block_size: int,
             row_seq_lens=torch.from_numpy(positions + 1))
     else:
         meta = AttentionMetadata(slot_mapping, nd, prefills=_prefill_spans(
-            prefills, tables[nd:], nd, block_size, sliding_window))
+            prefills, tables[nd:], nd, block_size, sliding_window, sinks))
         if nd:
-            _decode_meta(meta, tables[:nd], starts[:nd], block_size, sliding_window)
+            _decode_meta(meta, tables[:nd], starts[:nd], block_size, sliding_window, sinks)
 
     ends = np.cumsum(q_lens) - 1
     sample_idx = [i for i, s in enumerate(order) if s.sample]
@@ -185,17 +195,17 @@ def _add_prompt_rows(inputs: StepInputs, order: list[ScheduledRequest], ends: np
 
 
 def _decode_meta(meta: AttentionMetadata, tables: np.ndarray, starts: np.ndarray,
-                 block_size: int, window: int | None) -> None:
+                 block_size: int, window: int | None, sinks: int = 0) -> None:
     width = int(starts.max()) // block_size + 1
     meta.decode_block_tables = torch.from_numpy(np.ascontiguousarray(tables[:, :width]))
     key_pos = torch.arange(width * block_size)[None, :]
     query_pos = torch.from_numpy(starts)[:, None]
-    mask = (key_pos <= query_pos) & _window_ok(key_pos, query_pos, window)
+    mask = (key_pos <= query_pos) & _window_ok(key_pos, query_pos, window, sinks)
     meta.decode_mask = mask[:, None, None, :]
 
 
 def _prefill_spans(prefills: list[ScheduledRequest], tables: np.ndarray, first_row: int,
-                   block_size: int, window: int | None) -> list[PrefillSpan]:
+                   block_size: int, window: int | None, sinks: int = 0) -> list[PrefillSpan]:
     spans, row = [], first_row
     for s, table in zip(prefills, tables):
         q_len, start = len(s.token_ids), s.start_pos
@@ -208,7 +218,7 @@ def _prefill_spans(prefills: list[ScheduledRequest], tables: np.ndarray, first_r
             key_pos = torch.arange(q_len)[None, :]
         if start or (window is not None and window < q_len):
             query_pos = torch.arange(start, start + q_len)[:, None]
-            mask = (key_pos <= query_pos) & _window_ok(key_pos, query_pos, window)
+            mask = (key_pos <= query_pos) & _window_ok(key_pos, query_pos, window, sinks)
         spans.append(PrefillSpan(row, q_len, block_table, mask))
         row += q_len
     return spans

@@ -151,7 +151,8 @@ class ModelRunner:
     def step_inputs(self, scheduled: list[ScheduledRequest]) -> StepInputs:
         """The tensors of a step of ``scheduled`` for this model and pool."""
         return build_inputs(scheduled, self.block_size, self.config.sliding_window,
-                            self.native_attention, self.config.layer_windows, self.groups)
+                            self.native_attention, self.config.layer_windows, self.groups,
+                            self.config.attention_sinks)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
