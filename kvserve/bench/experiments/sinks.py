@@ -93,7 +93,7 @@ def cmd_sinks(args) -> int:
           f"{ppl['pieces']:.2f}; past the first {trained} tokens: window "
           f"{past['window']:.2f}, sinks {past['sinks']:.2f}")
     if args.json:
-        out = {"machine": info, "model": model_dir.name, "engine_args": engine_args,
-               "result": res}
+        name = "the embedded model" if args.model is None else model_dir.name
+        out = {"machine": info, "model": name, "engine_args": engine_args, "result": res}
         print(f"wrote {report.write_json(args.json, out)}")
     return 0

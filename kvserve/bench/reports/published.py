@@ -7,7 +7,8 @@ transformers (with its single-stream run against llama.cpp and llama-bench's cro
 and ``bench serving``'s run at a fixed request rate against vLLM, and ``bench
 startup``'s start with a saved tuning plan against one that measures, and ``bench
 memory``'s KV held per request with and without KV groups, and ``bench moe``'s
-mixture-of-experts decode against a dense model of its size. The README's
+mixture-of-experts decode against a dense model of its size, and ``bench sinks``'s
+perplexity past the training context with and without attention sinks. The README's
 "Performance" section is the headline table of the machine measured last;
 docs/performance.md's "Current figures" holds every machine's figures. A test checks that both are exactly what this
 module prints from the files, so no figure is typed by hand. ``--write`` puts them there.
@@ -48,6 +49,8 @@ class Result:
             return "memory"
         if "dense_over_moe" in self.data.get("result", {}):
             return "moe"
+        if "perplexity_past_training_context" in self.data.get("result", {}):
+            return "sinks"
         return None
 
     @property
@@ -65,6 +68,7 @@ class MachineResults:
     startup: Result | None = None
     memory: Result | None = None
     moe: Result | None = None
+    sinks: Result | None = None
     others: list[Result] = field(default_factory=list)
 
     @property
@@ -74,7 +78,7 @@ class MachineResults:
     @property
     def results(self) -> list[Result]:
         return [r for r in (self.compare, self.serving, self.startup, self.memory,
-                            self.moe, *self.others) if r is not None]
+                            self.moe, self.sinks, *self.others) if r is not None]
 
 
 def load_results(root: Path) -> list[Result]:
@@ -101,7 +105,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     return sorted(groups.values(), key=lambda g: g.date, reverse=True)
 
 
-KINDS = ("compare", "serving", "startup", "memory", "moe")
+KINDS = ("compare", "serving", "startup", "memory", "moe", "sinks")
 
 
 def _machine_title(m: dict[str, Any]) -> str:
@@ -234,13 +238,25 @@ def _moe_lines(res: Result, base: str) -> list[str]:
             f"{_ratio(d.get('dense_over_moe'))} (`bench moe`, {_provenance(res, base)})."]
 
 
+def _sinks_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    ppl, w = d["perplexity"], d["windows"]
+    return ["", f"Attention sinks ({res.data.get('model')}, {d['texts']} held-out texts of "
+            f"{d['tokens_per_text']} tokens, {d['tokens_per_text'] // d['training_context']}x "
+            f"its training context): perplexity {ppl['window']:.2f} with a {w['window']}-token "
+            f"window, {ppl['sinks']:.2f} with {d['sinks']} sinks beside {w['sinks']}, "
+            f"{ppl['pieces']:.2f} in {d['training_context']}-token pieces (`bench sinks`, "
+            f"{_provenance(res, base)})."]
+
+
 def machine_sections(results: Iterable[Result], base: str = ".",
                      kinds: tuple[str, ...] = KINDS) -> list[list[str]]:
     """Each machine's lines of the ``kinds`` of results it has, the machine measured last
     first; ``base``: the folder of the document the links are written from, relative to
     the repository."""
     lines_of = {"compare": _compare_lines, "serving": _serving_lines,
-                "startup": _startup_lines, "memory": _memory_lines, "moe": _moe_lines}
+                "startup": _startup_lines, "memory": _memory_lines, "moe": _moe_lines,
+                "sinks": _sinks_lines}
     out = []
     for group in _by_machine(results):
         present = [k for k in kinds if getattr(group, k) is not None
