@@ -50,3 +50,19 @@ class RequestOutput:
     # with SamplingParams.prompt_logprobs: one entry per prompt token, the first None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     extra: dict = field(default_factory=dict)
+    pooled: list[float] | None = None  # an embedding request's vector (PoolingParams)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """``LLM.embed``'s result per prompt, as vLLM's."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

@@ -5,6 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
 
@@ -40,6 +41,8 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     background: bool = False  # a batch line: below every foreground request (scheduler)
+    # an embedding request: its prompt's hidden states pooled, nothing generated
+    pooling: PoolingParams | None = None
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

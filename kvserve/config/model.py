@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from kvserve.config.validate import choice, optional_positive_int
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+RUNNERS = ("auto", "generate", "pooling")
 
 if TYPE_CHECKING:
     import torch
@@ -29,11 +30,13 @@ class ModelConfig:
     quantization: str | None = None  # a name in kvserve.model.quantization.QUANTIZATION_METHODS
     seed: int = 0
     generation_config: str = "auto"  # where sampling defaults come from: auto | vllm | DIR
+    runner: str = "auto"  # generate | pooling (embeddings) | auto: both, one scheduler
     # the SamplingParams fields that source recommends, for requests that leave them unset
     sampling_defaults: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @staticmethod
-    def check(dtype: str, max_model_len: int | None) -> None:
+    def check(dtype: str, max_model_len: int | None, runner: str = "auto") -> None:
         """The rules that need no checkpoint and no implementation."""
         choice("dtype", dtype, DTYPES)
+        choice("runner", runner, RUNNERS)
         optional_positive_int("max_model_len", max_model_len)

@@ -235,7 +235,9 @@ class Scheduler:
             wants_prompt = req.sampling_params.prompt_logprobs is not None
             if req.num_computed_tokens == 0 and not wants_prompt:  # reuse cached prefixes
                 # (not for prompt logprobs: a cached prompt token's row is never computed)
-                req.num_computed_tokens = self.kv.get_computed_tokens(req)
+                # a mean or first-token pooling reads every prompt row: none from the cache
+                pools_all = req.pooling is not None and req.pooling.pooling != "last"
+                req.num_computed_tokens = 0 if pools_all else self.kv.get_computed_tokens(req)
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = req.num_computed_tokens
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -298,7 +300,8 @@ class Scheduler:
         start = req.num_computed_tokens
         ends_prompt = start + num_new == req.num_tokens
         sampling = SamplingInfo(req.sampling_params, req.prompt_token_ids,
-                                req.output_token_ids, req.eos_token_id) if ends_prompt else None
+                                req.output_token_ids, req.eos_token_id) \
+            if ends_prompt and req.pooling is None else None
         tokens = req.token_slice(start, start + num_new)
         k = req.sampling_params.prompt_logprobs
         prompt = (PromptLogprobsInfo(k, req.prompt_token_ids)
@@ -308,7 +311,8 @@ class Scheduler:
             request_id=req.request_id, token_ids=tokens + drafts if drafts else tokens,
             start_pos=start, block_table=list(tables[0]), sampling=sampling,
             num_draft_tokens=len(drafts) if drafts else 0, prompt_logprobs=prompt,
-            group_tables=tuple(tables[1:]))
+            group_tables=tuple(tables[1:]), pooling=req.pooling,
+            pool_done=req.pooling is not None and ends_prompt)
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         candidates = self.running[first_unscheduled:]
@@ -350,6 +354,10 @@ class Scheduler:
                 self.kv.truncate(req, req.num_computed_tokens)
             else:
                 req.num_computed_tokens += len(sr.token_ids)
+            if req.pooling is not None and req.num_computed_tokens >= req.num_prompt_tokens:
+                self.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
+                progressed.append((req, 0))  # pooled: finished with no token
+                continue
             if not tokens:
                 continue
             req.first_token_time = req.first_token_time or now

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from kvserve.core.kv.interface import KVStats
 from kvserve.core.kv.tiers import KVTransfer
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
 
@@ -39,6 +40,10 @@ class ScheduledRequest:
     prompt_logprobs: PromptLogprobsInfo | None = None
     # the windowed KV groups' tables (see core/kv/groups.py), when the model has them
     group_tables: tuple[list[int], ...] = ()
+    # an embedding request's chunk: its rows' hidden states are pooled (resolved params);
+    # pool_done: the chunk ends the prompt, so the pooled vector is whole after the step
+    pooling: PoolingParams | None = None
+    pool_done: bool = False
 
     @property
     def sample(self) -> bool:

@@ -118,6 +118,10 @@ class EngineArgs:
     warmup_prompts: str | None = _setting(CacheConfig.warmup_prompts,
         "file of prompts (one per line, or JSONL with 'prompt') whose KV is computed at "
         "start and pinned in the prefix cache")
+    runner: str = _setting(
+        "auto", "as vLLM's: generate (completions and chat), pooling (embeddings only), or "
+        "auto: both, embedding requests scheduled beside generation ones",
+        choices=("auto", "generate", "pooling"))
     attention_window: int | None = _setting(
         None, "StreamingLLM on a model without a window of its own: each token attends to the "
         "last N tokens (and the attention_sinks first ones), so the model serves sequences "
@@ -243,7 +247,7 @@ class EngineArgs:
                                     quantization=self.quantization, seed=self.seed,
                                     generation_config=self.generation_config,
                                     attention_window=self.attention_window,
-                                    attention_sinks=self.attention_sinks)
+                                    attention_sinks=self.attention_sinks, runner=self.runner)
         parallel = self.create_parallel_config()
         if parallel.tensor_parallel_size > 1:
             check_shardable(model.arch, parallel.tensor_parallel_size)

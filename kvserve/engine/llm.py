@@ -8,7 +8,8 @@ from tqdm.auto import tqdm
 
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine, PromptType
-from kvserve.outputs import RequestOutput
+from kvserve.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
 
@@ -53,6 +54,26 @@ class LLM:
             self.engine.abort_request(ids)  # all or nothing: leave no request behind
             raise
         return self._run(ids, use_tqdm)
+
+    def embed(self, prompts: PromptType | Sequence[PromptType],
+              pooling_params: PoolingParams | None = None, use_tqdm: bool = True
+              ) -> list[EmbeddingRequestOutput]:
+        """Each prompt's embedding: its hidden states pooled as the model's pooling
+        config (or ``pooling_params``) says, as vLLM's ``LLM.embed``."""
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        ids = []
+        try:
+            for prompt in prompts:
+                ids.append(self.engine.add_request(None, prompt,
+                                                   pooling_params or PoolingParams()))
+        except Exception:
+            self.engine.abort_request(ids)
+            raise
+        return [EmbeddingRequestOutput(out.request_id, out.prompt_token_ids,
+                                       EmbeddingOutput(out.pooled))
+                for out in self._run(ids, use_tqdm)]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -26,6 +26,8 @@ from kvserve.logger import init_logger
 from kvserve.model.tokenizer import Tokenizer
 from kvserve.outputs import RequestOutput
 from kvserve.request import Request, RequestStatus
+from kvserve.model.pooling_config import read_pooling_config
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 from kvserve.spec_decode.controller import SpecDecodeStats, create_controller
 from kvserve.structured_output.manager import StructuredOutputManager
@@ -96,6 +98,8 @@ class LLMEngine:
             + (spec.num_speculative_tokens if spec is not None else 0))
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.tokenizer = Tokenizer(config.model.model_dir)
+        self.pooling_config = read_pooling_config(config.model.model_dir,
+                                                  config.model.arch.hidden_size)
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_id, self.extra_stop_ids = stop_token_ids(
             config.model.model_dir, config.model.arch.eos_token_ids, self.tokenizer)
@@ -210,9 +214,18 @@ class LLMEngine:
         return params.max_tokens
 
     def add_request(self, request_id: str | None, prompt: PromptType,
-                    params: SamplingParams | None = None, arrival_time: float | None = None,
-                    priority: int = 0, background: bool = False) -> str:
-        """``background``: a batch line, below every other request (see the scheduler)."""
+                    params: SamplingParams | PoolingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0,
+                    background: bool = False) -> str:
+        """``params``: how to generate, or (PoolingParams) how to pool the prompt into an
+        embedding; ``background``: a batch line, below every other request (see the
+        scheduler)."""
+        if isinstance(params, PoolingParams):
+            return self._add_pooling(request_id, prompt, params, arrival_time, priority,
+                                     background)
+        if self.config.model.runner == "pooling":
+            raise ValueError("this engine runs the model for embeddings (runner 'pooling'): "
+                             "send embedding requests (PoolingParams, /v1/embeddings)")
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.outputs.parents:
@@ -242,6 +255,28 @@ class LLMEngine:
             if grammar is not None:
                 self.structured.add(child, grammar)
         self.outputs.add(request_id, text, children)
+        return request_id
+
+    def _add_pooling(self, request_id: str | None, prompt: PromptType, params: PoolingParams,
+                     arrival_time: float | None, priority: int, background: bool) -> str:
+        """An embedding request: its prompt is computed, its hidden states pooled, nothing
+        generated; it goes through the scheduler beside generation requests."""
+        if self.config.model.runner == "generate":
+            raise ValueError("this engine runs the model for generation (runner 'generate'): "
+                             "embeddings are off")
+        pooling = self.pooling_config.resolve(params)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.outputs.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = self.tokenize_prompt(prompt)
+        self.validate_prompt(token_ids, SamplingParams(max_tokens=1))
+        req = Request(request_id=request_id, prompt_token_ids=token_ids,
+                      sampling_params=SamplingParams(max_tokens=1), eos_token_id=None,
+                      max_tokens=0, pooling=pooling, priority=priority, background=background,
+                      arrival_time=arrival_time if arrival_time is not None
+                      else time.monotonic())
+        self.scheduler.add_request(req)
+        self.outputs.add(request_id, text, [req])
         return request_id
 
     def abort_request(self, request_ids: str | list[str]) -> None:
@@ -341,6 +376,8 @@ class LLMEngine:
         results = step.sampled
         if step.prompt_logprobs:
             self.outputs.add_prompt_logprobs(step.prompt_logprobs)
+        if step.pooled:
+            self.outputs.add_pooled(step.pooled)
         if self.speculator is not None:
             self.speculator.record(sched, results)
         progressed = self.scheduler.update(

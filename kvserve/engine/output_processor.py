@@ -33,6 +33,7 @@ class ParentState:
     children: dict[str, SequenceState] = field(default_factory=dict)
     requests: dict[str, Request] = field(default_factory=dict)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    pooled: list[float] | None = None  # an embedding request's vector
 
 
 class OutputProcessor:
@@ -71,6 +72,12 @@ class OutputProcessor:
             for i, result in enumerate(results):
                 entries[position + i] = self._logprob_entry(result)
 
+    def add_pooled(self, pooled: dict) -> None:
+        for rid, vector in pooled.items():
+            parent = self.parent_of.get(rid)
+            if parent is not None:
+                self.parents[parent].pooled = vector.tolist()
+
     def process_tokens(self, progressed: list[tuple[Request, int]],
                        results: dict[str, list[SampleResult]]) -> dict[str, tuple[str, int]]:
         """Detokenize the tokens each request kept this step (the first ``n`` of its
@@ -83,7 +90,7 @@ class OutputProcessor:
             if parent is None:  # not a request of ours (gone meanwhile)
                 continue
             seq = self.parents[parent].children[rid]
-            step_results = results[rid][:kept]
+            step_results = results.get(rid, [])[:kept]
             for i, result in enumerate(step_results):
                 if seq.logprobs is not None:
                     seq.logprobs.append(self._logprob_entry(result))
@@ -143,7 +150,8 @@ class OutputProcessor:
         out = RequestOutput(
             request_id=parent_id, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
             outputs=outputs, finished=finished, metrics=metrics,
-            num_cached_tokens=first.num_cached_tokens, prompt_logprobs=state.prompt_logprobs)
+            num_cached_tokens=first.num_cached_tokens, prompt_logprobs=state.prompt_logprobs,
+            pooled=state.pooled)
         if finished:
             self.remove(parent_id)
         return out

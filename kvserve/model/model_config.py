@@ -69,7 +69,7 @@ def check_model_settings(dtype: str, max_model_len: int | None,
 def create_model_config(model: str | None, *, dtype: str, max_model_len: int | None,
                         quantization: str | None, seed: int,
                         generation_config: str = "auto", attention_window: int | None = None,
-                        attention_sinks: int = 0) -> ModelConfig:
+                        attention_sinks: int = 0, runner: str = "auto") -> ModelConfig:
     """The model's part of the engine config; reads the directory's config.json."""
     check_model_settings(dtype, max_model_len, quantization)
     model_dir = resolve_model_dir(model)
@@ -81,5 +81,7 @@ def create_model_config(model: str | None, *, dtype: str, max_model_len: int | N
     if wanted > limit:
         raise ValueError(f"max_model_len {wanted} exceeds the model's "
                          f"max_position_embeddings {limit}")
+    ModelConfig.check(dtype, max_model_len, runner)
     return ModelConfig(model_dir, arch, resolve_dtype(dtype, arch), wanted, quantization, seed,
-                       generation_config, sampling_defaults(generation_config, model_dir))
+                       generation_config, runner=runner,
+                       sampling_defaults=sampling_defaults(generation_config, model_dir))

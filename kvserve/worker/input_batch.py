@@ -27,6 +27,10 @@ class StepInputs:
     # (request, position of the first token scored, the tokens scored)
     prompt_rows: torch.Tensor | None = None
     prompt_spans: list[tuple[ScheduledRequest, int, list[int]]] | None = None
+    # embedding requests: rows whose hidden states are pooled, and per chunk (request,
+    # how many of those rows are its)
+    pool_rows: torch.Tensor | None = None
+    pool_spans: list[tuple[ScheduledRequest, int]] | None = None
 
 
 def _pad_tables(tables: list[list[int]], width: int) -> np.ndarray:
@@ -130,7 +134,31 @@ def _flat_inputs(scheduled: list[ScheduledRequest], block_size: int,
         sample_order=[order[i] for i in sample_idx], num_draft_rows=num_drafts)
     if any(s.prompt_logprobs is not None for s in order):
         _add_prompt_rows(inputs, order, ends)
+    if any(s.pooling is not None for s in order):
+        _add_pool_rows(inputs, order, ends)
     return inputs
+
+
+def _add_pool_rows(inputs: StepInputs, order: list[ScheduledRequest], ends: np.ndarray
+                   ) -> None:
+    """The rows an embedding chunk pools: all of them for a mean, the prompt's first
+    for ``cls``, its last (once the chunk ends the prompt) for ``last``."""
+    rows, spans = [], []
+    for i, s in enumerate(order):
+        if s.pooling is None:
+            continue
+        first = int(ends[i]) - len(s.token_ids) + 1
+        kind = s.pooling.pooling
+        if kind == "mean":
+            span = np.arange(first, int(ends[i]) + 1)
+        elif kind == "cls":
+            span = np.arange(first, first + 1) if s.start_pos == 0 else np.arange(0)
+        else:
+            span = np.arange(int(ends[i]), int(ends[i]) + 1) if s.pool_done else np.arange(0)
+        rows.append(span)
+        spans.append((s, len(span)))
+    inputs.pool_rows = torch.from_numpy(np.concatenate(rows))
+    inputs.pool_spans = spans
 
 
 @dataclass

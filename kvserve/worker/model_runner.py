@@ -67,6 +67,8 @@ class ModelRunner:
         self.native_attention = attention_kernels
         self.captured = None  # a CapturedStep, set by the worker unless eager is enforced
         self.mask_wait_seconds = 0.0  # sampling waited this long for grammar masks
+        # embedding requests pooled over chunks: request id -> (sum of rows, how many)
+        self._pooling: dict[str, tuple[torch.Tensor, int]] = {}
 
     @torch.inference_mode()
     def warm_up(self, num_tokens: int, max_prompt_len: int = 512) -> int:
@@ -158,6 +160,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: K/V moves and copies first, then the model on the flat batch."""
         self.sampler.drop(out.finished_ids)
+        for rid in out.finished_ids:  # an aborted embedding request's partial sums
+            self._pooling.pop(rid, None)
         if out.kv_transfers:
             self.mover.run(out.kv_transfers)
         if out.block_copies:
@@ -174,7 +178,13 @@ class ModelRunner:
             order, num_draft_rows = out.scheduled, 0
         else:
             inputs = self.step_inputs(out.scheduled)
-            logits = self.forward(inputs)
+            if inputs.pool_rows is not None:
+                hidden = self.forward_hidden(inputs)
+                num_logits = hidden.shape[0] - len(inputs.pool_rows)
+                result.pooled = self._pool(hidden[num_logits:], inputs)
+                logits = self.model.compute_logits(hidden[:num_logits])
+            else:
+                logits = self.forward(inputs)
             num_sample = len(inputs.sample_rows)
             if inputs.prompt_spans:
                 result.prompt_logprobs = self._prompt_logprobs(logits[num_sample:], inputs)
@@ -211,6 +221,38 @@ class ModelRunner:
                 rows, torch.tensor(tokens), [info] * len(tokens)))
             first += len(tokens)
         return out
+
+    def _pool(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, torch.Tensor]:
+        """Each embedding chunk's rows into its request's pooled vector; the vectors of
+        the requests whose prompt ended, cut and normalised as asked."""
+        done, first = {}, 0
+        for s, count in inputs.pool_spans:
+            rows = hidden[first:first + count].float()
+            first += count
+            if s.start_pos == 0:  # a new prompt, or one recomputed after a preemption
+                self._pooling.pop(s.request_id, None)
+            total, n = self._pooling.get(s.request_id, (None, 0))
+            if count:
+                part = rows.sum(0)
+                total, n = (part if total is None else total + part), n + count
+                self._pooling[s.request_id] = (total, n)
+            if s.pool_done:
+                self._pooling.pop(s.request_id, None)
+                vec = total / n
+                if s.pooling.dimensions is not None:
+                    vec = vec[:s.pooling.dimensions]
+                if s.pooling.normalize:
+                    vec = torch.nn.functional.normalize(vec, dim=0)
+                done[s.request_id] = vec
+        return done
+
+    def forward_hidden(self, inputs: StepInputs) -> torch.Tensor:
+        """The final hidden states of the step's sampling, prompt-scoring and pooled rows,
+        in that order (eager: a pooled step is a prompt chunk)."""
+        rows = [inputs.sample_rows] + [r for r in (inputs.prompt_rows, inputs.pool_rows)
+                                       if r is not None]
+        return self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta,
+                          torch.cat(rows))
 
     def forward(self, inputs: StepInputs, caches: list[KVCache] | None = None
                 ) -> torch.Tensor:

@@ -26,6 +26,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+import torch
+
 from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.worker.sampler import SampleResult
 from kvserve.worker.step_profiler import StepTimeStats
@@ -56,6 +58,8 @@ class ModelRunnerOutput:
 
     sampled: dict[str, list[SampleResult]] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[int, list[SampleResult]]] = field(default_factory=dict)
+    # embedding requests whose prompt ended this step: the pooled vector (float32)
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server: ``build_app(...)`` (FastAPI) and ``run_server(args)``.
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses,
+POST /v1/embeddings, GET /v1/models,
 GET /v1/models/{id}, GET /health, GET /version, GET /metrics (Prometheus),
 GET /v1/stats (the live window, JSON), GET /dashboard (a page that reads it),
 POST /tokenize, POST /detokenize. Every error is OpenAI's ``{"error": {...}}`` body; a client mistake
@@ -43,6 +44,8 @@ from kvserve.entrypoints.openai.context import ServerContext
 from kvserve.entrypoints.openai.openapi import build_openapi
 from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+from kvserve.entrypoints.openai.serving_embeddings import create_embedding
+from kvserve.entrypoints.openai.serving_responses import create_response
 from kvserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from kvserve.model.tokenizer import load_chat_template
 from kvserve.batch.runner import BatchRunner
@@ -218,6 +221,14 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     @route("/v1/chat/completions", "POST")
     async def chat_completions(request: Request) -> Response:
         return await create_chat_completion(request, ctx)
+
+    @route("/v1/responses", "POST")
+    async def responses(request: Request) -> Response:
+        return await create_response(request, ctx)
+
+    @route("/v1/embeddings", "POST")
+    async def embeddings(request: Request) -> Response:
+        return await create_embedding(request, ctx)
 
     @route("/tokenize", "POST")
     async def tokenize(request: Request) -> Response:

@@ -166,6 +166,34 @@ class ChatCompletionRequest(_SamplingRequest):
     parallel_tool_calls: bool = True
 
 
+class EmbeddingRequest(_Request):
+    """OpenAI's embeddings request (``user`` accepted and unused, as OpenAI's)."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
 class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None

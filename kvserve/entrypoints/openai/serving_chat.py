@@ -9,8 +9,7 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kvserve.engine.streams import EngineRequestError
-from kvserve.entrypoints.openai.errors import bad_request, engine_error
+from kvserve.entrypoints.openai.errors import bad_request
 from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,
                                                  ChatCompletionChunk, ChatCompletionRequest,
                                                  ChatCompletionResponse, ChatMessage,
@@ -20,7 +19,6 @@ from kvserve.entrypoints.openai.protocol import (ChatChoice, ChatChoiceLogprobs,
                                                  ResponseFunctionCall, ResponseToolCall,
                                                  UsageInfo)
 from kvserve.entrypoints.openai.context import ServerContext, random_id
-from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.entrypoints.openai.sampling import check_prompt, default_max_tokens, \
     make_sampling_params, \
@@ -28,10 +26,11 @@ from kvserve.entrypoints.openai.sampling import check_prompt, default_max_tokens
 from kvserve.tracing import trace_headers
 from kvserve.batch.lines import is_batch_line
 from kvserve.entrypoints.openai.streaming import (ChoiceState, SSEResponse, add_all,
-                                                  final_outputs, hold_back, iterate_streams,
+                                                  finished_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
-from kvserve.entrypoints.openai.tools import ToolCallStream, conversation, extract_calls, \
-    forced_call, plan_tools
+from kvserve.entrypoints.openai.tools import ToolCallStream, ToolPlan, conversation, \
+    extract_calls, forced_call, plan_tools
+from kvserve.sampling_params import SamplingParams
 from kvserve.model.token_text import TokenTexts
 
 _LONG_TEXT = 4096
@@ -77,14 +76,19 @@ def chat_logprobs(token_ids: list[int], entries: list[dict], texts: TokenTexts,
     return content
 
 
-async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
-    arrival = time.monotonic()
-    req = await parse_request(request, ChatCompletionRequest, ctx.max_body_bytes)
-    ctx.check_model(req.model)
-    if req.top_logprobs and not req.logprobs:
-        raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
-    if req.stream_options is not None and not req.stream:
-        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+@dataclasses.dataclass
+class ChatPrompt:
+    """A chat request made ready for the engine: its tools, prompt and parameters."""
+
+    plan: ToolPlan | None
+    text: str
+    token_ids: list[int]
+    params: SamplingParams
+
+
+async def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPrompt:
+    """The rendered prompt and the sampling parameters of a chat request (the Responses
+    API's too), with its tools and output constraints settled; 400s name the field."""
     plan = plan_tools(req, ctx.engine.tokenizer, ctx.chat_template, ctx.auto_tool_choice)
     forced = forced_call(plan, ctx.tool_parser)
     if forced is not None and req.response_format is not None:
@@ -111,6 +115,19 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
         params.structured_outputs = dataclasses.replace(  # it binds the answer, not the thinking
             params.structured_outputs, reasoning=ctx.reasoning_parser.span())
     check_prompt(ctx, ids, params)
+    return ChatPrompt(plan, text, ids, params)
+
+
+async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
+    arrival = time.monotonic()
+    req = await parse_request(request, ChatCompletionRequest, ctx.max_body_bytes)
+    ctx.check_model(req.model)
+    if req.top_logprobs and not req.logprobs:
+        raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+    chat = await prepare_chat(ctx, req)
+    plan, text, ids, params = chat.plan, chat.text, chat.token_ids, chat.params
     ctx.check_capacity(req.n)
     request_id = random_id("chatcmpl")
     streams = await add_all(ctx, request_id, [{"prompt": text, "prompt_token_ids": ids}],
@@ -120,12 +137,7 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     if req.stream:
         gen = _stream(ctx, req, request_id, streams, hold_back(params), plan)
         return SSEResponse(gen, ctx.engine, streams, f"chat stream {request_id}")
-    try:
-        finals = await unless_disconnected(request, final_outputs(ctx.engine, streams))
-    except EngineRequestError as e:
-        raise engine_error(e) from None
-    finally:
-        ctx.engine.abort([s.request_id for s in streams])
+    finals = await finished_outputs(request, ctx, streams)
     out = finals[0]
     texts = TokenTexts(ctx.engine.tokenizer)
     choices = []

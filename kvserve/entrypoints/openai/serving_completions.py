@@ -8,13 +8,11 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kvserve.engine.streams import EngineRequestError
-from kvserve.entrypoints.openai.errors import bad_request, engine_error
+from kvserve.entrypoints.openai.errors import bad_request
 from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
                                                  CompletionLogprobs, CompletionRequest,
                                                  CompletionResponse, PromptLogprob, UsageInfo)
 from kvserve.entrypoints.openai.context import ServerContext, random_id
-from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.entrypoints.openai.sampling import check_prompt, default_max_tokens, \
     make_sampling_params, \
@@ -22,7 +20,7 @@ from kvserve.entrypoints.openai.sampling import check_prompt, default_max_tokens
 from kvserve.tracing import trace_headers
 from kvserve.batch.lines import is_batch_line
 from kvserve.entrypoints.openai.streaming import (ChoiceState, SSEResponse, add_all,
-                                                  final_outputs, hold_back, iterate_streams,
+                                                  finished_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
 from kvserve.model.token_text import TokenTexts
 
@@ -30,19 +28,22 @@ _DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 _LONG_TEXT = 4096  # prompts longer than this are tokenized off the event loop
 
 
-async def _tokenize_prompts(ctx: ServerContext, prompt) -> list[tuple[str | None, list[int]]]:
+async def tokenize_prompts(ctx: ServerContext, prompt, param: str = "prompt"
+                           ) -> list[tuple[str | None, list[int]]]:
+    """A request's prompt(s) -> (text or None, token ids) each; ``param``: the field's
+    name in errors."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     if not prompt:
-        raise bad_request("prompt must not be empty", "prompt")
+        raise bad_request(f"{param} must not be empty", param)
     if len(prompt) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}",
-                          "prompt")
+                          param)
     encode = ctx.engine.tokenizer.encode
     out = []
     for p in prompt:
         if not p:
-            raise bad_request("prompt must not be empty", "prompt")
+            raise bad_request(f"{param} must not be empty", param)
         if isinstance(p, str):
             ids = await asyncio.to_thread(encode, p) if len(p) > _LONG_TEXT else encode(p)
             out.append((p, ids))
@@ -93,7 +94,7 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     if req.max_tokens == 0 and (not req.echo or req.stream):
         raise bad_request("max_tokens 0 scores the prompt: it needs echo=true and no "
                           "stream", "max_tokens")
-    prompts = await _tokenize_prompts(ctx, req.prompt)
+    prompts = await tokenize_prompts(ctx, req.prompt)
     if req.truncate_prompt_tokens is not None:
         tok, limit, vocab = ctx.engine.tokenizer, ctx.engine.max_model_len, ctx.engine.vocab_size
         cuts = [truncate_prompt(ids, req.truncate_prompt_tokens, limit) for _, ids in prompts]
@@ -125,12 +126,7 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     if req.stream:
         gen = _stream(ctx, req, request_id, streams, prompts, texts, hold_back(params[0]))
         return SSEResponse(gen, ctx.engine, streams, f"completion stream {request_id}")
-    try:
-        finals = await unless_disconnected(request, final_outputs(ctx.engine, streams))
-    except EngineRequestError as e:
-        raise engine_error(e) from None
-    finally:
-        ctx.engine.abort([s.request_id for s in streams])
+    finals = await finished_outputs(request, ctx, streams)
     return _response(ctx, req, request_id, finals, prompts, texts)
 
 

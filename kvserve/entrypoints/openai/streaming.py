@@ -12,6 +12,7 @@ from starlette.responses import StreamingResponse
 from kvserve.engine.async_engine import AsyncLLMEngine
 from kvserve.engine.streams import EngineDeadError, EngineRequestError, RequestStream
 from kvserve.entrypoints.openai.context import ServerContext
+from kvserve.entrypoints.openai.disconnect import unless_disconnected
 from kvserve.entrypoints.openai.errors import (APIError, engine_error, from_value_error,
                                                internal_error)
 from kvserve.entrypoints.openai.protocol import UsageInfo
@@ -169,6 +170,18 @@ async def iterate_streams(engine: AsyncLLMEngine, streams: list[RequestStream]
         for t in tasks:
             t.cancel()
         engine.abort([s.request_id for s in streams])
+
+
+async def finished_outputs(request, ctx: ServerContext, streams: list[RequestStream]
+                           ) -> list[RequestOutput]:
+    """A response that is not streamed: each request's finished output, unless the client
+    leaves first; an engine failure is the API's error; the requests never outlive it."""
+    try:
+        return await unless_disconnected(request, final_outputs(ctx.engine, streams))
+    except EngineRequestError as e:
+        raise engine_error(e) from None
+    finally:
+        ctx.engine.abort([s.request_id for s in streams])
 
 
 async def final_outputs(engine: AsyncLLMEngine, streams: list[RequestStream]
