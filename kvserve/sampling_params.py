@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from kvserve.structured_output.params import StructuredOutputsParams
 
 _MAX_STOP_STRINGS = 16
-_MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20
 _MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
 
@@ -68,9 +68,9 @@ class SamplingParams:
             raise ValueError(
                 f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}")
         if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, low=0, high=_MAX_LOGPROBS)
+            _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
-            _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=_MAX_LOGPROBS)
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_LOGPROBS)
         for seq in self.bad_words_token_ids or ():
             if not seq or not all(isinstance(t, int) and t >= 0 for t in seq):
                 raise ValueError(f"bad_words_token_ids must hold non-empty lists of token ids, "

@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine, PromptType
+from kvserve.engine.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from kvserve.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
@@ -54,6 +55,22 @@ class LLM:
             self.engine.abort_request(ids)  # all or nothing: leave no request behind
             raise
         return self._run(ids, use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType],
+                    params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """Each prompt's best ``params.beam_width`` hypotheses by beam search, as
+        transformers' ``generate(num_beams=...)`` finds them (see beam_search.py)."""
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        engine = self.engine
+        token_ids = []
+        for prompt in prompts:
+            _, ids = engine.tokenize_prompt(prompt)
+            engine.validate_prompt(ids, SamplingParams(max_tokens=params.max_tokens))
+            token_ids.append(ids)
+        eos = {t for t in (engine.eos_token_id, *engine.extra_stop_ids) if t is not None}
+        return beam_search(self, token_ids, params, eos)
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | None = None, use_tqdm: bool = True

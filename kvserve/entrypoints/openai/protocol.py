@@ -98,6 +98,10 @@ class CompletionRequest(_SamplingRequest):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM extra
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
+    # vLLM's beam search: best_of beams (default n), n hypotheses returned
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
 
 
 class TextPart(_Request):

@@ -14,11 +14,13 @@ from kvserve.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionChoice,
                                                  CompletionResponse, PromptLogprob, UsageInfo)
 from kvserve.entrypoints.openai.context import ServerContext, random_id
 from kvserve.entrypoints.openai.request_body import parse_request
+from kvserve.entrypoints.openai.serving_beam_search import beam_params, beam_search_completion
 from kvserve.entrypoints.openai.sampling import check_prompt, default_max_tokens, \
     make_sampling_params, \
     truncate_prompt
 from kvserve.tracing import trace_headers
 from kvserve.batch.lines import is_batch_line
+from kvserve.sampling_params import SamplingParams
 from kvserve.entrypoints.openai.streaming import (ChoiceState, SSEResponse, add_all,
                                                   finished_outputs, hold_back, iterate_streams,
                                                   sse, usage_so_far)
@@ -87,8 +89,9 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     ctx.check_model(req.model)
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
-    if req.best_of is not None and req.best_of != req.n:
-        raise bad_request("best_of must equal n (or be omitted) on this server", "best_of")
+    if req.best_of is not None and req.best_of != req.n and not req.use_beam_search:
+        raise bad_request("best_of must equal n (or be omitted) without use_beam_search",
+                          "best_of")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
     if req.max_tokens == 0 and (not req.echo or req.stream):
@@ -101,6 +104,13 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
         # ids outside the vocabulary are not decoded: the prompt check refuses them below
         prompts = [(tok.decode(cut) if all(0 <= t < vocab for t in cut) else None, cut)
                    for cut in cuts]
+    if req.use_beam_search:
+        limit = ctx.engine.max_model_len - max(len(ids) for _, ids in prompts)
+        beams = beam_params(req, min(req.max_tokens or _DEFAULT_MAX_TOKENS, max(1, limit)))
+        for _, ids in prompts:
+            check_prompt(ctx, ids, SamplingParams(max_tokens=beams.max_tokens))
+        return await beam_search_completion(request, ctx, req, [ids for _, ids in prompts],
+                                            beams)
     want_prompt = req.prompt_logprobs is not None or (req.echo and req.logprobs is not None)
     num_top = max(req.prompt_logprobs or 0, req.logprobs or 0) if want_prompt else None
     params = []
