@@ -317,7 +317,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
-    designs = _kv_designs(model_dir, _names(args.kv_managers, KV_MANAGERS.names()), num_blocks)
+    designs = memory.kv_designs(model_dir, _names(args.kv_managers, KV_MANAGERS.names()),
+                                num_blocks)
     combos = [(kv, b) for kv in designs
               for b in _names(args.batchings, BATCHING_POLICIES.names())]
     need = sum(r.prompt_len + r.max_tokens for r in wl.requests)
@@ -356,28 +357,6 @@ def cmd_memory(args: argparse.Namespace) -> int:
         _write_outputs(args, info, model_dir, wl, settings, num_blocks, block_size, rounds,
                        final=i + 1 == (1 if args.dry_run else args.repeats))
     return 0
-
-
-def _kv_designs(model_dir: Path, managers: list[str], num_blocks: int
-                ) -> dict[str, tuple[str, dict[str, Any], int]]:
-    """label -> (kv_manager, engine settings, blocks) for each design compared. A model
-    mixing windowed and full layers runs paged memory twice, in the same bytes: keeping
-    every layer's KV (``paged-no-hybrid``), and with a table per KV group (``paged``,
-    the default), whose blocks hold one group's layers."""
-    from kvserve.core.kv.groups import kv_groups
-    from kvserve.model.registry import read_arch_config
-
-    arch = read_arch_config(model_dir)
-    groups = kv_groups(arch.layer_windows, arch.sliding_window)
-    keep_all = {"disable_hybrid_kv_cache_manager": True}
-    designs = {}
-    for kv in managers:
-        if kv == "paged" and groups is not None:
-            designs["paged-no-hybrid"] = ("paged", keep_all, num_blocks)
-            designs["paged"] = ("paged", {}, num_blocks * arch.num_layers // groups.slots)
-        else:
-            designs[kv] = (kv, keep_all if groups is not None else {}, num_blocks)
-    return designs
 
 
 def _write_outputs(args: argparse.Namespace, info: dict[str, Any], model_dir: Path,

@@ -36,7 +36,7 @@ from kvserve.bench.workloads.definitions import BenchRequest, Workload
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
 
-__all__ = ["combos", "DEFAULT_BUDGET", "MemoryResult",
+__all__ = ["combos", "DEFAULT_BUDGET", "MemoryResult", "kv_designs",
            "StepTotals", "parse_kv_budget", "run_combo", "combine_rounds", "format_markdown",
            "ordering_summary"]
 
@@ -230,6 +230,28 @@ def _run_dry(requests: Sequence[BenchRequest], args: Any, num_blocks: int
     return totals, {"wall_s": None, "cpu_s": None, "latencies": [],
                     "peak_running": totals.peak_running, "preemptions": sched.num_preemptions,
                     "moved_blocks": stats.moved_blocks, "num_blocks": stats.num_blocks}
+
+
+def kv_designs(model_dir: Path, managers: list[str], num_blocks: int
+                ) -> dict[str, tuple[str, dict[str, Any], int]]:
+    """label -> (kv_manager, engine settings, blocks) for each design compared. A model
+    mixing windowed and full layers runs paged memory twice, in the same bytes: keeping
+    every layer's KV (``paged-no-hybrid``), and with a table per KV group (``paged``,
+    the default), whose blocks hold one group's layers."""
+    from kvserve.core.kv.groups import kv_groups
+    from kvserve.model.registry import read_arch_config
+
+    arch = read_arch_config(model_dir)
+    groups = kv_groups(arch.layer_windows, arch.sliding_window)
+    keep_all = {"disable_hybrid_kv_cache_manager": True}
+    designs = {}
+    for kv in managers:
+        if kv == "paged" and groups is not None:
+            designs["paged-no-hybrid"] = ("paged", keep_all, num_blocks)
+            designs["paged"] = ("paged", {}, num_blocks * arch.num_layers // groups.slots)
+        else:
+            designs[kv] = (kv, keep_all if groups is not None else {}, num_blocks)
+    return designs
 
 
 def run_combo(model_dir: str | Path | None, requests: Sequence[BenchRequest], kv_manager: str,
