@@ -69,8 +69,7 @@ class LLM:
             _, ids = engine.tokenize_prompt(prompt)
             engine.validate_prompt(ids, SamplingParams(max_tokens=params.max_tokens))
             token_ids.append(ids)
-        eos = {t for t in (engine.eos_token_id, *engine.extra_stop_ids) if t is not None}
-        return beam_search(self, token_ids, params, eos)
+        return beam_search(self, token_ids, params, engine.stop_ids)
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | None = None, use_tqdm: bool = True

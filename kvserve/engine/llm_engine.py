@@ -188,6 +188,11 @@ class LLMEngine:
         raise ValueError(f"prompt must be a string, a list of token ids or a dict, "
                          f"got {type(prompt).__name__}")
 
+    @property
+    def stop_ids(self) -> set[int]:
+        """The tokens that end a sequence: the model's EOS and its other stop tokens."""
+        return {t for t in (self.eos_token_id, *self.extra_stop_ids) if t is not None}
+
     def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> int:
         """Checks the prompt; returns the resolved max_tokens."""
         if not token_ids:

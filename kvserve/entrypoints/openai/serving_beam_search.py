@@ -40,8 +40,7 @@ async def beam_search_completion(request: Request, ctx: ServerContext,
                                  req: CompletionRequest, prompts: list[list[int]],
                                  params: BeamSearchParams) -> Response:
     engine = ctx.engine.engine
-    eos = {t for t in (engine.eos_token_id, *engine.extra_stop_ids) if t is not None}
-    rounds = search_rounds(prompts, params, eos, engine.tokenizer.decode)
+    rounds = search_rounds(prompts, params, engine.stop_ids, engine.tokenizer.decode)
     step, request_id, arrival = round_params(params), random_id("cmpl"), time.monotonic()
     try:
         batch, number = next(rounds), 0
