@@ -35,3 +35,10 @@ def test_what_beam_search_cannot_do_is_refused(server, extra, param):
         "prompt": "def f(", "max_tokens": 4, "use_beam_search": True, **extra})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("field, value", [("length_penalty", 2.0), ("early_stopping", True)])
+def test_beam_search_fields_without_beam_search_are_refused(server, field, value):
+    r = httpx.post(f"{server.url}/v1/completions", timeout=30,
+                   json={"prompt": "def f(", "max_tokens": 4, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text

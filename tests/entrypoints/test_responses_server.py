@@ -87,6 +87,7 @@ def test_a_json_schema_format_gives_valid_json(client):
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"modalities": ["text"]}, "modalities"),
+    ({"text": {"verbosity": "low"}}, "text"),
 ])
 def test_what_needs_a_stored_response_or_is_not_implemented_is_refused(server, extra, param):
     r = httpx.post(f"{server.url}/v1/responses", timeout=30,

@@ -120,6 +120,9 @@ class ResponsesRequest(_Request):
             if getattr(self, name):
                 raise bad_request(f"{name} is not implemented by kvserve's Responses API",
                                   name)
+        if self.text is not None and self.text.verbosity is not None:
+            raise bad_request("text.verbosity is not implemented by kvserve's Responses API",
+                              "text")
 
 
 def _text(content: str | list[InputText]) -> str:

@@ -92,6 +92,10 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     if req.best_of is not None and req.best_of != req.n and not req.use_beam_search:
         raise bad_request("best_of must equal n (or be omitted) without use_beam_search",
                           "best_of")
+    for name, unset in (("length_penalty", 1.0), ("early_stopping", False)):
+        if getattr(req, name) != unset and not req.use_beam_search:
+            raise bad_request(f"{name} applies to beam search only: set use_beam_search",
+                              name)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
     if req.max_tokens == 0 and (not req.echo or req.stream):
