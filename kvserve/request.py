@@ -5,6 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from kvserve.lora.request import LoRARequest
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
@@ -43,6 +44,7 @@ class Request:
     background: bool = False  # a batch line: below every foreground request (scheduler)
     # an embedding request: its prompt's hidden states pooled, nothing generated
     pooling: PoolingParams | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -77,6 +79,11 @@ class Request:
         if start >= p:
             return self.output_token_ids[start - p:end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+
+    @property
+    def prefix_root(self) -> int | None:
+        """The root of its prefix-cache hashes: KV is shared only within one adapter."""
+        return None if self.lora_request is None else self.lora_request.prefix_key
 
     @property
     def is_finished(self) -> bool:

@@ -9,7 +9,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-from tests.helpers import build_tiny_model  # noqa: E402
+from tests.helpers import build_lora_adapter, build_tiny_model, peft_greedy, \
+    prompts_of_lengths  # noqa: E402
+from tests.lora import adapters as lora  # noqa: E402
 
 ARCHS = ["llama", "llama3-tied", "qwen2", "mistral", "gpt2"]
 
@@ -100,3 +102,33 @@ def model_dirs(tmp_path_factory, tokenizer_dir):
 @pytest.fixture(scope="session")
 def llama_dir(model_dirs):
     return model_dirs("llama")
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(model_dirs, tmp_path_factory):
+    """arch -> the four adapters' directories (peft's save_pretrained)."""
+    cache: dict[str, list[str]] = {}
+
+    def get(arch: str) -> list[str]:
+        if arch not in cache:
+            root = tmp_path_factory.mktemp(f"lora-{arch}")
+            cache[arch] = [build_lora_adapter(model_dirs(arch), root / f"a{i}", seed=10 + i,
+                                              rank=rank, use_rslora=rs,
+                                              modules=lora.modules_of(arch, modules), **config)
+                           for i, (rank, rs, modules, config) in enumerate(lora.ADAPTERS)]
+        return cache[arch]
+    return get
+
+
+@pytest.fixture(scope="session")
+def peft_tokens(model_dirs, lora_adapters):
+    """arch -> [base, adapter 0..3] -> greedy tokens of prompts_of_lengths(lora.LENGTHS)."""
+    cache: dict[str, list[list[list[int]]]] = {}
+
+    def get(arch: str) -> list[list[list[int]]]:
+        if arch not in cache:
+            prompts = prompts_of_lengths(lora.LENGTHS)
+            cache[arch] = [peft_greedy(model_dirs(arch), a, prompts, lora.MAX_TOKENS)
+                           for a in [None, *lora_adapters(arch)]]
+        return cache[arch]
+    return get

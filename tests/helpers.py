@@ -10,6 +10,9 @@ from pathlib import Path
 import torch
 
 VOCAB = 512
+# the kernels' builds besides the native one: AVX2 on an AVX-512 machine, plain C
+KERNEL_BUILD_FLAGS = {"avx2": ("-mno-avx512f",),
+                      "plain-c": ("-mno-avx512f", "-mno-avx2", "-mno-fma")}
 SPECIALS = ["<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
@@ -220,3 +223,51 @@ def flat_step_cost(monkeypatch) -> None:
     from kvserve.worker.cpu_worker import CPUWorker
     monkeypatch.setattr(CPUWorker, "time_step_rows",
                         lambda self, rows: {r: 0.1 * (1 + r / 1000) for r in rows})
+
+
+LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def build_lora_adapter(model_dir: str, out: Path, seed: int, rank: int = 8,
+                       alpha: int = 16, modules: list[str] | None = None,
+                       use_rslora: bool = False, **config) -> str:
+    """A PEFT LoRA adapter of ``model_dir``, saved by peft, with B non-zero (as after
+    training) so that it changes the model's tokens."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, use_rslora=use_rslora,
+                                            target_modules=modules or LORA_MODULES,
+                                            init_lora_weights=False, **config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.3)
+    model.save_pretrained(out)
+    return str(out)
+
+
+@torch.inference_mode()
+def peft_greedy(model_dir: str, adapter_dir: str | None, prompts: list[list[int]],
+                max_new_tokens: int) -> list[list[int]]:
+    """The LoRA oracle: peft's adapter applied in transformers, greedy (None: the base)."""
+    if adapter_dir is None:
+        return hf_greedy(model_dir, prompts, max_new_tokens)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, adapter_dir).eval()
+    outs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        new = []
+        past = None
+        for _ in range(max_new_tokens):
+            out = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token = int(out.logits[0, -1].argmax())
+            new.append(token)
+            ids = torch.tensor([[token]])
+        outs.append(new)
+    return outs

@@ -254,8 +254,29 @@ def _add_moe(sub: Any) -> None:
                           workload=False)
     p.add_argument("--dense", default=None,
                    help="the dense peer's directory (default: built from --model's shape)")
-    p.add_argument("--decode-steps", type=int, default=64, help="timed steps a round")
+    _add_decode_args(p, steps=64)
+
+
+def _add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
+    """A decode bench's round: its timed steps and its prompts' length."""
+    p.add_argument("--decode-steps", type=int, default=steps,
+                   help=f"timed steps a round (default {steps})")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens (default 64)")
+
+
+def _add_lora(sub: Any) -> None:
+    from kvserve.bench.experiments.lora import cmd_lora
+    p = _add_rounds_bench(sub, "lora", cmd_lora,
+                          "decode steps of a batch over four LoRA adapters vs the base "
+                          "model alone, in alternating rounds",
+                          "Decode --batch requests on one engine: none with an adapter, "
+                          "spread over four adapters (made by peft, rank --rank) with the "
+                          "native LoRA kernel, and the same on torch's grouped matmuls; "
+                          "report the step times and their ratios to the base.",
+                          workload=False)
+    p.add_argument("--batch", type=int, default=32, help="requests decoding (default 32)")
+    p.add_argument("--rank", type=int, default=16, help="the adapters' rank (default 16)")
+    _add_decode_args(p, steps=32)
 
 
 def _add_sinks(sub: Any) -> None:
@@ -374,8 +395,9 @@ def add_bench_parser(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
-                _add_huge_pages, _add_startup, _add_moe, _add_sinks, _add_overlap, _add_serving, _add_server_ab, _add_tp,
-                _add_batch, _add_replicas, _add_report):
+                _add_huge_pages, _add_startup, _add_moe, _add_lora, _add_sinks, _add_overlap,
+                _add_serving, _add_server_ab, _add_tp, _add_batch, _add_replicas,
+                _add_report):
         add(sub)
     for command in sub.choices.values():
         command.set_defaults(func=_bench_command(command.get_default("func")))

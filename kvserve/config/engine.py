@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvserve.config.cache import CacheConfig
+from kvserve.config.lora import LoRAConfig
 from kvserve.config.model import ModelConfig
 from kvserve.config.parallel import ParallelConfig
 from kvserve.config.scheduler import SchedulerConfig
@@ -25,6 +26,7 @@ class EngineConfig:
     worker: WorkerConfig
     speculative: SpeculativeConfig | None = None
     parallel: ParallelConfig = ParallelConfig()
+    lora: LoRAConfig | None = None  # None: no adapters served
 
     def __post_init__(self) -> None:
         """The rules across parts that need no implementation; those that do (the model
@@ -39,6 +41,9 @@ class EngineConfig:
             raise ValueError("panel_gemm_max_rows applies to one process: with "
                              f"tensor_parallel_size {size} the ranks run oneDNN's GEMMs "
                              "(leave it unset, or 0)")
+        if self.lora is not None and size > 1:
+            raise ValueError("enable_lora runs in one process: with tensor_parallel_size "
+                             f"{size} adapters are not served (use one rank)")
         if self.speculative is not None and self.scheduler.async_scheduling:
             raise ValueError("async_scheduling does not run with speculative decoding (a "
                              "step's drafts are proposed from the tokens of the step before "

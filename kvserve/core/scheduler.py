@@ -54,7 +54,11 @@ FOREGROUND_LINGER_S = 5.0
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
+                 max_loras: int | None = None) -> None:
+        """``max_loras``: the most LoRA adapters running requests may use at once (the
+        worker's slots); a waiting request for another adapter waits, and requests
+        behind it are admitted past it."""
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         # 0 means no limit; static and length-bucket batches are admitted together
@@ -72,6 +76,7 @@ class Scheduler:
         self._drafts: dict[str, list[int]] = {}  # the next step's guesses, by request id
         self.batching = create_batching_policy(config)
         self.num_preemptions = 0
+        self.max_loras = max_loras
 
     # -- requests in and out ---------------------------------------------------------
 
@@ -150,7 +155,15 @@ class Scheduler:
                               num_preemptions=self.num_preemptions, kv=self.kv.stats(),
                               num_scheduled_tokens=sum(len(s.token_ids) for s in scheduled),
                               num_scheduled_requests=len(scheduled),
-                              num_decode_requests=decodes, preempted=tuple(preempted))
+                              num_decode_requests=decodes, preempted=tuple(preempted),
+                              **self._lora_names())
+
+    def _lora_names(self) -> dict[str, tuple[str, ...]]:
+        if self.max_loras is None:
+            return {}
+        return {f"{which}_loras": tuple(sorted({r.lora_request.lora_name for r in queue
+                                                if r.lora_request is not None}))
+                for which, queue in (("running", self.running), ("waiting", self.waiting))}
 
     # -- one step ----------------------------------------------------------------------
 
@@ -205,6 +218,8 @@ class Scheduler:
             for req in self.batching.admissible(self.waiting, now):
                 if prefill >= self.prefill_join_tokens:
                     break
+                if not self._lora_fits(req):
+                    continue
                 room = min(budget, bg_left) if req.background else budget
                 num_new = self._try_admit(req, room, now, scheduled) if room > 0 else 0
                 if not num_new:
@@ -227,6 +242,8 @@ class Scheduler:
                    scheduled: list[ScheduledRequest]) -> int:
         """Admit a waiting request if max_num_seqs and the KV allow; returns the tokens
         scheduled for it (0: not admitted, nothing changed)."""
+        if not self._lora_fits(req):
+            return 0
         if self.kv.is_swapped(req):  # its KV comes back from swap space
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if len(self.running) >= self.max_num_seqs or not self.kv.swap_in(req, num_new):
@@ -252,6 +269,17 @@ class Scheduler:
         self.running.append(req)
         scheduled.append(self._scheduled(req, num_new))
         return num_new
+
+    def running_loras(self) -> set[int]:
+        """The adapters (lora_int_id) of the running requests."""
+        return {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+
+    def _lora_fits(self, req: Request) -> bool:
+        """Whether admitting ``req`` keeps the running adapters within max_loras."""
+        if req.lora_request is None or self.max_loras is None:
+            return True
+        running = self.running_loras()
+        return req.lora_request.lora_int_id in running or len(running) < self.max_loras
 
     def _admit_outranking(self, budget: int, now: float, scheduled: list[ScheduledRequest],
                           preempted: list[str]) -> tuple[int, int]:
@@ -312,7 +340,7 @@ class Scheduler:
             start_pos=start, block_table=list(tables[0]), sampling=sampling,
             num_draft_tokens=len(drafts) if drafts else 0, prompt_logprobs=prompt,
             group_tables=tuple(tables[1:]), pooling=req.pooling,
-            pool_done=req.pooling is not None and ends_prompt)
+            pool_done=req.pooling is not None and ends_prompt, lora=req.lora_request)
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         candidates = self.running[first_unscheduled:]

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from kvserve.core.kv.interface import KVStats
 from kvserve.core.kv.tiers import KVTransfer
+from kvserve.lora.request import LoRARequest
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
@@ -44,6 +45,8 @@ class ScheduledRequest:
     # pool_done: the chunk ends the prompt, so the pooled vector is whole after the step
     pooling: PoolingParams | None = None
     pool_done: bool = False
+    lora: LoRARequest | None = None  # the adapter its rows run with
+
 
     @property
     def sample(self) -> bool:
@@ -62,6 +65,9 @@ class SchedulerStats:
     num_scheduled_requests: int = 0
     num_decode_requests: int = 0   # of the step's requests, those computing one new token
     preempted: tuple[str, ...] = ()  # requests preempted while scheduling the step
+    # LoRA adapters (names) of the running and the waiting requests, when adapters are on
+    running_loras: tuple[str, ...] = ()
+    waiting_loras: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,9 @@ from typing import AsyncIterator
 from kvserve.config import ObservabilityConfig
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine, PromptType
-from kvserve.engine.engine_loop import AbortCommand, AddCommand, EngineLoop
+from kvserve.engine.engine_loop import AbortCommand, AddCommand, CallCommand, EngineLoop
 from kvserve.engine.streams import EngineDeadError, RequestStream
+from kvserve.lora.request import LoRARequest
 from kvserve.metrics import EngineSnapshot, StatsRecorder, create_recorder
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
@@ -151,11 +152,12 @@ class AsyncLLMEngine(EngineLoop):
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                           priority: int = 0, arrival_time: float | None = None,
                           trace_headers: dict | None = None, background: bool = False,
-                          final_only: bool = False) -> RequestStream:
+                          final_only: bool = False, lora_request: LoRARequest | None = None
+                          ) -> RequestStream:
         """Queue a request; raises ValueError (bad prompt / params) as the engine does.
         ``trace_headers``: the caller's W3C trace context (traceparent), for its span;
         ``background``: a batch line (the scheduler's lowest class); ``final_only``: the
-        stream yields the finished output alone."""
+        stream yields the finished output alone; ``lora_request``: its adapter."""
         if not self.is_running:
             raise EngineDeadError(self.dead_error or "the engine is not running")
         if request_id in self._streams:
@@ -165,7 +167,7 @@ class AsyncLLMEngine(EngineLoop):
         self._pending_adds += 1
         self._send(AddCommand(request_id, prompt, params, priority,
                         arrival_time or time.monotonic(), fut, trace_headers, background,
-                        final_only))
+                        final_only, lora_request))
         try:
             await fut
         except BaseException as e:
@@ -176,6 +178,20 @@ class AsyncLLMEngine(EngineLoop):
         finally:
             self._pending_adds -= 1
         return stream
+
+    async def call_engine(self, fn):
+        """``fn(engine)`` on the engine thread between steps; its result (or raise)."""
+        if not self.is_running:
+            raise EngineDeadError(self.dead_error or "the engine is not running")
+        fut = self._loop.create_future()
+        self._send(CallCommand(fn, fut))
+        return await fut
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        return await self.call_engine(lambda engine: engine.add_lora(lora_request))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        return await self.call_engine(lambda engine: engine.remove_lora(lora_int_id))
 
     def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> int:
         """The engine's prompt checks (they read only settings fixed at start, so any

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from kvserve.config.cache import KV_CACHE_DTYPES, CacheConfig
 from kvserve.config.engine import EngineConfig
+from kvserve.config.lora import LoRAConfig
 from kvserve.config.model import DTYPES, ModelConfig
 from kvserve.config.parallel import ParallelConfig
 from kvserve.config.scheduler import PREEMPTION_MODES, SCHEDULING_POLICIES, SchedulerConfig
@@ -190,6 +191,18 @@ class EngineArgs:
         "ranks that split the model's heads, MLP and vocabulary between them, one "
         "process each, on torch.distributed's gloo over loopback")
 
+    enable_lora: bool = _setting(
+        False, "serve LoRA adapters (PEFT directories) beside the base model: a request "
+        "names one by its model field (server) or lora_request (LLM.generate); requests "
+        "for different adapters and the base share each step")
+    max_loras: int = _setting(LoRAConfig.max_loras,
+        "adapters one step may run (the worker's slots; requests for another adapter wait)")
+    max_lora_rank: int = _setting(LoRAConfig.max_lora_rank,
+        "largest adapter rank served (each slot is sized for it)")
+    max_cpu_loras: int | None = _setting(LoRAConfig.max_cpu_loras,
+        "adapters kept read in memory, least recently used dropped first (default: "
+        "max_loras)")
+
     speculative_config: dict | str | None = _setting(None,
         "speculative decoding, as vLLM's (JSON on the command line), e.g. "
         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'; drafts are verified "
@@ -210,6 +223,7 @@ class EngineArgs:
         self.create_worker_config()
         self.create_speculative_config()
         self.create_parallel_config()
+        self.create_lora_config()
 
     # -- the parts ---------------------------------------------------------------------
 
@@ -231,6 +245,9 @@ class EngineArgs:
 
     def create_parallel_config(self) -> ParallelConfig:
         return self._part(ParallelConfig)
+
+    def create_lora_config(self) -> LoRAConfig | None:
+        return self._part(LoRAConfig) if self.enable_lora else None
 
     def create_speculative_config(self) -> SpeculativeConfig | None:
         speculative = SpeculativeConfig.from_value(self.speculative_config)
@@ -254,7 +271,8 @@ class EngineArgs:
         config = EngineConfig(model=model, cache=self.create_cache_config(),
                               scheduler=self.create_scheduler_config(),
                               worker=self.create_worker_config(),
-                              speculative=self.create_speculative_config(), parallel=parallel)
+                              speculative=self.create_speculative_config(), parallel=parallel,
+                              lora=self.create_lora_config())
         if config.speculative is not None:
             if not KV_MANAGERS[config.cache.kv_manager].supports_truncate():
                 raise ValueError(f"kv_manager {config.cache.kv_manager!r} cannot give back a "

@@ -1,7 +1,7 @@
 """The engine thread's half of :class:`~kvserve.engine.async_engine.AsyncLLMEngine`.
 
 One thread owns the LLMEngine. It sleeps on a condition while there is nothing to do,
-applies the commands the event loop queued (adds and aborts) between steps, runs the
+applies the commands the event loop queued (adds, aborts, adapter changes) between steps, runs the
 steps, and posts their outputs back to the event loop without waiting for it. Every
 method here runs on that thread; what it hands the event loop goes through
 :meth:`EngineLoop._post`.
@@ -16,9 +16,11 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from kvserve.engine.llm_engine import PromptType
 from kvserve.logger import init_logger
+from kvserve.lora.request import LoRARequest
 from kvserve.metrics import EngineSnapshot
 from kvserve.sampling_params import SamplingParams
 from kvserve.worker import WorkerDiedError
@@ -41,6 +43,7 @@ class AddCommand:
     trace_headers: dict | None = None
     background: bool = False
     final_only: bool = False
+    lora_request: LoRARequest | None = None
 
 
 @dataclass
@@ -48,9 +51,18 @@ class AbortCommand:
     request_ids: list[str]
 
 
-def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
+@dataclass
+class CallCommand:
+    """``fn(engine)`` run on the engine thread between steps (adapters added, removed);
+    its result or exception goes to ``future``."""
+
+    fn: Callable
+    future: asyncio.Future
+
+
+def _resolve(fut: asyncio.Future, exc: BaseException | None, result=None) -> None:
     if not fut.done():
-        fut.set_exception(exc) if exc is not None else fut.set_result(None)
+        fut.set_exception(exc) if exc is not None else fut.set_result(result)
 
 
 class EngineLoop:
@@ -111,7 +123,7 @@ class EngineLoop:
                     if r is not None:
                         self._post(_resolve, *r)
                 for cmd in cmds:  # never leave an add unanswered, whatever failed
-                    if isinstance(cmd, AddCommand) and id(cmd.future) not in done:
+                    if isinstance(cmd, (AddCommand, CallCommand)) and id(cmd.future) not in done:
                         self._post(_resolve, cmd.future, RuntimeError("engine loop failed"))
         if stop:
             self._abort_all("the server is shutting down")
@@ -133,7 +145,12 @@ class EngineLoop:
             if len(self._cmds) == seen:
                 return
 
-    def _apply(self, cmd: AddCommand | AbortCommand):
+    def _apply(self, cmd: AddCommand | AbortCommand | CallCommand):
+        if isinstance(cmd, CallCommand):
+            try:
+                return cmd.future, None, cmd.fn(self.engine)
+            except Exception as e:  # noqa: BLE001 - the caller's to report
+                return cmd.future, e
         if isinstance(cmd, AbortCommand):
             live = [r for r in cmd.request_ids if r in self._live]
             if live:
@@ -148,7 +165,7 @@ class EngineLoop:
         try:
             self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
                                     arrival_time=cmd.arrival_time, priority=cmd.priority,
-                                    background=cmd.background)
+                                    background=cmd.background, lora_request=cmd.lora_request)
         except Exception as e:  # ValueError: the client's mistake; others: ours
             return cmd.future, e
         self._stats.on_add(cmd.request_id, cmd.params, cmd.arrival_time, cmd.trace_headers)

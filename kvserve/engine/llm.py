@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine, PromptType
 from kvserve.engine.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
@@ -37,8 +38,11 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
                  ) -> list[RequestOutput]:
+        """``lora_request``: the adapter every prompt runs with, or one per prompt (None:
+        the base model); needs ``enable_lora=True``."""
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -47,10 +51,15 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"priority has {len(priorities)} entries for {len(prompts)} prompts")
+        loras = (list(lora_request) if isinstance(lora_request, (list, tuple))
+                 else [lora_request] * len(prompts))
+        if len(loras) != len(prompts):
+            raise ValueError(f"lora_request has {len(loras)} entries for {len(prompts)} prompts")
         ids = []
         try:
-            for prompt, sp, prio in zip(prompts, params, priorities):
-                ids.append(self.engine.add_request(None, prompt, sp, priority=prio))
+            for prompt, sp, prio, lora in zip(prompts, params, priorities, loras):
+                ids.append(self.engine.add_request(None, prompt, sp, priority=prio,
+                                                   lora_request=lora))
         except Exception:
             self.engine.abort_request(ids)  # all or nothing: leave no request behind
             raise

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
 from kvserve.config import EngineConfig
 from kvserve.engine.engine_args import EngineArgs
@@ -22,7 +20,11 @@ from kvserve.core.kv.groups import engine_kv_groups
 from kvserve.core.scheduler import Scheduler
 from kvserve.core.scheduler_output import SchedulerOutput, SchedulerStats
 from kvserve.engine.output_processor import OutputProcessor
+from kvserve.engine.prompts import PromptType, read_prompt_file, stop_token_ids, \
+    tokenize_prompt, validate_prompt
 from kvserve.logger import init_logger
+from kvserve.lora.registry import LoRARegistry
+from kvserve.lora.request import LoRARequest
 from kvserve.model.tokenizer import Tokenizer
 from kvserve.outputs import RequestOutput
 from kvserve.request import Request, RequestStatus
@@ -37,39 +39,6 @@ from kvserve.worker.worker_base import ModelRunnerOutput
 from kvserve.worker.step_profiler import StepTimeStats
 
 logger = init_logger(__name__)
-
-PromptType = str | list[int] | dict
-
-
-def read_prompt_file(path: str) -> list[str | dict]:
-    """Prompts, one per line: plain text, or JSON objects with 'prompt' or
-    'prompt_token_ids' (JSONL). Blank lines are skipped."""
-    prompts: list[str | dict] = []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            prompts.append(json.loads(line))
-        else:
-            prompts.append(line.replace("\\n", "\n"))
-    if not prompts:
-        raise ValueError(f"warm-up prompt file {path} holds no prompt")
-    return prompts
-
-
-def stop_token_ids(model_dir: Path, config_eos: tuple[int, ...], tokenizer: Tokenizer
-                   ) -> tuple[int | None, list[int]]:
-    """(the EOS token, the other ids that end a generation) from config.json's,
-    generation_config.json's and the tokenizer's EOS tokens."""
-    ids = list(config_eos)
-    gen_path = model_dir / "generation_config.json"
-    if gen_path.is_file():
-        eos = json.loads(gen_path.read_text()).get("eos_token_id")
-        ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
-    primary = tokenizer.eos_token_id
-    if primary is None and ids:
-        primary = ids[0]
-    return primary, sorted({i for i in ids if i != primary})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +65,9 @@ class LLMEngine:
             config.cache, layout.num_blocks, layout.swap_slots, layout.disk_slots,
             engine_kv_groups(config), config.scheduler.max_num_batched_tokens
             + (spec.num_speculative_tokens if spec is not None else 0))
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.scheduler = Scheduler(config.scheduler, self.kv,
+                                   config.lora.max_loras if config.lora is not None else None)
+        self.loras = LoRARegistry(config.lora, config.model.arch)
         self.tokenizer = Tokenizer(config.model.model_dir)
         self.pooling_config = read_pooling_config(config.model.model_dir,
                                                   config.model.arch.hidden_size)
@@ -174,19 +145,7 @@ class LLMEngine:
     # -- requests ------------------------------------------------------------------------
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, list):
-            return None, list(prompt)
-        raise ValueError(f"prompt must be a string, a list of token ids or a dict, "
-                         f"got {type(prompt).__name__}")
+        return tokenize_prompt(self.tokenizer, prompt)
 
     @property
     def stop_ids(self) -> set[int]:
@@ -195,39 +154,20 @@ class LLMEngine:
 
     def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> int:
         """Checks the prompt; returns the resolved max_tokens."""
-        if not token_ids:
-            raise ValueError("prompt must not be empty")
-        vocab = self.vocab_size
-        bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool)
-               or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
-        outside = [t for t in (params.logit_bias or {}) if t >= vocab]
-        if outside:
-            raise ValueError(f"logit_bias token ids must be in [0, {vocab}); got {outside[:5]}")
-        n = len(token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(f"prompt has {n} tokens but max_model_len is {self.max_model_len}: "
-                             "it must be shorter to leave room for at least one new token")
-        room = self.max_model_len - n
-        if params.max_tokens is None:
-            return room
-        if params.max_tokens > room:
-            raise ValueError(
-                f"prompt has {n} tokens and max_tokens is {params.max_tokens}: together "
-                f"{n + params.max_tokens} exceed max_model_len {self.max_model_len}")
-        return params.max_tokens
+        return validate_prompt(token_ids, params, self.vocab_size, self.max_model_len)
 
     def add_request(self, request_id: str | None, prompt: PromptType,
                     params: SamplingParams | PoolingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0,
-                    background: bool = False) -> str:
+                    background: bool = False, lora_request: LoRARequest | None = None) -> str:
         """``params``: how to generate, or (PoolingParams) how to pool the prompt into an
         embedding; ``background``: a batch line, below every other request (see the
-        scheduler)."""
+        scheduler); ``lora_request``: the adapter it runs with (added if new)."""
+        if lora_request is not None:
+            self.add_lora(lora_request)
         if isinstance(params, PoolingParams):
             return self._add_pooling(request_id, prompt, params, arrival_time, priority,
-                                     background)
+                                     background, lora_request)
         if self.config.model.runner == "pooling":
             raise ValueError("this engine runs the model for embeddings (runner 'pooling'): "
                              "send embedding requests (PoolingParams, /v1/embeddings)")
@@ -254,7 +194,7 @@ class LLMEngine:
                 request_id=request_id if params.n == 1 else f"{request_id}#{i}",
                 prompt_token_ids=token_ids, sampling_params=child,
                 eos_token_id=self.eos_token_id, max_tokens=max_tokens, arrival_time=arrival,
-                priority=priority, background=background))
+                priority=priority, background=background, lora_request=lora_request))
         for child in children:
             self.scheduler.add_request(child)  # children are alike: the first raises if any
             if grammar is not None:
@@ -263,7 +203,8 @@ class LLMEngine:
         return request_id
 
     def _add_pooling(self, request_id: str | None, prompt: PromptType, params: PoolingParams,
-                     arrival_time: float | None, priority: int, background: bool) -> str:
+                     arrival_time: float | None, priority: int, background: bool,
+                     lora_request: LoRARequest | None) -> str:
         """An embedding request: its prompt is computed, its hidden states pooled, nothing
         generated; it goes through the scheduler beside generation requests."""
         if self.config.model.runner == "generate":
@@ -278,11 +219,30 @@ class LLMEngine:
         req = Request(request_id=request_id, prompt_token_ids=token_ids,
                       sampling_params=SamplingParams(max_tokens=1), eos_token_id=None,
                       max_tokens=0, pooling=pooling, priority=priority, background=background,
+                      lora_request=lora_request,
                       arrival_time=arrival_time if arrival_time is not None
                       else time.monotonic())
         self.scheduler.add_request(req)
         self.outputs.add(request_id, text, [req])
         return request_id
+
+    # -- LoRA adapters -----------------------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check an adapter against the base model and serve it; False if it was
+        served already (as vLLM's ``add_lora``)."""
+        return self.loras.add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Stop serving an adapter: new requests may not name it (those running finish
+        with it); its weights leave the worker. False if it was not served."""
+        if self.loras.remove(lora_int_id) is None:
+            return False
+        self.worker.remove_lora(lora_int_id)
+        return True
+
+    def list_loras(self) -> list[LoRARequest]:
+        return list(self.loras.by_id.values())
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         for parent in [request_ids] if isinstance(request_ids, str) else request_ids:

@@ -63,6 +63,7 @@ class Kernels:
                         torch.bfloat16: bind(lib, "rotary_bf16")}
         self._quantize_rows = bind(lib, "quantize_rows_int8")
         self._rescale_int32 = bind(lib, "rescale_int32")
+        self._lora_rows = bind(lib, "lora_rows")
         self._bind_threads = bind(lib, "bind_omp_threads")
         self._release_threads = bind(lib, "release_omp_threads")
         self._captured_step = bind(lib, "captured_step")
@@ -204,6 +205,27 @@ class Kernels:
             logits=logits, timings=timings or None)
         if status != 0:
             raise MemoryError(f"captured step of {rows} rows: no scratch memory")
+
+    def lora_rows(self, x, slots, a, b, ranks, max_rank: int, bounds, out) -> None:
+        """out [T, N] += each row's adapter product (kvserve/lora/layers.py): x [T, K],
+        a [S, W, K] and out float32 contiguous, b [S, W, N] float32 with rows of any
+        stride (padded), slots [T] (-1: none), ranks [S] and bounds [slices + 1] int64,
+        W = slices x max_rank."""
+        if not (x.dtype == a.dtype == b.dtype == out.dtype == torch.float32
+                and x.is_contiguous() and a.is_contiguous() and out.is_contiguous()
+                and slots.is_contiguous() and b.stride(2) == 1
+                and b.stride(0) == b.shape[1] * b.stride(1)):
+            raise ValueError("lora_rows takes contiguous float32 x, a and out, and b's rows "
+                             "contiguous")
+        shrunk = x.new_empty((x.shape[0], a.shape[1]))
+        failed = self._lora_rows(x=x.data_ptr(), rows=x.shape[0], in_dim=x.shape[1],
+                                 slots=slots.data_ptr(), num_slots=a.shape[0],
+                                 a=a.data_ptr(), b=b.data_ptr(), b_stride=b.stride(1),
+                                 ranks=ranks.data_ptr(), max_rank=max_rank,
+                                 bounds=bounds.data_ptr(), num_slices=bounds.shape[0] - 1,
+                                 shrunk=shrunk.data_ptr(), out=out.data_ptr())
+        if failed:
+            raise ValueError(f"lora_rows failed ({failed}): more than 256 slots, or no memory")
 
     def bind_threads(self, cpus: list[int]) -> int:
         """Bind the calling thread's OpenMP team of len(cpus) threads (torch's intra-op

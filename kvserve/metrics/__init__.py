@@ -20,6 +20,8 @@ def create_recorder(config: ObservabilityConfig, engine) -> StatsRecorder:
         metrics = ServerMetrics(config.served_model_name, engine.max_model_len,
                                 config.metrics_prefix)
         metrics.publish_cache_config(info)
+        if engine.config.lora is not None:
+            metrics.enable_lora_info(engine.config.lora.max_loras)
         live = LiveStats(config.served_model_name, info["kv_manager"], info["num_kv_blocks"])
     if config.otlp_traces_endpoint:
         from kvserve.tracing import RequestTracer

@@ -53,6 +53,7 @@ class ServerMetrics:
         disable_created_metrics()  # as vLLM: no *_created series beside every counter
         self.prefix = prefix
         self.registry = registry or CollectorRegistry()
+        self.lora_requests_info = None  # a Gauge once LoRA adapters are served
         self.model_name = model_name
         self._labels = {"model_name": model_name, "engine": "0"}
         tokens = one_two_five_buckets(max_model_len)
@@ -203,6 +204,22 @@ class ServerMetrics:
         names = sorted(info)
         Gauge(self._name("cache_config_info"), "Information of the LLMEngine CacheConfig",
               names, registry=self.registry).labels(**{n: str(info[n]) for n in names}).set(1)
+
+    def enable_lora_info(self, max_loras: int) -> None:
+        """``lora_requests_info`` (vLLM's): a gauge whose labels name the adapters of the
+        running and the waiting requests, set to the time they were seen (a reader takes
+        the latest series)."""
+        self.max_loras = max_loras
+        self.lora_requests_info = Gauge(
+            self._name("lora_requests_info"), "Running stats on lora requests.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+            registry=self.registry)
+
+    def publish_loras(self, running: tuple[str, ...], waiting: tuple[str, ...]) -> None:
+        if self.lora_requests_info is not None:
+            self.lora_requests_info.labels(
+                max_lora=str(self.max_loras), waiting_lora_adapters=",".join(waiting),
+                running_lora_adapters=",".join(running)).set_to_current_time()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

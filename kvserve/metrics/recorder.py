@@ -177,6 +177,7 @@ class StatsRecorder:
         m = self.metrics
         if m:
             m.engine_healthy.set(1 if alive else 0)
+            m.publish_loras(snap.running_loras, snap.waiting_loras)
             m.num_requests_running.set(snap.num_running)
             m.num_requests_waiting.set(snap.num_waiting)
             m.kv_cache_usage_perc.set(snap.kv_usage)

@@ -23,6 +23,8 @@ class EngineSnapshot:
     spec_accepted_per_pos: tuple = ()
     step_seconds: dict = field(default_factory=dict)  # part -> cumulative profiled seconds
     profiled_steps: int = 0
+    running_loras: tuple = ()  # LoRA adapters of the running / waiting requests (names)
+    waiting_loras: tuple = ()
 
     @classmethod
     def of(cls, stats) -> "EngineSnapshot":
@@ -41,4 +43,5 @@ class EngineSnapshot:
             prefix_queries=kv.prefix_queries, prefix_hits=kv.prefix_hits,
             transfer_bytes=dict(moved.bytes_moved), transfer_seconds=dict(moved.seconds),
             step_seconds=stats.step_time.by_part(),
-            profiled_steps=stats.step_time.profiled_steps, **extra)
+            profiled_steps=stats.step_time.profiled_steps, running_loras=sched.running_loras,
+            waiting_loras=sched.waiting_loras, **extra)

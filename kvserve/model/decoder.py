@@ -92,7 +92,9 @@ class GatedMLP(nn.Module):
         self.act = GatedActivation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = in_row_chunks(self._forward, x, 2 * self.inter)
+        lora = self.gate_up_proj.lora
+        out = in_row_chunks(self._forward, x, 2 * self.inter,
+                            lora.rows if lora is not None else None)
         return out if self.tp is None else self.tp.all_reduce_(out)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,9 @@ class GPT2MLP(nn.Module):
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = in_row_chunks(self._forward, x, self.c_fc.out_features)
+        lora = self.c_fc.lora
+        out = in_row_chunks(self._forward, x, self.c_fc.out_features,
+                            lora.rows if lora is not None else None)
         return out if self.tp is None else self.tp.all_reduce_(out)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

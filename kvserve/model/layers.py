@@ -21,6 +21,8 @@ class Linear(nn.Linear):
                  device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.method: LinearMethod = FloatLinearMethod()
+        # LoRA adapters' slots (kvserve.lora.layers.LoRALayer), when the engine serves them
+        self.lora = None
 
     def configure(self, mode: ExecutionMode) -> None:
         self.method.configure(self, mode)
@@ -31,7 +33,10 @@ class Linear(nn.Linear):
             return flat.reshape(*x.shape[:-1], self.out_features)
         if x.shape[0] == 0:  # a step with no rows here (none to sample, say)
             return x.new_empty((0, self.out_features))
-        return self.method.apply(self, x)
+        out = self.method.apply(self, x)
+        if self.lora is not None and self.lora.rows.slots is not None:
+            self.lora.add_to(x, out)
+        return out
 
 
 # glibc serves allocations of 32 MiB and more (its largest mmap threshold) with fresh
@@ -40,14 +45,23 @@ class Linear(nn.Linear):
 MAX_INTERMEDIATE_BYTES = 16 * 2**20
 
 
-def in_row_chunks(fn, x: torch.Tensor, row_elements: int) -> torch.Tensor:
+def in_row_chunks(fn, x: torch.Tensor, row_elements: int, lora_rows=None) -> torch.Tensor:
     """``fn(x)`` for a row-wise ``fn``, run on row chunks whose largest intermediate
     (``row_elements`` per row, counted at 4 bytes: float32, or an int8 layer's int32
-    sums) stays under MAX_INTERMEDIATE_BYTES; a row larger than that runs alone."""
+    sums) stays under MAX_INTERMEDIATE_BYTES; a row larger than that runs alone.
+    ``lora_rows``: the step's LoRA rows (kvserve.lora.layers.LoRARows), told where each
+    chunk starts."""
     rows = max(1, MAX_INTERMEDIATE_BYTES // (4 * row_elements))
     if x.shape[0] <= rows:
         return fn(x)
-    return torch.cat([fn(chunk) for chunk in x.split(rows)])
+    if lora_rows is None or lora_rows.slots is None:
+        return torch.cat([fn(chunk) for chunk in x.split(rows)])
+    outs = []
+    for start in range(0, x.shape[0], rows):
+        lora_rows.offset = start
+        outs.append(fn(x[start:start + rows]))
+    lora_rows.offset = 0
+    return torch.cat(outs)
 
 
 class RMSNorm(nn.Module):

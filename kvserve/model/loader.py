@@ -115,11 +115,7 @@ def _load_weights(model: nn.Module, files: list[Path]) -> None:
         name = rename(raw_name)
         if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")):
             continue  # buffers some checkpoints carry
-        target, shard = name, None
-        for frag, (fused, idx) in model.stacked_params.items():
-            if frag in name:
-                target, shard = name.replace(frag, fused), idx
-                break
+        target, shard = checkpoint_target(model, name)
         if target not in params:
             raise ValueError(
                 f"{path.name}: tensor {raw_name!r} has no place in {type(model).__name__}")
@@ -137,6 +133,15 @@ def _load_weights(model: nn.Module, files: list[Path]) -> None:
         dest.copy_(tensor)
         loaded.add(target if shard is None else f"{target}#{shard}")
     _check_complete(model, params, loaded)
+
+
+def checkpoint_target(model: nn.Module, name: str) -> tuple[str, int | None]:
+    """The model's parameter a checkpoint tensor ``name`` (already renamed) loads into,
+    and its shard there: q/k/v and gate/up go into the fused weights."""
+    for frag, (fused, idx) in model.stacked_params.items():
+        if frag in name:
+            return name.replace(frag, fused), idx
+    return name, None
 
 
 def _check_complete(model: nn.Module, params: dict, loaded: set[str]) -> None:

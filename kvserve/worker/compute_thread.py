@@ -150,6 +150,9 @@ class ComputeThreadWorker(Worker):
     def forget_drafts(self, request_ids: list[str]) -> None:
         self._thread.call(self.inner.forget_drafts, request_ids)
 
+    def remove_lora(self, lora_int_id: int) -> None:
+        self._thread.call(self.inner.remove_lora, lora_int_id)
+
     def kernel_build(self) -> KernelBuild:
         return self.inner.kernel_build()
 

@@ -28,6 +28,7 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.kernels import NATIVE_KV_DTYPES, load_kernels
 from kvserve.kernels.build import build_key
 from kvserve.logger import init_logger
+from kvserve.lora.manager import LoRAManager
 from kvserve.model.registry import read_arch_config
 from kvserve.model.execution import ExecutionMode, configure_layers
 from kvserve.model.loader import load_model
@@ -76,6 +77,14 @@ class CPUWorker(Worker):
         self._pack_panels(self.model, self.tuner)
         self._place_weights(self.model, "")
         self.profiler = StepProfiler(self.model, worker_cfg.step_profile_interval)
+        self.lora = (None if config.lora is None else
+                     LoRAManager(self.model, config.lora, model_cfg.dtype, self.kernels))
+        if self.lora is not None:
+            logger.info("LoRA: %d slots of rank %d in %d layers (%.1f MiB), up to %d adapters "
+                        "read (%.1f MiB reserved in all)", config.lora.max_loras,
+                        config.lora.max_lora_rank, len(self.lora.layers),
+                        self.lora.slot_bytes / 2**20, config.lora.cache_size,
+                        self.lora.reserved_bytes / 2**20)
         cache = config.cache
         self.kv_dtype = (model_cfg.dtype if cache.kv_cache_dtype == "auto"
                          else getattr(torch, cache.kv_cache_dtype))
@@ -190,7 +199,8 @@ class CPUWorker(Worker):
 
     def determine_kv_cache_layout(self) -> KVCacheLayout:
         return kv_cache_layout(self.config, self.arch, self.kv_dtype,
-                               self.tp.size if self.tp is not None else 1)
+                               self.tp.size if self.tp is not None else 1,
+                               self.lora.reserved_bytes if self.lora is not None else 0)
 
     def initialize_kv_cache(self, layout: KVCacheLayout) -> None:
         cache = self.config.cache
@@ -205,6 +215,7 @@ class CPUWorker(Worker):
                                   self.config.model.seed, attention, disk_path, self._pool_zeros,
                                   engine_kv_groups(self.config))
         self.runner.captured = self._captured_step(self.runner, "")
+        self.runner.lora = self.lora
 
     # -- warm-up -----------------------------------------------------------------------------
 
@@ -220,9 +231,10 @@ class CPUWorker(Worker):
         self._panel_gemms()
         self.tuner.warm_gemms(self.model, self.config.worker.gemm_warmup_rows)
         self.tuner.captured_rows(self.runner)
-        if self.tuner.captured_takes_every_few_row_step(self.runner):
+        if self.lora is None and self.tuner.captured_takes_every_few_row_step(self.runner):
             # row padding and the few-row paths tune eager steps of up to eight rows;
-            # every decode step of so few rows now runs captured, on its own GEMV
+            # every decode step of so few rows now runs captured, on its own GEMV (a step
+            # with LoRA adapters runs eager)
             logger.info("few-row GEMMs not tuned: steps of 1-%d decoding rows run captured",
                         CAPTURED_MAX_ROWS)
         else:
@@ -364,6 +376,10 @@ class CPUWorker(Worker):
     def kernel_build(self) -> KernelBuild:
         kernels = load_kernels()  # loaded at start whatever the attention: threads bind by it
         return KernelBuild(kernels.available, kernels.reason)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        if self.lora is not None:
+            self.lora.remove(lora_int_id)
 
     def transfer_stats(self) -> TransferStats:
         mover = self.runner.mover

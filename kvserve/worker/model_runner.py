@@ -69,6 +69,7 @@ class ModelRunner:
         self.mask_wait_seconds = 0.0  # sampling waited this long for grammar masks
         # embedding requests pooled over chunks: request id -> (sum of rows, how many)
         self._pooling: dict[str, tuple[torch.Tensor, int]] = {}
+        self.lora = None  # a LoRAManager (kvserve/lora/manager.py) when adapters are served
 
     @torch.inference_mode()
     def warm_up(self, num_tokens: int, max_prompt_len: int = 512) -> int:
@@ -172,12 +173,25 @@ class ModelRunner:
         result = ModelRunnerOutput()
         if not out.scheduled:
             return result
-        # a decode step the captured step covers needs no StepInputs
-        logits = self.captured.decode(out.scheduled) if self.captured is not None else None
+        adapted = self.lora is not None and any(s.lora is not None for s in out.scheduled)
+        try:
+            return self._execute(out, result, adapted)
+        finally:
+            if adapted:
+                self.lora.end_step()
+
+    def _execute(self, out: SchedulerOutput, result: ModelRunnerOutput, adapted: bool
+                 ) -> ModelRunnerOutput:
+        # a decode step the captured step covers needs no StepInputs (nor adapters: a step
+        # with any runs eager)
+        logits = (self.captured.decode(out.scheduled)
+                  if self.captured is not None and not adapted else None)
         if logits is not None:
             order, num_draft_rows = out.scheduled, 0
         else:
             inputs = self.step_inputs(out.scheduled)
+            if adapted:
+                self.lora.begin_step(inputs.order)
             if inputs.pool_rows is not None:
                 hidden = self.forward_hidden(inputs)
                 num_logits = hidden.shape[0] - len(inputs.pool_rows)
@@ -249,10 +263,16 @@ class ModelRunner:
     def forward_hidden(self, inputs: StepInputs) -> torch.Tensor:
         """The final hidden states of the step's sampling, prompt-scoring and pooled rows,
         in that order (eager: a pooled step is a prompt chunk)."""
-        rows = [inputs.sample_rows] + [r for r in (inputs.prompt_rows, inputs.pool_rows)
-                                       if r is not None]
-        return self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta,
-                          torch.cat(rows))
+        rows = torch.cat([inputs.sample_rows] + [r for r in (inputs.prompt_rows,
+                                                             inputs.pool_rows)
+                                                 if r is not None])
+        if self._adapted():  # adapted layers see every row: the rows are picked after
+            return self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta)[rows]
+        return self.model(inputs.tokens, inputs.positions, self.caches, inputs.meta, rows)
+
+    def _adapted(self) -> bool:
+        """Whether rows of the running step read LoRA adapters."""
+        return self.lora is not None and self.lora.rows.slots is not None
 
     def forward(self, inputs: StepInputs, caches: list[KVCache] | None = None
                 ) -> torch.Tensor:
@@ -261,13 +281,18 @@ class ModelRunner:
         other rows' K/V are all a later step needs): a prompt chunk skips most of one
         layer's work. A step the captured step covers runs there, as one native call.
         ``caches``: the first layers' pools, to run only those layers (the warm-up)."""
-        if caches is None and self.captured is not None and self.captured.covers(inputs):
+        adapted = self._adapted()
+        if (caches is None and self.captured is not None and not adapted
+                and self.captured.covers(inputs)):
             return self.captured(inputs)
         rows = inputs.sample_rows
         if inputs.prompt_rows is not None:
             rows = torch.cat([rows, inputs.prompt_rows])
         out_rows = None if len(rows) == len(inputs.tokens) and inputs.prompt_rows is None \
             else rows
-        hidden = self.model(inputs.tokens, inputs.positions,
-                            self.caches if caches is None else caches, inputs.meta, out_rows)
+        caches = self.caches if caches is None else caches
+        if adapted and out_rows is not None:  # adapted layers see every row
+            hidden = self.model(inputs.tokens, inputs.positions, caches, inputs.meta)[out_rows]
+        else:
+            hidden = self.model(inputs.tokens, inputs.positions, caches, inputs.meta, out_rows)
         return self.model.compute_logits(hidden)

@@ -162,6 +162,9 @@ class Worker(ABC):
     def forget_drafts(self, request_ids: list[str]) -> None:
         """The draft KV of requests that finished goes back to its pool."""
 
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Forget a LoRA adapter (unloaded): its weights read and its slot."""
+
     def transfer_stats(self) -> TransferStats:
         return TransferStats()
 

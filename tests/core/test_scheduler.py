@@ -77,3 +77,26 @@ def test_decodes_carry_the_drafts_set_for_them_as_max_tokens_leaves_room():
     sched.set_drafts({"a": [1]})
     sched.set_drafts({})  # in place of the drafts set before
     assert _drafted(sched.schedule()) == {}
+
+
+def test_requests_for_more_adapters_than_slots_wait_and_others_pass_them():
+    """max_loras adapters run at once; a request for another waits while the base and
+    the running adapters' requests behind it are admitted; it runs once a slot frees."""
+    from kvserve.lora.request import LoRARequest
+    loras = [LoRARequest(f"a{i}", i + 1, f"/adapters/a{i}") for i in range(3)]
+    args = EngineArgs(enable_prefix_caching=False)
+    sched = Scheduler(args.create_scheduler_config(),
+                      create_kv_manager(args.create_cache_config(), 512), max_loras=2)
+    for rid, lora in (("a0", loras[0]), ("a1", loras[1]), ("a2", loras[2]), ("base", None),
+                      ("a0-again", loras[0])):
+        req = make_request(rid, list(range(10)), 2)
+        req.lora_request = lora
+        sched.add_request(req)
+    out = sched.schedule()
+    assert _new_prompts(out) == ["a0", "a1", "base", "a0-again"]
+    assert [s.lora for s in out.scheduled] == [loras[0], loras[1], None, loras[0]]
+    assert out.stats.running_loras == ("a0", "a1") and out.stats.waiting_loras == ("a2",)
+    sched.update(out, {s.request_id: 7 for s in out.scheduled})
+    out = sched.schedule()
+    sched.update(out, {s.request_id: 7 for s in out.scheduled})  # max_tokens 2: all done
+    assert _new_prompts(sched.schedule()) == ["a2"]

@@ -82,6 +82,16 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def served(model_dir: str, log_path: Path, *extra: str):
+    """A healthy ServerProcess for a fixture to yield from; terminated after."""
+    server = ServerProcess(model_dir, log_path, *extra)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.terminate()
+
+
 @pytest.fixture(scope="session")
 def server_pair(llama_dir, tmp_path_factory):
     """(main server, strict server), started together so their start-ups overlap.

@@ -14,20 +14,14 @@ import pytest
 
 from tests.entrypoints.batch_client import MODEL, TERMINAL, completion_body, jsonl, line, \
     make_client, read_lines, upload, wait_batch
-from tests.entrypoints.conftest import ServerProcess
+from tests.entrypoints.conftest import served
 
 
 @pytest.fixture(scope="module")
 def srv(llama_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("batch_api")
-    server = ServerProcess(llama_dir, tmp / "server.log", "--served-model-name", MODEL,
-                           "--state-dir", str(tmp / "state"),
-                           "--max-batch-lines-in-flight", "4")
-    try:
-        server.wait_healthy()
-        yield server
-    finally:
-        server.terminate()
+    yield from served(llama_dir, tmp / "server.log", "--served-model-name", MODEL,
+                      "--state-dir", str(tmp / "state"), "--max-batch-lines-in-flight", "4")
 
 
 @pytest.fixture(scope="module")

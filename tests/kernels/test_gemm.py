@@ -10,21 +10,12 @@ import pytest
 import torch
 
 from kvserve.kernels import Kernels, load_kernels
+from tests.helpers import KERNEL_BUILD_FLAGS as BUILD_FLAGS
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
 
 
-BUILD_FLAGS = {"avx2": ("-mno-avx512f",), "plain-c": ("-mno-avx512f", "-mno-avx2", "-mno-fma")}
-
-
-@pytest.fixture(scope="module", params=["native", "avx2", "plain-c"])
-def build(request):
-    if request.param == "native":
-        return kernels
-    built = Kernels(BUILD_FLAGS[request.param])
-    assert built.available, built.reason
-    return built
 
 
 # 6: one whole tile; 7, 13: a partial one; 97, 200: more than one group of 96 rows

@@ -8,7 +8,8 @@ and ``bench serving``'s run at a fixed request rate against vLLM, and ``bench
 startup``'s start with a saved tuning plan against one that measures, and ``bench
 memory``'s KV held per request with and without KV groups, and ``bench moe``'s
 mixture-of-experts decode against a dense model of its size, and ``bench sinks``'s
-perplexity past the training context with and without attention sinks. The README's
+perplexity past the training context with and without attention sinks, and ``bench
+lora``'s decode steps over four adapters against the base alone. The README's
 "Performance" section is the headline table of the machine measured last;
 docs/performance.md's "Current figures" holds every machine's figures. A test checks that both are exactly what this
 module prints from the files, so no figure is typed by hand. ``--write`` puts them there.
@@ -51,6 +52,8 @@ class Result:
             return "moe"
         if "perplexity_past_training_context" in self.data.get("result", {}):
             return "sinks"
+        if "lora_over_base" in self.data.get("result", {}):
+            return "lora"
         return None
 
     @property
@@ -69,6 +72,7 @@ class MachineResults:
     memory: Result | None = None
     moe: Result | None = None
     sinks: Result | None = None
+    lora: Result | None = None
     others: list[Result] = field(default_factory=list)
 
     @property
@@ -78,7 +82,8 @@ class MachineResults:
     @property
     def results(self) -> list[Result]:
         return [r for r in (self.compare, self.serving, self.startup, self.memory,
-                            self.moe, self.sinks, *self.others) if r is not None]
+                            self.moe, self.sinks, self.lora, *self.others)
+                if r is not None]
 
 
 def load_results(root: Path) -> list[Result]:
@@ -105,7 +110,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     return sorted(groups.values(), key=lambda g: g.date, reverse=True)
 
 
-KINDS = ("compare", "serving", "startup", "memory", "moe", "sinks")
+KINDS = ("compare", "serving", "startup", "memory", "moe", "sinks", "lora")
 
 
 def _machine_title(m: dict[str, Any]) -> str:
@@ -249,6 +254,16 @@ def _sinks_lines(res: Result, base: str) -> list[str]:
             f"{_provenance(res, base)})."]
 
 
+def _lora_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    step = {k: 1e3 * sorted(v)[len(v) // 2] for k, v in d["step_s"].items()}
+    return ["", f"LoRA ({res.data.get('model')}, {d['batch']} requests decoding, spread over "
+            f"{d['adapters']} adapters of rank {d['rank']}): a step takes {step['lora']:.1f} ms, "
+            f"the base alone {step['base']:.1f} ms: {_ratio(d.get('lora_over_base'))}; with "
+            f"torch's grouped matmuls for the adapters {_ratio(d.get('lora_torch_over_base'))} "
+            f"(`bench lora`, {_provenance(res, base)})."]
+
+
 def machine_sections(results: Iterable[Result], base: str = ".",
                      kinds: tuple[str, ...] = KINDS) -> list[list[str]]:
     """Each machine's lines of the ``kinds`` of results it has, the machine measured last
@@ -256,7 +271,7 @@ def machine_sections(results: Iterable[Result], base: str = ".",
     the repository."""
     lines_of = {"compare": _compare_lines, "serving": _serving_lines,
                 "startup": _startup_lines, "memory": _memory_lines, "moe": _moe_lines,
-                "sinks": _sinks_lines}
+                "sinks": _sinks_lines, "lora": _lora_lines}
     out = []
     for group in _by_machine(results):
         present = [k for k in kinds if getattr(group, k) is not None

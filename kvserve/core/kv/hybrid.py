@@ -101,7 +101,7 @@ class HybridKVCacheManager(KVCacheManager):
             return 0
         full = (req.num_tokens - 1) // self.block_size  # its last token is computed
         hashes = chain_hashes(req.token_slice(0, full * self.block_size), self.block_size,
-                              full, self._hashes.get(req.request_id, []))
+                              full, self._hashes.get(req.request_id, []), req.prefix_root)
         self._hashes[req.request_id] = hashes
         k = self._cached_prefix(hashes)
         tables = []
@@ -131,7 +131,8 @@ class HybridKVCacheManager(KVCacheManager):
         known = self._hashes.get(rid, [])
         if len(known) < full:
             known = self._hashes[rid] = chain_hashes(
-                req.token_slice(0, full * self.block_size), self.block_size, full, known)
+                req.token_slice(0, full * self.block_size), self.block_size, full, known,
+                req.prefix_root)
         for g, table in enumerate(self._tables[rid]):
             for j in range(done, full):
                 if table[j] != DROPPED:

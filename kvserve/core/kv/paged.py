@@ -75,7 +75,8 @@ class PagedKVCacheManager(KVCacheManager):
         # never the whole sequence: its last token must be computed to sample from it
         full = (req.num_tokens - 1) // self.block_size
         tokens = req.token_slice(0, full * self.block_size)
-        hashes = chain_hashes(tokens, self.block_size, full, self._hashes.get(req.request_id, []))
+        hashes = chain_hashes(tokens, self.block_size, full, self._hashes.get(req.request_id, []),
+                              req.prefix_root)
         self._hashes[req.request_id] = hashes
         hit_blocks = []
         for h in hashes:
@@ -105,7 +106,7 @@ class PagedKVCacheManager(KVCacheManager):
         start, end = full * self.block_size, req.num_tokens - 1  # the last token is computed
         if end <= start:
             return 0
-        key = (hashes[-1] if hashes else None, tuple(req.token_slice(start, end)))
+        key = (hashes[-1] if hashes else req.prefix_root, tuple(req.token_slice(start, end)))
         donor = self._tail_owner.setdefault(key, req)
         if donor is req:
             self._tail_key[req.request_id] = key
@@ -209,7 +210,8 @@ class PagedKVCacheManager(KVCacheManager):
         known = self._hashes.get(rid, [])
         if len(known) < full:
             tokens = req.token_slice(0, full * self.block_size)
-            known = self._hashes[rid] = chain_hashes(tokens, self.block_size, full, known)
+            known = self._hashes[rid] = chain_hashes(tokens, self.block_size, full, known,
+                                                     req.prefix_root)
         table = self._tables[rid]
         for i in range(done, full):
             self.cache.register(known[i], table[i])

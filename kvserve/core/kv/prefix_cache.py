@@ -9,10 +9,11 @@ from typing import Sequence
 
 
 def chain_hashes(tokens: Sequence[int], block_size: int, num_blocks: int,
-                 known: list[int]) -> list[int]:
-    """Extend ``known`` (hashes of the first blocks) to the first ``num_blocks`` blocks."""
+                 known: list[int], root: int | None = None) -> list[int]:
+    """Extend ``known`` (hashes of the first blocks) to the first ``num_blocks`` blocks;
+    ``root``: the first block's parent (a LoRA adapter's key: its KV is its own)."""
     hashes = list(known)
-    parent = hashes[-1] if hashes else None
+    parent = hashes[-1] if hashes else root
     for i in range(len(hashes), num_blocks):
         parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
         hashes.append(parent)

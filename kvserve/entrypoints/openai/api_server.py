@@ -2,7 +2,7 @@
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses,
 POST /v1/embeddings, GET /v1/models,
-GET /v1/models/{id}, GET /health, GET /version, GET /metrics (Prometheus),
+GET /v1/models/{id}, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, GET /health, GET /version, GET /metrics (Prometheus),
 GET /v1/stats (the live window, JSON), GET /dashboard (a page that reads it),
 POST /tokenize, POST /detokenize. Every error is OpenAI's ``{"error": {...}}`` body; a client mistake
 is a 4xx, an internal failure a 500 for that request only.
@@ -41,6 +41,8 @@ from kvserve.entrypoints.openai.protocol import (DetokenizeRequest, ModelCard, M
 from kvserve.entrypoints.openai.serving_chat import create_chat_completion, render_chat
 from kvserve.entrypoints.openai.serving_completions import create_completion
 from kvserve.entrypoints.openai.context import ServerContext
+from kvserve.entrypoints.openai.lora_routes import LoRAModels, add_lora_routes, \
+    parse_lora_modules
 from kvserve.entrypoints.openai.openapi import build_openapi
 from kvserve.entrypoints.openai.request_body import parse_request
 from kvserve.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
@@ -118,14 +120,17 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               tool_call_parser: str = "hermes", batch: BatchSettings | None = None,
               reasoning_parser: str | None = None, chat_template: str | None = None,
-              auto_tool_choice: bool = True) -> FastAPI:
-    """``batch``: where the Batch API keeps its state (None: no /v1/files, /v1/batches)."""
+              auto_tool_choice: bool = True,
+              lora_modules: list[tuple[str, str]] = ()) -> FastAPI:
+    """``batch``: where the Batch API keeps its state (None: no /v1/files, /v1/batches);
+    ``lora_modules``: (name, directory) of the LoRA adapters served from the start."""
     ctx = ServerContext(engine, served_model_name, max_waiting, max_body_bytes,
                         TOOL_PARSERS[tool_call_parser](),
                         None if reasoning_parser is None else REASONING_PARSERS[reasoning_parser](),
                         chat_template, auto_tool_choice)
     tok = engine.tokenizer
     vocab = max(tok.vocab_size, engine.vocab_size)
+    loras = LoRAModels(ctx, engine)
 
     runner = None
     if batch is not None:
@@ -141,6 +146,8 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
+        for name, path in lora_modules:  # a bad one stops the server before it serves
+            await loras.load(name, path)
         task = asyncio.get_running_loop().create_task(runner.run()) if runner else None
         yield
         if task is not None:
@@ -206,13 +213,17 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
 
     @route("/v1/models", "GET")
     async def list_models(request: Request) -> Response:
-        return Response(ModelList(data=[model_card()]).model_dump_json(),
+        cards = [model_card(), *loras.cards(engine.max_model_len)]
+        return Response(ModelList(data=cards).model_dump_json(),
                         media_type="application/json")
 
     @route("/v1/models/{model:path}", "GET")
     async def get_model(request: Request) -> Response:
-        ctx.check_model(request.path_params["model"])
-        return Response(model_card().model_dump_json(), media_type="application/json")
+        name = request.path_params["model"]
+        ctx.check_model(name)
+        card = next((c for c in loras.cards(engine.max_model_len) if c.id == name),
+                    model_card())
+        return Response(card.model_dump_json(), media_type="application/json")
 
     @route("/v1/completions", "POST")
     async def completions(request: Request) -> Response:
@@ -253,6 +264,7 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
             raise bad_request(f"token ids must be in [0, {vocab}); got {bad[:5]}", "tokens")
         return JSONResponse({"prompt": tok.decode(req.tokens)})
 
+    add_lora_routes(route, loras, max_body_bytes)
     if runner is not None:
         add_batch_routes(route, runner.store, runner, batch.max_file_bytes, max_body_bytes)
     return app
@@ -268,6 +280,8 @@ def served_name(args: argparse.Namespace) -> str:
 
 
 def _check_server_args(args: argparse.Namespace) -> None:
+    if getattr(args, "lora_modules", None) and not getattr(args, "enable_lora", None):
+        raise ValueError("--lora-modules serves LoRA adapters: it needs --enable-lora")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     for name in ("max_waiting", "max_body_bytes", "max_batch_lines_in_flight",
@@ -327,6 +341,7 @@ class ServerSettings:
                    chat_template=(load_chat_template(args.chat_template)
                                   if getattr(args, "chat_template", None) else None),
                    auto_tool_choice=getattr(args, "enable_auto_tool_choice", True),
+                   lora_modules=parse_lora_modules(getattr(args, "lora_modules", None)),
                    batch=BatchSettings(args.state_dir or default_state_dir(),
                                        args.max_batch_lines_in_flight,
                                        args.max_batch_file_bytes))

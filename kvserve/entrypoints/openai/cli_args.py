@@ -55,6 +55,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, as a file or its text, used instead of the "
                         "model's (default: the model's own)")
+    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=DIR",
+                   help="LoRA adapters (PEFT directories) served from the start, each as "
+                        "name=path or JSON {\"name\": .., \"path\": ..}; a request's model "
+                        "field names one (needs --enable-lora)")
     p.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS.names(),
                    help="split a reasoning model's chat answers into reasoning_content "
                         "(its <think> block) and content (default: off)")

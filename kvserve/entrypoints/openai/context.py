@@ -1,12 +1,14 @@
 """ServerContext: what every handler needs — the engine and the server's settings."""
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.engine.async_engine import AsyncLLMEngine
 from kvserve.entrypoints.openai.errors import APIError
+from kvserve.lora.request import LoRARequest
 
 
 def random_id(prefix: str) -> str:
@@ -25,12 +27,23 @@ class ServerContext:
     reasoning_parser: Any = None  # a reasoning_parsers.ReasoningParser, or None: off
     chat_template: str | None = None  # --chat-template: instead of the model's
     auto_tool_choice: bool = True  # --enable-auto-tool-choice
+    # the LoRA adapters served, by name (one dict, shared by every request's context)
+    loras: dict[str, LoRARequest] = field(default_factory=dict)
+    lora: LoRARequest | None = None  # a request's context: the adapter its model names
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.model_name and model not in self.loras:
+            served = ", ".join(f"`{m}`" for m in [self.model_name, *self.loras])
             raise APIError(f"The model `{model}` does not exist. This server serves "
-                           f"`{self.model_name}` (see GET /v1/models).", 404, param="model",
+                           f"{served} (see GET /v1/models).", 404, param="model",
                            code="model_not_found")
+
+    def for_model(self, model: str | None) -> ServerContext:
+        """The context of a request naming ``model``: the base model's (this one), or a
+        LoRA adapter's, whose responses name the adapter; 404 for any other name."""
+        self.check_model(model)
+        lora = self.loras.get(model) if model is not None else None
+        return self if lora is None else dataclasses.replace(self, model_name=model, lora=lora)
 
     def check_capacity(self, num_new: int) -> None:
         if not self.engine.is_running:

@@ -10,8 +10,11 @@ from pydantic import BaseModel
 
 from kvserve.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
                                                  CompletionRequest, CompletionResponse,
-                                                 DetokenizeRequest, ModelCard, ModelList,
-                                                 TokenizeRequest)
+                                                 DetokenizeRequest, EmbeddingRequest,
+                                                 EmbeddingResponse, LoadLoRAAdapterRequest,
+                                                 ModelCard, ModelList, TokenizeRequest,
+                                                 UnloadLoRAAdapterRequest)
+from kvserve.entrypoints.openai.responses_protocol import ResponsesRequest
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "properties": {
@@ -63,6 +66,8 @@ def build_openapi(version: str, protected: bool) -> dict:
     def json_ok(schema: dict, streaming: bool = False) -> dict:
         content = {"application/json": {"schema": schema}, **(stream if streaming else {})}
         return {"description": "success", "content": content}
+    text_ok = {"description": "success", "content": {"text/plain": {"schema": {
+        "type": "string"}}}}
 
     paths = {
         "/v1/completions": {"post": _operation(
@@ -72,6 +77,19 @@ def build_openapi(version: str, protected: bool) -> dict:
             "OpenAI chat completions",
             json_ok(s.ref(ChatCompletionResponse, "serialization"), True), body_errors,
             s.ref(ChatCompletionRequest, "validation"))},
+        "/v1/responses": {"post": _operation(
+            "OpenAI responses (stateless)", json_ok({"type": "object"}, True), body_errors,
+            s.ref(ResponsesRequest, "validation"))},
+        "/v1/embeddings": {"post": _operation(
+            "OpenAI embeddings", json_ok(s.ref(EmbeddingResponse, "serialization")),
+            body_errors, s.ref(EmbeddingRequest, "validation"))},
+        "/v1/load_lora_adapter": {"post": _operation(
+            "serve a LoRA adapter", text_ok, ("400", "413", "415", "500", "503", *auth),
+            s.ref(LoadLoRAAdapterRequest, "validation"))},
+        "/v1/unload_lora_adapter": {"post": _operation(
+            "stop serving a LoRA adapter", text_ok, ("400", "404", "413", "415", "500", "503",
+                                                     *auth),
+            s.ref(UnloadLoRAAdapterRequest, "validation"))},
         "/tokenize": {"post": _operation("token ids of a prompt or conversation", json_ok(
             {"type": "object"}), ("400", "404", "413", "415", *auth),
             s.ref(TokenizeRequest, "validation"))},

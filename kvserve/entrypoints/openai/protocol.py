@@ -373,6 +373,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_now)
     owned_by: str = "kvserve"
+    root: str | None = None     # where its weights come from (a LoRA adapter's directory)
+    parent: str | None = None   # a LoRA adapter's base model
     max_model_len: int | None = None
     # the sampling fields a request leaving them unset gets (--generation-config)
     default_sampling_params: dict[str, Any] = Field(default_factory=dict)
@@ -381,3 +383,17 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class LoadLoRAAdapterRequest(_Request):
+    """vLLM's body of POST /v1/load_lora_adapter."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoRAAdapterRequest(_Request):
+    """vLLM's body of POST /v1/unload_lora_adapter (``lora_int_id``: checked if given)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None

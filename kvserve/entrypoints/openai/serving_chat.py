@@ -121,7 +121,7 @@ async def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPr
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
     arrival = time.monotonic()
     req = await parse_request(request, ChatCompletionRequest, ctx.max_body_bytes)
-    ctx.check_model(req.model)
+    ctx = ctx.for_model(req.model)
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
     if req.stream_options is not None and not req.stream:

@@ -86,7 +86,7 @@ def _vllm_prompt_logprobs(entries, texts: TokenTexts):
 async def create_completion(request: Request, ctx: ServerContext) -> Response:
     arrival = time.monotonic()
     req = await parse_request(request, CompletionRequest, ctx.max_body_bytes)
-    ctx.check_model(req.model)
+    ctx = ctx.for_model(req.model)
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n and not req.use_beam_search:

@@ -29,7 +29,7 @@ def _encode(vector: list[float], fmt: str) -> list[float] | str:
 async def create_embedding(request: Request, ctx: ServerContext) -> Response:
     arrival = time.monotonic()
     req = await parse_request(request, EmbeddingRequest, ctx.max_body_bytes)
-    ctx.check_model(req.model)
+    ctx = ctx.for_model(req.model)
     prompts = await tokenize_prompts(ctx, req.input, "input")
     params = PoolingParams(dimensions=req.dimensions)
     ctx.check_capacity(len(prompts))
@@ -39,7 +39,8 @@ async def create_embedding(request: Request, ctx: ServerContext) -> Response:
         for i, (text, ids) in enumerate(prompts):
             prompt = {"prompt_token_ids": ids, **({"prompt": text} if text else {})}
             streams.append(await ctx.engine.add_request(
-                f"{request_id}-{i}", prompt, params, arrival_time=arrival, final_only=True))
+                f"{request_id}-{i}", prompt, params, arrival_time=arrival, final_only=True,
+                lora_request=ctx.lora))
     except ValueError as e:
         ctx.engine.abort([s.request_id for s in streams])
         param = "dimensions" if "dimensions" in str(e) else "input"

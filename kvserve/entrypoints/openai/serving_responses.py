@@ -87,7 +87,7 @@ def _usage(out) -> dict:
 async def create_response(request: Request, ctx: ServerContext) -> Response:
     arrival = time.monotonic()
     req = await parse_request(request, ResponsesRequest, ctx.max_body_bytes)
-    ctx.check_model(req.model)
+    ctx = ctx.for_model(req.model)
     req.check_supported()
     chat_req = as_chat_request(req)
     chat = await prepare_chat(ctx, chat_req)

@@ -123,7 +123,8 @@ async def add_all(ctx: ServerContext, base_id: str, prompts: list[dict],
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             streams.append(await ctx.engine.add_request(
                 f"{base_id}-{i}", prompt, sp, priority=priority, arrival_time=arrival,
-                trace_headers=trace_headers, background=background, final_only=final_only))
+                trace_headers=trace_headers, background=background, final_only=final_only,
+                lora_request=ctx.lora))
     except BaseException as e:
         ctx.engine.abort([s.request_id for s in streams])
         if isinstance(e, ValueError):
