@@ -8,6 +8,7 @@ from kvserve.config.validate import choice, non_negative_int, optional_positive_
     parse_cpu_list, positive_int
 
 ATTENTION_BACKENDS = ("auto", "torch")
+DEVICES = ("auto", "cpu", "cuda")
 MAX_LINEAR_MIN_ROWS = 16
 
 
@@ -24,9 +25,16 @@ class WorkerConfig:
     huge_pages: bool = True               # weights and KV pools on transparent huge pages
     tuning_plan: str | None = None        # a plan file: loaded if there, else saved there
     tuning_cache: bool = True             # reuse the plan cached for this machine and model
+    device: str = "auto"                  # cpu | cuda | auto (cuda when torch sees one)
+    gpu_memory_utilization: float = 0.9   # cuda: the share of device memory kvserve uses
 
     def __post_init__(self) -> None:
         choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        choice("device", self.device, DEVICES)
+        if not (isinstance(self.gpu_memory_utilization, (int, float))
+                and 0 < self.gpu_memory_utilization <= 1):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization!r}")
         if self.linear_min_rows is not None:
             positive_int("linear_min_rows", self.linear_min_rows)
             if self.linear_min_rows > MAX_LINEAR_MIN_ROWS:

@@ -25,7 +25,7 @@ from kvserve.config.model import DTYPES, ModelConfig
 from kvserve.config.parallel import ParallelConfig
 from kvserve.config.scheduler import PREEMPTION_MODES, SCHEDULING_POLICIES, SchedulerConfig
 from kvserve.config.speculative import SpeculativeConfig
-from kvserve.config.worker import ATTENTION_BACKENDS, WorkerConfig
+from kvserve.config.worker import ATTENTION_BACKENDS, DEVICES, WorkerConfig
 from kvserve.core.batching import BATCHING_POLICIES
 from kvserve.core.kv import KV_MANAGERS
 from kvserve.model.model_config import check_model_settings, create_model_config
@@ -33,6 +33,7 @@ from kvserve.model.quantization import QUANTIZATION_METHODS
 from kvserve.model.tensor_parallel import check_shardable
 from kvserve.spec_decode import PROPOSERS
 from kvserve.spec_decode.draft_model import check_draft_model
+from kvserve.worker.device import resolve_device
 
 Part = TypeVar("Part")
 
@@ -187,6 +188,14 @@ class EngineArgs:
         "model and settings (kept under $KVSERVE_CACHE_DIR/tuning, ~/.cache/kvserve/tuning): "
         "a restart starts sooner and runs the same kernels; off: measure at every start")
 
+    device: str = _setting(WorkerConfig.device,
+        "where the model computes: cpu, cuda (a GPU: Triton paged attention, bfloat16 by "
+        "default, the KV pool sized from free device memory) or auto (cuda when torch "
+        "sees one)", choices=DEVICES)
+    gpu_memory_utilization: float = _setting(WorkerConfig.gpu_memory_utilization,
+        "cuda: the share of the device's memory the engine may use (weights, activations "
+        "and the KV pool), as vLLM's")
+
     tensor_parallel_size: int = _setting(ParallelConfig.tensor_parallel_size,
         "ranks that split the model's heads, MLP and vocabulary between them, one "
         "process each, on torch.distributed's gloo over loopback")
@@ -241,7 +250,8 @@ class EngineArgs:
 
     def create_worker_config(self) -> WorkerConfig:
         warmup_rows = self.max_num_seqs if self.gemm_warmup_rows is None else self.gemm_warmup_rows
-        return self._part(WorkerConfig, gemm_warmup_rows=warmup_rows)
+        return self._part(WorkerConfig, gemm_warmup_rows=warmup_rows,
+                          device=resolve_device(self.device))
 
     def create_parallel_config(self) -> ParallelConfig:
         return self._part(ParallelConfig)
@@ -259,7 +269,8 @@ class EngineArgs:
         """The validated parts; reads the model directory's config.json. Here also the
         rules that need the model or an implementation: the model split over the ranks,
         a KV manager that gives back rejected drafts' slots, a draft model that fits."""
-        model = create_model_config(self.model, dtype=self.dtype,
+        worker = self.create_worker_config()
+        model = create_model_config(self.model, dtype=self.dtype, device=worker.device,
                                     max_model_len=self.max_model_len,
                                     quantization=self.quantization, seed=self.seed,
                                     generation_config=self.generation_config,
@@ -269,8 +280,7 @@ class EngineArgs:
         if parallel.tensor_parallel_size > 1:
             check_shardable(model.arch, parallel.tensor_parallel_size)
         config = EngineConfig(model=model, cache=self.create_cache_config(),
-                              scheduler=self.create_scheduler_config(),
-                              worker=self.create_worker_config(),
+                              scheduler=self.create_scheduler_config(), worker=worker,
                               speculative=self.create_speculative_config(), parallel=parallel,
                               lora=self.create_lora_config())
         if config.speculative is not None:

@@ -115,12 +115,15 @@ def splits_for(max_blocks: int, rows: int, heads: int, target_programs: int = 25
 
 def paged_attention_rows(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                          tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                         window: int = 0, splits: int | None = None) -> torch.Tensor:
-    """q [T, H, D] -> out [T, H, D] (float32): row t attends the keys of ``tables[t]``
-    before ``seq_lens[t]`` (the last ``window`` of them when ``window`` > 0)."""
+                         window: int = 0, splits: int | None = None,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, D] -> out [T, H, D] (float32, contiguous; made here unless given): row t
+    attends the keys of ``tables[t]`` before ``seq_lens[t]`` (the last ``window`` of them
+    when ``window`` > 0)."""
     rows, heads, dim = q.shape
     kv_heads, bs = k_pool.shape[1], k_pool.shape[3]
-    out = torch.empty((rows, heads, dim), dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty((rows, heads, dim), dtype=torch.float32, device=q.device)
     max_blocks = tables.shape[1]
     splits = splits or splits_for(max_blocks, rows, heads)
     per_split = -(-max_blocks // splits)
@@ -137,3 +140,27 @@ def paged_attention_rows(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         _merge_splits[(rows, heads)](out, part, stat, out.stride(0), out.stride(1), D=dim,
                                      SPLITS=splits)
     return out
+
+
+def supports(head_dim: int, block_size: int) -> str:
+    """Why these kernels cannot serve a model's heads and pool ("" when they can): their
+    tiles span a whole head and a whole block, so both are powers of two."""
+    for name, value in (("head_dim", head_dim), ("block_size", block_size)):
+        if value & (value - 1):
+            return f"{name} {value} is not a power of two"
+    return ""
+
+
+class TritonAttention:
+    """The attention backend of the GPU worker, with the native kernels' interface (what
+    ``kvserve.model.attention.paged_attention`` calls): every row over its own block
+    table, and the KV writer."""
+
+    def paged_attention_rows(self, q, k_pool, v_pool, tables, seq_lens, out, scale: float,
+                             window: int) -> None:
+        if q.stride(2) != 1:
+            q = q.contiguous()
+        paged_attention_rows(q, k_pool, v_pool, tables, seq_lens, scale, window, out=out)
+
+    def write_kv(self, k, v, slots, k_pool, v_pool) -> None:
+        write_kv(k, v, slots, k_pool, v_pool)

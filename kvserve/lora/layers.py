@@ -28,16 +28,19 @@ class LoRARows:
     every adapted layer of a model. ``offset``: where the rows a layer is given start
     (a large MLP runs its rows in chunks, see ``layers.in_row_chunks``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device = torch.device("cpu")) -> None:
+        self.device = device
         self.slots: torch.Tensor | None = None  # int64 [rows]; None: no adapter this step
+        self._host: np.ndarray | None = None  # the same on the host
         self.offset = 0
         self._groups: dict[tuple[int, int], list[tuple[int, slice | torch.Tensor]]] = {}
 
     def set(self, slots: np.ndarray | None) -> None:
         self._groups = {}
         self.offset = 0
-        self.slots = (None if slots is None or not (slots >= 0).any()
-                      else torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)))
+        self._host = None if slots is None else np.ascontiguousarray(slots, dtype=np.int64)
+        self.slots = (None if self._host is None or not (self._host >= 0).any()
+                      else torch.from_numpy(self._host).to(self.device))
 
     def window(self, rows: int) -> torch.Tensor:
         """The slots of the ``rows`` rows a layer is given now."""
@@ -52,7 +55,8 @@ class LoRARows:
         each slot among the ``rows`` rows a layer is given now."""
         key = (self.offset, rows)
         if key not in self._groups:
-            slots = self.window(rows).numpy()
+            self.window(rows)  # checks the range
+            slots = self._host[self.offset:self.offset + rows]
             found = []
             for s in np.unique(slots):
                 if s < 0:
@@ -61,7 +65,7 @@ class LoRARows:
                 if idx[-1] - idx[0] + 1 == len(idx):
                     found.append((int(s), slice(int(idx[0]), int(idx[-1]) + 1)))
                 else:
-                    found.append((int(s), torch.from_numpy(idx)))
+                    found.append((int(s), torch.from_numpy(idx).to(self.device)))
             self._groups[key] = found
         return self._groups[key]
 
@@ -70,17 +74,19 @@ class LoRALayer:
     """The adapter slots of one linear layer (see the module's docstring)."""
 
     def __init__(self, in_features: int, slice_sizes: list[int], num_slots: int,
-                 max_rank: int, dtype: torch.dtype, rows: LoRARows, kernels=None) -> None:
+                 max_rank: int, dtype: torch.dtype, rows: LoRARows, kernels=None,
+                 device: torch.device = torch.device("cpu")) -> None:
         self.rows = rows
         self.max_rank = max_rank
         self.bounds = np.cumsum([0] + slice_sizes).tolist()
         width = len(slice_sizes) * max_rank
-        self.a = torch.zeros(num_slots, width, in_features, dtype=dtype)
+        self.a = torch.zeros(num_slots, width, in_features, dtype=dtype, device=device)
         # B's rows padded by a cache line: rows a power of two apart share cache sets
-        padded = torch.zeros(num_slots, width, self.bounds[-1] + B_ROW_PAD, dtype=dtype)
+        padded = torch.zeros(num_slots, width, self.bounds[-1] + B_ROW_PAD, dtype=dtype,
+                             device=device)
         self.b = padded[:, :, :self.bounds[-1]]
         self.ranks = torch.zeros(num_slots, dtype=torch.int64)
-        self.kernels = kernels if dtype == torch.float32 else None
+        self.kernels = kernels if dtype == torch.float32 and device.type == "cpu" else None
         self._bounds = torch.tensor(self.bounds, dtype=torch.int64)
 
     @property

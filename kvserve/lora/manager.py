@@ -31,16 +31,16 @@ logger = init_logger(__name__)
 
 class LoRAManager:
     def __init__(self, model: nn.Module, config: LoRAConfig, dtype: torch.dtype,
-                 kernels=None) -> None:
+                 kernels=None, device: torch.device = torch.device("cpu")) -> None:
         self.model = model
         self.config = config
         self.dtype = dtype
-        self.rows = LoRARows()
+        self.rows = LoRARows(device)
         self.layers: dict[str, LoRALayer] = {}
         for name, sizes in lora_layers(model).items():
             linear = model.get_submodule(name)
             layer = LoRALayer(linear.in_features, sizes, config.max_loras,
-                              config.max_lora_rank, dtype, self.rows, kernels)
+                              config.max_lora_rank, dtype, self.rows, kernels, device)
             linear.lora = layer
             self.layers[name] = layer
         self.slot_held: list[LoRARequest | None] = [None] * config.max_loras

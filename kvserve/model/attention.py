@@ -141,7 +141,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         tables, seq_lens = meta.row_block_tables, meta.row_seq_lens
         if out_rows is not None:
             q, tables, seq_lens = q[out_rows], tables[out_rows], seq_lens[out_rows]
-        out = torch.empty(q.shape, dtype=torch.float32)
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         meta.native.paged_attention_rows(q.float(), cache.k, cache.v, tables, seq_lens, out,
                                          scale, meta.sliding_window)
         return out.to(q.dtype)
@@ -162,7 +162,7 @@ def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scores = torch.tanh(scores / softcap) * softcap
     if causal:
         qn, kn = scores.shape[-2], scores.shape[-1]
-        mask = torch.ones(qn, kn, dtype=torch.bool).tril(kn - qn)
+        mask = torch.ones(qn, kn, dtype=torch.bool, device=q.device).tril(kn - qn)
     if mask is not None:
         scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
                   else scores + mask)
@@ -183,7 +183,7 @@ def _sink_attention(q: torch.Tensor, q_sinks: torch.Tensor, k: torch.Tensor,
     scores[..., :s] = torch.matmul(q_sinks, k[..., :s, :].transpose(-1, -2)) * scale
     if causal:
         qn, kn = scores.shape[-2], scores.shape[-1]
-        mask = torch.ones(qn, kn, dtype=torch.bool).tril(kn - qn)
+        mask = torch.ones(qn, kn, dtype=torch.bool, device=q.device).tril(kn - qn)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)

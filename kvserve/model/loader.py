@@ -32,11 +32,15 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(requested: str, model_config: ArchConfig) -> torch.dtype:
-    """``auto``: the checkpoint's dtype if this CPU runs it fast, else float32."""
+def resolve_dtype(requested: str, model_config: ArchConfig, device: str = "cpu"
+                  ) -> torch.dtype:
+    """``auto``: on a GPU, float16 for a float16 checkpoint and bfloat16 for any other;
+    on the CPU, the checkpoint's dtype if this CPU runs it fast, else float32."""
     if requested != "auto":
         return _DTYPES[requested]
     wanted = _DTYPES.get(model_config.torch_dtype.replace("torch.", ""), torch.float32)
+    if device == "cuda":
+        return torch.float16 if wanted == torch.float16 else torch.bfloat16
     if wanted in (torch.bfloat16, torch.float16) and not cpu_has_bf16():
         logger.info("checkpoint dtype %s has no hardware support on this CPU: using float32",
                     model_config.torch_dtype)
@@ -76,14 +80,16 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor, Path]]:
 
 
 def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dtype,
-               quantization: str | None = None, tp=None) -> nn.Module:
+                quantization: str | None = None, tp=None,
+                device: torch.device | str = "cpu") -> nn.Module:
     """The checkpoint's model in ``dtype``, its linear layers quantized if asked; with
-    ``tp`` (a TensorParallelGroup), this rank's share of it."""
+    ``tp`` (a TensorParallelGroup), this rank's share of it; its weights read straight
+    into ``device``'s memory."""
     model_dir = Path(model_dir)
     cls = MODELS[model_config.architecture]
     with torch.device("meta"):
         model = cls(model_config)
-    model = model.to_empty(device="cpu")
+    model = model.to_empty(device=device)
     _load_weights(model, weight_files(model_dir))
     if hasattr(model, "make_rotaries"):  # buffers are not in checkpoints: made for real
         model.make_rotaries()
@@ -91,7 +97,7 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
         model.after_load()
     if model_config.tie_word_embeddings:
         _tie(model)
-    model = model.to(dtype)
+    model = model.to(dtype).to(device)  # (the tables made anew above are made on the CPU)
     if tp is not None:
         from kvserve.model.tensor_parallel import shard_model
         shard_model(model, tp)

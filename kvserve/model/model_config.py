@@ -67,10 +67,12 @@ def check_model_settings(dtype: str, max_model_len: int | None,
 
 
 def create_model_config(model: str | None, *, dtype: str, max_model_len: int | None,
-                        quantization: str | None, seed: int,
+                        quantization: str | None, seed: int, device: str = "cpu",
                         generation_config: str = "auto", attention_window: int | None = None,
                         attention_sinks: int = 0, runner: str = "auto") -> ModelConfig:
-    """The model's part of the engine config; reads the directory's config.json."""
+    """The model's part of the engine config; reads the directory's config.json.
+    ``device``: where it computes (the resolved ``--device``), which ``dtype`` auto
+    reads."""
     check_model_settings(dtype, max_model_len, quantization)
     model_dir = resolve_model_dir(model)
     arch = read_arch_config(model_dir)
@@ -82,6 +84,7 @@ def create_model_config(model: str | None, *, dtype: str, max_model_len: int | N
         raise ValueError(f"max_model_len {wanted} exceeds the model's "
                          f"max_position_embeddings {limit}")
     ModelConfig.check(dtype, max_model_len, runner)
-    return ModelConfig(model_dir, arch, resolve_dtype(dtype, arch), wanted, quantization, seed,
+    return ModelConfig(model_dir, arch, resolve_dtype(dtype, arch, device), wanted,
+                       quantization, seed,
                        generation_config, runner=runner,
                        sampling_defaults=sampling_defaults(generation_config, model_dir))

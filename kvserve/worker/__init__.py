@@ -8,14 +8,17 @@ from kvserve.worker.worker_base import KernelBuild, KVCacheLayout, TransferStats
 
 
 def create_worker(config: EngineConfig, model=None) -> Worker:
-    """The worker for this machine: the CPU worker, or one per rank behind a
-    TensorParallelWorker, computing on kvserve's own thread (:mod:`compute_thread`: the
+    """The worker for this machine: the GPU worker (``device`` cuda), the CPU worker, or
+    one per rank behind a TensorParallelWorker, computing on kvserve's own thread (:mod:`compute_thread`: the
     caller's threads keep their CPU mask). ``model``: weights already loaded for
     ``config.model`` (the tuner builds many engines over one; one process only)."""
     return ComputeThreadWorker(lambda: _create(config, model))
 
 
 def _create(config: EngineConfig, model) -> Worker:
+    if config.worker.device == "cuda":
+        from kvserve.worker.gpu_worker import CUDAWorker
+        return CUDAWorker(config, model)
     if config.parallel.tensor_parallel_size > 1:
         if model is not None:
             raise ValueError("preloaded weights cannot be split across tensor-parallel ranks")

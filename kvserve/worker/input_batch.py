@@ -32,6 +32,27 @@ class StepInputs:
     pool_rows: torch.Tensor | None = None
     pool_spans: list[tuple[ScheduledRequest, int]] | None = None
 
+    def to(self, device: torch.device) -> StepInputs:
+        """The same step with its tensors on ``device`` (built on the CPU: a GPU worker's
+        step copies them over once, without waiting)."""
+        if device.type == "cpu":
+            return self
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return dataclasses.replace(
+            self, tokens=move(self.tokens), positions=move(self.positions),
+            meta=_meta_to(self.meta, move), sample_rows=move(self.sample_rows),
+            prompt_rows=move(self.prompt_rows), pool_rows=move(self.pool_rows))
+
+
+def _meta_to(meta: AttentionMetadata, move) -> AttentionMetadata:
+    return dataclasses.replace(
+        meta, slot_mapping=move(meta.slot_mapping),
+        decode_block_tables=move(meta.decode_block_tables), decode_mask=move(meta.decode_mask),
+        row_block_tables=move(meta.row_block_tables), row_seq_lens=move(meta.row_seq_lens),
+        prefills=[dataclasses.replace(p, block_table=move(p.block_table), mask=move(p.mask))
+                  for p in meta.prefills],
+        windowed={key: _meta_to(m, move) for key, m in meta.windowed.items()})
+
 
 def _pad_tables(tables: list[list[int]], width: int) -> np.ndarray:
     out = np.zeros((len(tables), max(width, 1)), dtype=np.int64)

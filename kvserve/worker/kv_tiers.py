@@ -25,8 +25,9 @@ class BlockStore:
     def __init__(self, num_slots: int, caches: list[KVCache], path: Path | None = None) -> None:
         shape = (num_slots, *_slot_shape(caches))
         dtype = caches[0].k.dtype
-        if path is None:
-            self.data = torch.zeros(shape, dtype=dtype)
+        if path is None:  # pinned beside a GPU's pool: its copies to and fro run at full speed
+            self.data = torch.zeros(shape, dtype=dtype,
+                                    pin_memory=caches[0].k.device.type == "cuda")
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             numel = int(torch.Size(shape).numel())
@@ -46,13 +47,14 @@ class BlockStore:
 
 
 def read_blocks(caches: list[KVCache], blocks: list[int]) -> torch.Tensor:
-    idx = torch.tensor(blocks)
+    idx = torch.tensor(blocks, device=caches[0].k.device)
     return torch.stack([torch.stack((c.k[idx].flatten(1), c.v[idx].flatten(1)), dim=1)
                         for c in caches], dim=1)
 
 
 def write_blocks(caches: list[KVCache], blocks: list[int], data: torch.Tensor) -> None:
-    idx = torch.tensor(blocks)
+    idx = torch.tensor(blocks, device=caches[0].k.device)
+    data = data.to(caches[0].k.device)
     for layer, c in enumerate(caches):
         c.k[idx] = data[:, layer, 0].view(-1, *c.k.shape[1:])
         c.v[idx] = data[:, layer, 1].view(-1, *c.v.shape[1:])
@@ -83,7 +85,7 @@ class TierMover:
         for kind, ts in by_kind.items():
             data = staged[kind]
             if kind in READS_POOL:
-                self.stores[kind].data[torch.tensor([t.slot for t in ts])] = data
+                self.stores[kind].data[torch.tensor([t.slot for t in ts])] = data.cpu()
             else:
                 write_blocks(self.caches, [t.block for t in ts], data)
             self.bytes_moved[kind] += data.numel() * data.element_size()

@@ -41,11 +41,15 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch: ArchConfig, layout: KVCacheLayout,
                  kv_dtype: torch.dtype, seed: int, attention_kernels=None,
                  disk_path: Path | None = None, zeros=torch.zeros,
-                 groups: KVGroups | None = None) -> None:
-        """``attention_kernels``: native kernels that read this pool's dtype, or None
-        for torch attention; ``zeros`` allocates the pools (see KVCache); ``groups``:
-        the KV groups sharing the pool (a block holds one group's layers)."""
+                 groups: KVGroups | None = None,
+                 device: torch.device = torch.device("cpu")) -> None:
+        """``attention_kernels``: native kernels that read this pool's dtype (or the
+        Triton backend, on a GPU), or None for torch attention; ``zeros`` allocates the
+        pools (see KVCache); ``groups``: the KV groups sharing the pool (a block holds one
+        group's layers); ``device``: where the model and the pools are (a step's inputs
+        are built on the CPU and copied there, and its logits come back for sampling)."""
         self.model = model
+        self.device = device
         self.config = arch
         self.block_size = layout.block_size
         self.groups = groups
@@ -126,6 +130,7 @@ class ModelRunner:
         for _ in range(rounds + warm):
             start = time.perf_counter()
             self.forward(inputs)
+            self.synchronize()
             samples.append(time.perf_counter() - start)
         return statistics.median(samples[warm:])
 
@@ -155,7 +160,12 @@ class ModelRunner:
         """The tensors of a step of ``scheduled`` for this model and pool."""
         return build_inputs(scheduled, self.block_size, self.config.sliding_window,
                             self.native_attention, self.config.layer_windows, self.groups,
-                            self.config.attention_sinks)
+                            self.config.attention_sinks).to(self.device)
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (a GPU runs a step asynchronously)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -166,8 +176,8 @@ class ModelRunner:
         if out.kv_transfers:
             self.mover.run(out.kv_transfers)
         if out.block_copies:
-            src = torch.tensor([s for s, _ in out.block_copies])
-            dst = torch.tensor([d for _, d in out.block_copies])
+            src = torch.tensor([s for s, _ in out.block_copies], device=self.device)
+            dst = torch.tensor([d for _, d in out.block_copies], device=self.device)
             for cache in self.pools:
                 cache.copy_blocks(src, dst)
         result = ModelRunnerOutput()
@@ -195,10 +205,11 @@ class ModelRunner:
             if inputs.pool_rows is not None:
                 hidden = self.forward_hidden(inputs)
                 num_logits = hidden.shape[0] - len(inputs.pool_rows)
-                result.pooled = self._pool(hidden[num_logits:], inputs)
+                result.pooled = self._pool(hidden[num_logits:].cpu(), inputs)
                 logits = self.model.compute_logits(hidden[:num_logits])
             else:
                 logits = self.forward(inputs)
+            logits = logits.cpu()  # the sampler's host side (a no-op on the CPU)
             num_sample = len(inputs.sample_rows)
             if inputs.prompt_spans:
                 result.prompt_logprobs = self._prompt_logprobs(logits[num_sample:], inputs)
