@@ -271,3 +271,49 @@ def peft_greedy(model_dir: str, adapter_dir: str | None, prompts: list[list[int]
             ids = torch.tensor([[token]])
         outs.append(new)
     return outs
+
+
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the bench peer's version; its sdist vendors llama.cpp
+
+
+def llama_cpp_source(cache: Path) -> Path:
+    """llama.cpp's source tree, as llama-cpp-python's sdist vendors it (fetched by pip
+    once into ``cache``)."""
+    import subprocess
+    import sys
+    import tarfile
+    tree = cache / "llama.cpp"
+    if (tree / "convert_hf_to_gguf.py").is_file():
+        return tree
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", LLAMA_CPP_PYTHON, "--no-binary",
+                    ":all:", "--no-deps", "-d", str(cache)], check=True, capture_output=True)
+    sdist = next(cache.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(sdist) as tar:
+        tar.extractall(cache / "sdist", filter="data")
+    vendored = next((cache / "sdist").glob("llama_cpp_python-*/vendor/llama.cpp"))
+    vendored.rename(tree)
+    return tree
+
+
+# llama.cpp's converter names a BPE tokenizer's pre-tokenizer by hashing how it splits a
+# text, known only for published tokenizers; the test tokenizer splits as GPT-2's does
+_CONVERT = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
+import convert_hf_to_gguf
+import conversion.base
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
+convert_hf_to_gguf.main()
+"""
+
+
+def convert_to_gguf(source: Path, model_dir: str, outtype: str, out: Path) -> Path:
+    """``model_dir`` converted by llama.cpp's own converter to a GGUF file of ``outtype``
+    (f32, f16, bf16, q8_0)."""
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", _CONVERT, str(source), model_dir, "--outtype",
+                    outtype, "--outfile", str(out)], check=True, capture_output=True)
+    return out

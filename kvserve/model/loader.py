@@ -15,6 +15,7 @@ from safetensors import safe_open
 from torch import nn
 
 from kvserve.model.config import ArchConfig
+from kvserve.model.gguf import GGUF_MARKER, gguf_weights
 from kvserve.model.quantization import quantize_model
 from kvserve.model.registry import MODELS
 
@@ -90,7 +91,8 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
     with torch.device("meta"):
         model = cls(model_config)
     model = model.to_empty(device=device)
-    _load_weights(model, weight_files(model_dir))
+    _load_weights(model, gguf_weights(model_dir) if (model_dir / GGUF_MARKER).is_file()
+                  else iter_weights(weight_files(model_dir)))
     if hasattr(model, "make_rotaries"):  # buffers are not in checkpoints: made for real
         model.make_rotaries()
     if hasattr(model, "after_load"):  # what the model computes once from its weights
@@ -113,18 +115,20 @@ def _tie(model: nn.Module) -> None:
     model.lm_head.weight = emb.weight
 
 
-def _load_weights(model: nn.Module, files: list[Path]) -> None:
+def _load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, object]]
+                  ) -> None:
+    """Copy (name, tensor, where it came from) into the model's parameters."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     rename = getattr(model, "checkpoint_name", lambda n: n)
-    for raw_name, tensor, path in iter_weights(files):
+    for raw_name, tensor, path in weights:
         name = rename(raw_name)
         if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")):
             continue  # buffers some checkpoints carry
         target, shard = checkpoint_target(model, name)
         if target not in params:
             raise ValueError(
-                f"{path.name}: tensor {raw_name!r} has no place in {type(model).__name__}")
+                f"{Path(path).name}: tensor {raw_name!r} has no place in {type(model).__name__}")
         if any(name.endswith(s) for s in model.transposed_params):
             tensor = tensor.t()
         param = params[target]
@@ -134,7 +138,7 @@ def _load_weights(model: nn.Module, files: list[Path]) -> None:
             dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
         if tuple(dest.shape) != tuple(tensor.shape):
             raise ValueError(
-                f"{path.name}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, "
+                f"{Path(path).name}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, "
                 f"the model expects {tuple(dest.shape)}")
         dest.copy_(tensor)
         loaded.add(target if shard is None else f"{target}#{shard}")

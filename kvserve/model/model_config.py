@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kvserve.config.model import ModelConfig
 from kvserve.default_model import default_model_dir
+from kvserve.model.gguf import is_gguf, prepare_gguf
 from kvserve.model.registry import read_arch_config
 from kvserve.model.generation_config import sampling_defaults
 from kvserve.model.loader import resolve_dtype
@@ -14,13 +15,17 @@ from kvserve.model.quantization import check_quantization
 
 
 def resolve_model_dir(model: str | None) -> Path:
-    """The checkpoint directory; None is the embedded default model."""
+    """The checkpoint directory; None is the embedded default model; a GGUF file becomes
+    the directory made for it (``model/gguf/checkpoint.py``)."""
     if model is None:
         model = default_model_dir()
     path = Path(model)
+    if is_gguf(path):
+        return prepare_gguf(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"model directory {model!r} does not exist (kvserve loads "
-                                "local directories in Hugging Face layout; no hub downloads)")
+        raise FileNotFoundError(f"model {model!r} is neither a directory nor a GGUF file "
+                                "(kvserve loads local directories in Hugging Face layout and "
+                                "GGUF files; no hub downloads)")
     return path
 
 

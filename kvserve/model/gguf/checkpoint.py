@@ -1,0 +1,154 @@
+"""A GGUF file as a model directory: what the engine needs of a checkpoint, read from the
+one file llama.cpp's tools write.
+
+``prepare_gguf(path)`` makes (once per file, under ``$KVSERVE_CACHE_DIR/gguf``) a
+directory with ``config.json`` and the tokenizer, which transformers' GGUF support
+converts from the file's metadata (architecture, shapes, rope, vocabulary, merges, chat
+template), and a marker naming the file; the loader then reads the weights from the file
+(``gguf_weights``): each tensor dequantized by ``quants.py``, renamed to the Hugging Face
+name, and for the ``llama`` architecture with q and k un-permuted (llama.cpp's converter
+interleaves each head's rotary halves; transformers' layout keeps them apart).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from kvserve.kernels.build import cache_root
+from kvserve.model.gguf.quants import dequantize
+
+GGUF_MARKER = "kvserve_gguf.json"
+PREPARED_FORMAT = 1  # what a prepared directory holds: a change makes them anew
+MAGIC = b"GGUF"
+
+# llama.cpp's tensor names -> Hugging Face's, for the Llama-family layouts
+_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+           "output": "lm_head"}
+_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+# tensors a file may carry that the model computes from its config instead
+_DERIVED = ("rope_freqs.weight",)
+ARCHITECTURES = ("llama", "qwen3")  # those tested against transformers on converted files
+
+
+def is_gguf(path: str | Path) -> bool:
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == MAGIC
+
+
+def hf_name(name: str) -> str | None:
+    """The Hugging Face name of a llama.cpp tensor name (None: not a known one)."""
+    stem, _, kind = name.rpartition(".")
+    if stem in _GLOBAL:
+        return f"{_GLOBAL[stem]}.{kind}"
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)", stem)
+    if match and match.group(2) in _LAYER:
+        return f"model.layers.{match.group(1)}.{_LAYER[match.group(2)]}.{kind}"
+    return None
+
+
+def _reader(path: Path):
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ValueError("reading GGUF files needs the gguf package: pip install "
+                         "'kvserve[gguf]'") from None
+    return GGUFReader(str(path))
+
+
+def _field(reader, key: str):
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def prepare_gguf(path: str | Path) -> Path:
+    """The model directory of the GGUF file ``path`` (made on first use)."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{PREPARED_FORMAT}|{path}|{stat.st_size}|{stat.st_mtime_ns}"
+                         .encode()).hexdigest()[:20]
+    out = cache_root() / "gguf" / key
+    if (out / GGUF_MARKER).is_file():
+        return out
+    reader = _reader(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path.name}: GGUF architecture {arch!r} is not supported; "
+                         f"supported: {', '.join(ARCHITECTURES)}")
+    names = {t.name for t in reader.tensors}
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+    except ImportError:
+        raise ValueError("a GGUF file's config and tokenizer are converted by transformers: "
+                         "pip install 'kvserve[gguf]'") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".prepare-"))
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        if "output.weight" not in names:  # the converter leaves a tied head out
+            config.tie_word_embeddings = True
+        config.architectures = [type(config).__name__.removesuffix("Config") + "ForCausalLM"]
+        head_dim = _field(reader, f"{arch}.attention.key_length")
+        if head_dim:  # transformers' conversion leaves Qwen3's at its config's default
+            config.head_dim = int(head_dim)
+        config.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
+        (tmp / GGUF_MARKER).write_text(json.dumps({
+            "file": str(path), "architecture": arch,
+            "file_type": _field(reader, "general.file_type")}, indent=1))
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process prepared it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's permutation of a q or k projection's rows (each head's rows taken
+    as pairs of its two rotary halves, interleaved)."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor, str]]:
+    """(Hugging Face name, float32 values, the file's name) of each weight of the GGUF
+    file a prepared directory names."""
+    marker = json.loads((model_dir / GGUF_MARKER).read_text())
+    path = Path(marker["file"])
+    if not path.is_file():
+        raise FileNotFoundError(f"the GGUF file {path} of {model_dir} is gone")
+    reader = _reader(path)
+    arch = marker["architecture"]
+    heads = _field(reader, f"{arch}.attention.head_count")
+    kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or heads
+    for tensor in reader.tensors:
+        if tensor.name in _DERIVED:
+            continue
+        name = hf_name(tensor.name)
+        if name is None:
+            raise ValueError(f"{path.name}: tensor {tensor.name!r} has no place in a "
+                             f"{arch} model")
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        raw = torch.from_numpy(np.array(tensor.data))
+        values = dequantize(raw, tensor.tensor_type.name, shape)
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            values = _unpermute(values, heads if ".q_proj." in name else kv_heads)
+        yield name, values, path.name

@@ -1,0 +1,53 @@
+"""kvserve's dequantization of GGUF's block formats against gguf-py's (the reference
+implementation the llama.cpp project ships with its format): blocks of every format,
+their scales and codes drawn at random, and values quantized by gguf-py itself."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as reference, quantize
+
+from kvserve.model.gguf.quants import BLOCKS, dequantize
+
+# where each format keeps its f16 scales (byte offsets in a block): random bytes there
+# could spell infinities or NaNs
+HALVES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(kind: str, count: int, seed: int) -> np.ndarray:
+    values, nbytes = BLOCKS[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(count, nbytes), dtype=np.uint8)
+    for at in HALVES[kind]:
+        raw[:, at:at + 2] = rng.uniform(-2, 2, count).astype(np.float16).view(np.uint8) \
+            .reshape(count, 2)
+    return raw
+
+
+@pytest.mark.parametrize("kind", list(BLOCKS))
+def test_random_blocks_dequantize_as_gguf_py_does(kind):
+    values, nbytes = BLOCKS[kind]
+    raw = random_blocks(kind, 64, seed=len(kind)).reshape(8, -1)  # 8 rows of 8 blocks
+    want = reference(raw, GGMLQuantizationType[kind])
+    got = dequantize(torch.from_numpy(raw), kind, (8, 8 * values))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+def test_values_quantized_by_gguf_py_come_back_alike(kind):
+    x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
+    raw = quantize(x, GGMLQuantizationType[kind])
+    got = dequantize(torch.from_numpy(raw), kind, (4, 256))
+    np.testing.assert_allclose(got.numpy(), reference(raw, GGMLQuantizationType[kind]),
+                               rtol=1e-6, atol=1e-6)
+    assert np.abs(got.numpy() - x).max() < (0.02 if kind == "Q8_0" else 0.3)
+
+
+def test_unsupported_formats_and_ragged_rows_are_named():
+    with pytest.raises(ValueError, match="GGUF tensor type IQ2_XS is not supported; "
+                                         "supported: F32, F16, BF16, Q8_0"):
+        dequantize(torch.zeros(10, dtype=torch.uint8), "IQ2_XS", (1, 10))
+    with pytest.raises(ValueError, match="a Q4_K row of 100 values is not whole blocks"):
+        dequantize(torch.zeros(144, dtype=torch.uint8), "Q4_K", (1, 100))
