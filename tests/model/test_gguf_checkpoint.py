@@ -50,9 +50,11 @@ def transformers_greedy(path: Path) -> list[list[int]]:
     return outs
 
 
-@pytest.mark.parametrize("arch, outtype", [("llama", "f32"), ("llama", "q8_0"),
-                                           ("llama", "f16"), ("llama", "bf16"),
-                                           ("qwen3", "q8_0"), ("qwen3", "bf16")])
+@pytest.mark.parametrize("arch, outtype", [
+    ("llama", "q8_0"), ("qwen3", "q8_0"), pytest.param("llama", "f32", marks=pytest.mark.slow),
+    pytest.param("llama", "f16", marks=pytest.mark.slow),
+    pytest.param("llama", "bf16", marks=pytest.mark.slow),
+    pytest.param("qwen3", "bf16", marks=pytest.mark.slow)])
 def test_greedy_tokens_equal_transformers_on_the_same_file(arch, outtype, gguf_files):
     path = gguf_files(arch, outtype)
     llm = LLM(str(path), num_kv_blocks=64, dtype="float32")
