@@ -1,14 +1,18 @@
-"""The Triton paged attention and KV writer, run by Triton's interpreter on the CPU,
-against the torch path the engine runs: ragged rows (decode rows, prompt chunks), block
-tables with holes, grouped heads, sliding windows, split contexts, every KV dtype."""
+"""The Triton paged attention and KV writer, run by Triton's interpreter on the CPU (or
+compiled, on a GPU where torch sees one: tools/gpu_check.sh), against the torch path the
+engine runs: ragged rows (decode rows, prompt chunks), block tables with holes, grouped
+heads, sliding windows, split contexts, every KV dtype."""
 from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton compiles anything: the CPU runs it
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton compiles anything: the CPU runs it
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from kvserve.core.scheduler_output import ScheduledRequest  # noqa: E402
 from kvserve.kernels import triton_attention as ta  # noqa: E402
@@ -62,31 +66,34 @@ def test_rows_attend_as_the_torch_path(dtype, block_size, window, splits):
     q = torch.randn(t, HEADS, DIM, generator=gen)
     k, v = (torch.randn(t, KV_HEADS, DIM, generator=gen) for _ in range(2))
     # the context before each chunk, written by the torch path and by the Triton writer
-    cache = KVCache(num_blocks, block_size, KV_HEADS, DIM, dtype)
+    cache = KVCache(num_blocks, block_size, KV_HEADS, DIM, dtype,
+                    lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=DEVICE))
     past = [ScheduledRequest(s.request_id, [0] * s.start_pos, 0, s.block_table, None)
             for s in scheduled if s.start_pos]
     before = build_inputs(past, block_size, None)
     pk, pv = (torch.randn(len(before.tokens), KV_HEADS, DIM, generator=gen) for _ in range(2))
-    ta.write_kv(pk, pv, before.meta.slot_mapping, cache.k, cache.v)
-    ta.write_kv(k, v, inputs.meta.slot_mapping, cache.k, cache.v)
+    on = lambda t: t.to(DEVICE)  # noqa: E731
+    ta.write_kv(on(pk), on(pv), on(before.meta.slot_mapping), cache.k, cache.v)
+    ta.write_kv(on(k), on(v), on(inputs.meta.slot_mapping), cache.k, cache.v)
     reference = KVCache(num_blocks, block_size, KV_HEADS, DIM, dtype)
     reference.write(before.meta.slot_mapping, pk, pv)
     want = paged_attention(q, k, v, reference, inputs.meta, DIM ** -0.5)  # writes k, v too
     # bfloat16: the interpreter narrows by truncation, a GPU to nearest; one unit apart
     exact = dtype != torch.bfloat16
-    for ours, theirs in ((cache.k, reference.k), (cache.v, reference.v)):
+    for ours, theirs in ((cache.k.cpu(), reference.k), (cache.v.cpu(), reference.v)):
         assert torch.equal(ours, theirs) if exact else \
             torch.allclose(ours.float(), theirs.float(), rtol=2 ** -7, atol=0)
     tables, lens = _rows(scheduled, block_size)
-    got = ta.paged_attention_rows(q, reference.k, reference.v, tables, lens, DIM ** -0.5,
-                                  window, splits)
+    got = ta.paged_attention_rows(on(q), on(reference.k), on(reference.v), on(tables),
+                                  on(lens), DIM ** -0.5, window, splits).cpu()
     assert torch.allclose(got, want.float(), atol=2e-5), (got - want).abs().max()
 
 
 def test_a_padding_slot_is_not_written():
-    cache = KVCache(2, 4, KV_HEADS, DIM, torch.float32)
-    k = torch.ones(2, KV_HEADS, DIM)
-    ta.write_kv(k, k, torch.tensor([5, -1]), cache.k, cache.v)
+    cache = KVCache(2, 4, KV_HEADS, DIM, torch.float32,
+                    lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=DEVICE))
+    k = torch.ones(2, KV_HEADS, DIM, device=DEVICE)
+    ta.write_kv(k, k, torch.tensor([5, -1], device=DEVICE), cache.k, cache.v)
     assert int((cache.k != 0).sum()) == KV_HEADS * DIM  # slot 5 only
 
 

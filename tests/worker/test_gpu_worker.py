@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton compiles anything: the CPU runs it
+import torch
+
+if not torch.cuda.is_available():  # before triton compiles anything: the CPU runs it
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 import kvserve.worker as workers  # noqa: E402
 from kvserve import LLM, EngineArgs, SamplingParams  # noqa: E402
@@ -19,6 +21,7 @@ from tests.helpers import greedy_oracle, prompts_of_lengths  # noqa: E402
 
 LENGTHS = [5, 17, 30, 9, 23, 3]
 MAX_TOKENS = 8
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 # Triton's interpreter runs each program in Python: short sequences, a small warm-up step
 SMALL = dict(max_model_len=64, max_num_batched_tokens=64, dtype="float32")
@@ -31,11 +34,12 @@ def oracle(model_dirs):
 
 @pytest.fixture
 def gpu_worker_on_cpu(monkeypatch):
-    """Engines made in the test get the GPU worker, on the CPU device."""
+    """Engines made in the test get the GPU worker, on the CPU device (on the GPU where
+    torch sees one)."""
     made = []
 
     def create(config, model):
-        made.append(CUDAWorker(config, model, device="cpu"))
+        made.append(CUDAWorker(config, model, device=DEVICE))
         return made[-1]
     monkeypatch.setattr(workers, "_create", create)
     return made
