@@ -23,9 +23,9 @@ def resolve_model_dir(model: str | None) -> Path:
     if is_gguf(path):
         return prepare_gguf(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"model {model!r} is neither a directory nor a GGUF file "
-                                "(kvserve loads local directories in Hugging Face layout and "
-                                "GGUF files; no hub downloads)")
+        what = "is neither a directory nor a GGUF file" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"model {model!r} {what} (kvserve loads local directories in "
+                                "Hugging Face layout and GGUF files; no hub downloads)")
     return path
 
 
