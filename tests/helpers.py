@@ -56,6 +56,8 @@ def _config(arch: str):
                               "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
     if arch == "qwen2":
         return Qwen2Config(**common)
+    if arch == "qwen2-wide":  # room past the vocabulary for the <|endoftext|> Qwen2's
+        return Qwen2Config(**{**common, "vocab_size": VOCAB + 8})  # tokenizer class adds
     if arch == "mistral":
         return MistralConfig(**{**common, "sliding_window": 24})
     if arch in NEW_ARCHS:

@@ -51,7 +51,8 @@ def transformers_greedy(path: Path) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("arch, outtype", [
-    ("llama", "q8_0"), ("qwen3", "q8_0"), pytest.param("llama", "f32", marks=pytest.mark.slow),
+    ("llama", "q8_0"), ("qwen3", "q8_0"), ("qwen2-wide", "q8_0"),
+    pytest.param("llama", "f32", marks=pytest.mark.slow),
     pytest.param("llama", "f16", marks=pytest.mark.slow),
     pytest.param("llama", "bf16", marks=pytest.mark.slow),
     pytest.param("qwen3", "bf16", marks=pytest.mark.slow)])

@@ -40,7 +40,8 @@ _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 # tensors a file may carry that the model computes from its config instead
 _DERIVED = ("rope_freqs.weight",)
-ARCHITECTURES = ("llama", "qwen3")  # those tested against transformers on converted files
+# those tested against transformers on converted files
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
 def is_gguf(path: str | Path) -> bool:
