@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_LORAS = 256  # slots one native call serves (kernels/lora.c)
 MAX_LORA_RANK = 512  # slices x rank of one layer must fit the native kernel's row
 
 
@@ -19,8 +20,9 @@ class LoRAConfig:
     max_cpu_loras: int | None = None  # None: max_loras
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_loras, int) or self.max_loras < 1:
-            raise ValueError(f"max_loras must be a positive integer, got {self.max_loras!r}")
+        if not isinstance(self.max_loras, int) or not 1 <= self.max_loras <= MAX_LORAS:
+            raise ValueError(f"max_loras must be an integer in [1, {MAX_LORAS}], got "
+                             f"{self.max_loras!r}")
         if not isinstance(self.max_lora_rank, int) or not 1 <= self.max_lora_rank <= MAX_LORA_RANK:
             raise ValueError(f"max_lora_rank must be an integer in [1, {MAX_LORA_RANK}], got "
                              f"{self.max_lora_rank!r}")

@@ -104,6 +104,8 @@ def test_a_bad_adapter_leaves_no_request_behind(model_dirs, tmp_path):
 
 def test_settings_are_checked_where_written():
     from kvserve import EngineArgs
+    with pytest.raises(ValueError, match=r"max_loras must be an integer in \[1, 256\]"):
+        EngineArgs(enable_lora=True, max_loras=300)
     with pytest.raises(ValueError, match="max_lora_rank must be an integer in"):
         EngineArgs(enable_lora=True, max_lora_rank=0)
     with pytest.raises(ValueError, match="max_cpu_loras .* must be at least max_loras"):
