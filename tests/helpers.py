@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shutil
 import sysconfig
 from pathlib import Path
@@ -49,6 +50,8 @@ def _config(arch: str):
         return LlamaConfig(**{**common, "tie_word_embeddings": True, "rope_scaling": {
             "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})
+    if arch == "llama-256":  # rows of whole 256-value blocks: llama.cpp's K formats
+        return LlamaConfig(**{**common, "hidden_size": 256, "intermediate_size": 512})
     if arch == "llama-linear":
         return LlamaConfig(**{**common, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
     if arch == "llama-dynamic":  # trained on 48 positions, serves 4 x 48
@@ -298,6 +301,35 @@ def llama_cpp_source(cache: Path) -> Path:
     return tree
 
 
+def llama_cpp_tool(tree: Path, name: str) -> Path:
+    """A llama.cpp program (``llama-quantize``, ...) built from ``tree`` with its own
+    CMake build (once, beside the tree; cmake and a C++ compiler are required)."""
+    import shutil
+    import subprocess
+    build = tree.parent / "build"
+    binary = build / "bin" / name
+    if binary.is_file():
+        return binary
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        raise RuntimeError(f"building llama.cpp's {name} needs {' and '.join(missing)}")
+    subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-DGGML_NATIVE=ON",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release"],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
+                    "--target", name], check=True, capture_output=True)
+    return binary
+
+
+def quantize_gguf(tree: Path, source: Path, kind: str, out: Path) -> Path:
+    """``source`` (a GGUF file) quantized to ``kind`` (``Q4_K_M``, ...) by llama.cpp's
+    own llama-quantize."""
+    import subprocess
+    subprocess.run([str(llama_cpp_tool(tree, "llama-quantize")), str(source), str(out), kind],
+                   check=True, capture_output=True)
+    return out
+
+
 # llama.cpp's converter names a BPE tokenizer's pre-tokenizer by hashing how it splits a
 # text, known only for published tokenizers; the test tokenizer splits as GPT-2's does
 _CONVERT = """
@@ -319,3 +351,23 @@ def convert_to_gguf(source: Path, model_dir: str, outtype: str, out: Path) -> Pa
     subprocess.run([sys.executable, "-c", _CONVERT, str(source), model_dir, "--outtype",
                     outtype, "--outfile", str(out)], check=True, capture_output=True)
     return out
+
+
+# where each format keeps its f16 scales (byte offsets in a block): random bytes there
+# could spell infinities or NaNs
+HALVES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(kind: str, count: int, seed: int):
+    """``count`` GGUF blocks of ``kind`` (uint8 [count, bytes]): random codes and scales."""
+    import numpy as np
+
+    from kvserve.model.gguf.quants import BLOCKS
+
+    values, nbytes = BLOCKS[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(count, nbytes), dtype=np.uint8)
+    for at in HALVES[kind]:
+        raw[:, at:at + 2] = rng.uniform(-2, 2, count).astype(np.float16).view(np.uint8) \
+            .reshape(count, 2)
+    return raw

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from kvserve.model.config import ArchConfig
 
 
+GGUF_ACTIVATIONS = ("int8", "float")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_dir: Path
@@ -28,6 +31,14 @@ class ModelConfig:
     dtype: torch.dtype
     max_model_len: int
     quantization: str | None = None  # a name in kvserve.model.quantization.QUANTIZATION_METHODS
+    # a GGUF file's quantized layers on decode rows: int8 (activations rounded to int8 per
+    # 32 values, integer products, as llama.cpp) or float (dequantize-then-multiply's sums)
+    gguf_activations: str = "int8"
+    tokenizer_dir: Path | None = None  # another tokenizer's directory (None: the model's)
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.tokenizer_dir or self.model_dir
     seed: int = 0
     generation_config: str = "auto"  # where sampling defaults come from: auto | vllm | DIR
     runner: str = "auto"  # generate | pooling (embeddings) | auto: both, one scheduler

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from kvserve.config.cache import KV_CACHE_DTYPES, CacheConfig
 from kvserve.config.engine import EngineConfig
 from kvserve.config.lora import LoRAConfig
-from kvserve.config.model import DTYPES, ModelConfig
+from kvserve.config.model import DTYPES, GGUF_ACTIVATIONS, ModelConfig
 from kvserve.config.parallel import ParallelConfig
 from kvserve.config.scheduler import PREEMPTION_MODES, SCHEDULING_POLICIES, SchedulerConfig
 from kvserve.config.speculative import SpeculativeConfig
@@ -50,6 +50,10 @@ class EngineArgs:
 
     model: str | None = _setting(
         None, "model directory in Hugging Face layout (default: the embedded model)")
+    tokenizer: str | None = _setting(
+        None, "a directory with the tokenizer to use (tokenizer.json, tokenizer_config.json) "
+        "instead of the model's own, as vLLM's --tokenizer (a GGUF file's is converted from "
+        "its metadata)")
     dtype: str = _setting("auto",
         "compute dtype; auto picks float32 on CPUs without bf16 hardware", choices=DTYPES)
     seed: int = _setting(ModelConfig.seed, "seed of the global sampling generator")
@@ -141,6 +145,11 @@ class EngineArgs:
         "int8: linear layers run as int8 x int8 -> int32 with per-channel weight scales and "
         "per-token activation scales (faster GEMMs on CPUs with VNNI); not bit-exact with "
         "the float model", choices=QUANTIZATION_METHODS)
+    gguf_activations: str = _setting(ModelConfig.gguf_activations,
+        "a GGUF file's Q8_0 and Q4_K layers on decode steps: int8 rounds each 32 "
+        "activations to int8 and sums integer products, as llama.cpp does (faster); float "
+        "multiplies the decoded weights by the activations as they are (the sums of "
+        "dequantize-then-multiply)", choices=GGUF_ACTIVATIONS)
     attention_backend: str = _setting(WorkerConfig.attention_backend,
         "auto (native attention and elementwise kernels when they build and the compute "
         "dtype is float32; oneDNN packed linear layers) or torch (gather + SDPA, F.linear)",
@@ -275,7 +284,9 @@ class EngineArgs:
                                     quantization=self.quantization, seed=self.seed,
                                     generation_config=self.generation_config,
                                     attention_window=self.attention_window,
-                                    attention_sinks=self.attention_sinks, runner=self.runner)
+                                    attention_sinks=self.attention_sinks, runner=self.runner,
+                                    gguf_activations=self.gguf_activations,
+                                    tokenizer=self.tokenizer)
         parallel = self.create_parallel_config()
         if parallel.tensor_parallel_size > 1:
             check_shardable(model.arch, parallel.tensor_parallel_size)

@@ -68,7 +68,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv,
                                    config.lora.max_loras if config.lora is not None else None)
         self.loras = LoRARegistry(config.lora, config.model.arch)
-        self.tokenizer = Tokenizer(config.model.model_dir)
+        self.tokenizer = Tokenizer(config.model.tokenizer_path)
         self.pooling_config = read_pooling_config(config.model.model_dir,
                                                   config.model.arch.hidden_size)
         self.outputs = OutputProcessor(self.tokenizer)

@@ -64,6 +64,9 @@ class Kernels:
         self._quantize_rows = bind(lib, "quantize_rows_int8")
         self._rescale_int32 = bind(lib, "rescale_int32")
         self._lora_rows = bind(lib, "lora_rows")
+        self._gguf_rows = bind(lib, "gguf_rows")
+        self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
+        self._gguf_dequantize = bind(lib, "gguf_dequantize")
         self._bind_threads = bind(lib, "bind_omp_threads")
         self._release_threads = bind(lib, "release_omp_threads")
         self._captured_step = bind(lib, "captured_step")
@@ -226,6 +229,41 @@ class Kernels:
                                  shrunk=shrunk.data_ptr(), out=out.data_ptr())
         if failed:
             raise ValueError(f"lora_rows failed ({failed}): more than 256 slots, or no memory")
+
+    def gguf_rows(self, x, blocks, fmt: int, out, int8_activations: bool = False) -> None:
+        """out [M, N] (rows of any stride, columns contiguous) = x [M, K] (float32,
+        contiguous, 1-8 rows) @ the weight whose N rows of GGUF blocks of format ``fmt``
+        (kvserve.model.gguf.linear.FORMAT_CODES) are ``blocks`` [N, row bytes] uint8,
+        transposed. ``int8_activations``: x rounded to int8 per 32 values first and the
+        products summed in integers (as llama.cpp does), where this build has such a
+        kernel for the format; else in float."""
+        if not (x.dtype == out.dtype == torch.float32 and x.is_contiguous()
+                and blocks.dtype == torch.uint8 and blocks.is_contiguous()
+                and out.stride(1) == 1 and out.shape[0] == x.shape[0]
+                and out.shape[1] == blocks.shape[0]):
+            raise ValueError("gguf_rows takes contiguous float32 x [M, K], uint8 blocks "
+                             "[N, bytes] and float32 out [M, N] with contiguous rows")
+        args = dict(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], w=blocks.data_ptr(),
+                    n=blocks.shape[0], fmt=fmt, y=out.data_ptr(), y_stride=out.stride(0))
+        if int8_activations:
+            status = self._gguf_rows_int8(**args)
+            if status == 0:
+                return
+            if status < 0:
+                raise MemoryError("gguf_rows: no memory for the rows rounded to int8")
+        failed = self._gguf_rows(**args)
+        if failed:
+            raise ValueError(f"gguf_rows: format {fmt} with K={x.shape[1]} and "
+                             f"{x.shape[0]} rows is not one it computes (1-8 rows, whole blocks)")
+
+    def gguf_dequantize(self, blocks, fmt: int, k: int):
+        """float32 [N, k] of N rows of GGUF blocks of format ``fmt`` (uint8 [N, bytes])."""
+        out = torch.empty((blocks.shape[0], k), dtype=torch.float32)
+        if not (blocks.dtype == torch.uint8 and blocks.is_contiguous()) or self._gguf_dequantize(
+                w=blocks.data_ptr(), n=blocks.shape[0], k=k, fmt=fmt, out=out.data_ptr()):
+            raise ValueError(f"gguf_dequantize: format {fmt}, K={k} is not whole blocks "
+                             "of a known format, or the blocks are not contiguous uint8")
+        return out
 
     def bind_threads(self, cpus: list[int]) -> int:
         """Bind the calling thread's OpenMP team of len(cpus) threads (torch's intra-op

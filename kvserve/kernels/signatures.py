@@ -49,6 +49,9 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
         "lora_rows": ("i64", "x:ptr rows:i64 in_dim:i64 slots:ptr num_slots:i64 a:ptr b:ptr "
                              "b_stride:i64 ranks:ptr max_rank:i64 bounds:ptr num_slices:i64 "
                              "shrunk:ptr out:ptr"),
+        "gguf_rows": ("i64", "x:ptr m:i64 k:i64 w:ptr n:i64 fmt:i64 y:ptr y_stride:i64"),
+        "gguf_rows_int8": ("i64", "x:ptr m:i64 k:i64 w:ptr n:i64 fmt:i64 y:ptr y_stride:i64"),
+        "gguf_dequantize": ("i64", "w:ptr n:i64 k:i64 fmt:i64 out:ptr"),
         "bind_omp_threads": ("i64", "cpus:ptr n:i64"),
         "release_omp_threads": ("i64", "cpus:ptr ncpus:i64 n:i64"),
         "captured_step": ("i64", "plan:ptr tokens:ptr positions:ptr slots:ptr tables:ptr "

@@ -5,17 +5,21 @@ because unpickling runs arbitrary code.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
 from kvserve.model.config import ArchConfig
-from kvserve.model.gguf import GGUF_MARKER, gguf_weights
+from kvserve.model.gguf import GGUF_MARKER, gguf_tensor_kinds, gguf_weights
+from kvserve.model.gguf.linear import BlockEmbedding, BlockWeight, GGUFLinearMethod
+from kvserve.model.gguf.quants import BLOCKS
+from kvserve.model.layers import Linear
 from kvserve.model.quantization import quantize_model
 from kvserve.model.registry import MODELS
 
@@ -82,22 +86,36 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor, Path]]:
 
 def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dtype,
                 quantization: str | None = None, tp=None,
-                device: torch.device | str = "cpu") -> nn.Module:
+                device: torch.device | str = "cpu", gguf_activations: str = "int8"
+                ) -> nn.Module:
     """The checkpoint's model in ``dtype``, its linear layers quantized if asked; with
     ``tp`` (a TensorParallelGroup), this rank's share of it; its weights read straight
-    into ``device``'s memory."""
+    into ``device``'s memory. ``gguf_activations``: ModelConfig.gguf_activations."""
     model_dir = Path(model_dir)
     cls = MODELS[model_config.architecture]
     with torch.device("meta"):
         model = cls(model_config)
-    model = model.to_empty(device=device)
-    _load_weights(model, gguf_weights(model_dir) if (model_dir / GGUF_MARKER).is_file()
-                  else iter_weights(weight_files(model_dir)))
+    if (model_dir / GGUF_MARKER).is_file():
+        block_layers = _install_block_methods(model, gguf_tensor_kinds(model_dir))
+        if block_layers and (tp is not None or quantization is not None):
+            raise ValueError("a GGUF file's quantized weights are computed as they are: "
+                             f"{'tensor parallelism' if tp is not None else '--quantization'} "
+                             "is not supported with them")
+        for layer in model.modules():
+            if isinstance(getattr(layer, "method", None), GGUFLinearMethod):
+                layer.method.int8_activations = gguf_activations == "int8"
+        model = model.to_empty(device=device)
+        _load_weights(model, gguf_weights(model_dir, keep_blocks=lambda name: checkpoint_target(
+            model, name)[0] in block_layers), block_layers)
+    else:
+        model = model.to_empty(device=device)
+        _load_weights(model, iter_weights(weight_files(model_dir)))
     if hasattr(model, "make_rotaries"):  # buffers are not in checkpoints: made for real
         model.make_rotaries()
     if hasattr(model, "after_load"):  # what the model computes once from its weights
         model.after_load()
-    if model_config.tie_word_embeddings:
+    if model_config.tie_word_embeddings and not isinstance(
+            getattr(getattr(model, "model", None), "embed_tokens", None), BlockEmbedding):
         _tie(model)
     model = model.to(dtype).to(device)  # (the tables made anew above are made on the CPU)
     if tp is not None:
@@ -115,17 +133,65 @@ def _tie(model: nn.Module) -> None:
     model.lm_head.weight = emb.weight
 
 
-def _load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, object]]
+def _install_block_methods(model: nn.Module, kinds: dict[str, str]
+                           ) -> dict[str, Callable[[int | None, object], None]]:
+    """Give each linear layer that a GGUF tensor in a block format loads into the linear
+    method computing on the blocks, and a block-format token embedding a BlockEmbedding
+    (a tied LM head then computes on its blocks), before any float weight is allocated.
+    Returns, by checkpoint target, what loads the blocks there."""
+    rename = getattr(model, "checkpoint_name", lambda n: n)
+    loaders: dict[str, Callable[[int | None, object], None]] = {}
+    tied = model.config.tie_word_embeddings
+    for name, kind in kinds.items():
+        target, shard = checkpoint_target(model, rename(name))
+        module_name, _, attr = target.rpartition(".")
+        if kind not in BLOCKS or attr != "weight" or target in loaders:
+            continue
+        layer = model.get_submodule(module_name)
+        if isinstance(layer, nn.Embedding) and module_name == "model.embed_tokens":
+            embedding = BlockEmbedding(layer.num_embeddings, layer.embedding_dim)
+            model.model.embed_tokens = embedding
+            head = model.lm_head if tied else None
+            if head is not None:
+                GGUFLinearMethod.install(head, [head.out_features])
+            loaders[target] = functools.partial(_load_embedding, embedding, head)
+        elif isinstance(layer, Linear) and not (module_name == "lm_head" and tied):
+            rows = model.shard_sizes(target) if shard is not None else [layer.out_features]
+            GGUFLinearMethod.install(layer, rows)
+            loaders[target] = functools.partial(layer.method.load, layer)
+    return loaders
+
+
+def _load_embedding(embedding: BlockEmbedding, head: Linear | None, shard, weight) -> None:
+    embedding.load(weight)
+    if head is not None:  # the same blocks, not a copy
+        head.method.load(head, None, BlockWeight(embedding.kind, embedding.gguf_blocks,
+                                                 embedding.embedding_dim)
+                         if embedding.kind != "float" else embedding.gguf_blocks)
+
+
+def _load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, object]],
+                  block_layers: dict[str, Callable[[int | None, object], None]] | None = None
                   ) -> None:
-    """Copy (name, tensor, where it came from) into the model's parameters."""
+    """Copy (name, tensor, where it came from) into the model's parameters, or, for a
+    target in ``block_layers``, hand it to what loads GGUF blocks there."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     rename = getattr(model, "checkpoint_name", lambda n: n)
+    block_layers = block_layers or {}
+    loaded_blocks: set[str] = set()
     for raw_name, tensor, path in weights:
         name = rename(raw_name)
         if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")):
             continue  # buffers some checkpoints carry
         target, shard = checkpoint_target(model, name)
+        if target in block_layers:
+            try:
+                block_layers[target](shard, tensor)
+            except ValueError as e:
+                raise ValueError(f"{Path(path).name}: tensor {raw_name!r}: {e}") from None
+            loaded_blocks.add(target if shard is None else f"{target}#{shard}")
+            continue
         if target not in params:
             raise ValueError(
                 f"{Path(path).name}: tensor {raw_name!r} has no place in {type(model).__name__}")
@@ -143,6 +209,12 @@ def _load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, o
         dest.copy_(tensor)
         loaded.add(target if shard is None else f"{target}#{shard}")
     _check_complete(model, params, loaded)
+    unloaded = [name for name in block_layers
+                if name not in loaded_blocks
+                and not any(done.startswith(f"{name}#") for done in loaded_blocks)]
+    if unloaded:
+        raise ValueError(f"checkpoint is missing parts of {len(unloaded)} tensor(s): "
+                         f"{', '.join(unloaded[:5])}")
 
 
 def checkpoint_target(model: nn.Module, name: str) -> tuple[str, int | None]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvserve.config.model import ModelConfig
+from kvserve.config.model import GGUF_ACTIVATIONS, ModelConfig
+from kvserve.config.validate import choice
 from kvserve.default_model import default_model_dir
 from kvserve.model.gguf import is_gguf, prepare_gguf
 from kvserve.model.registry import read_arch_config
@@ -74,7 +75,9 @@ def check_model_settings(dtype: str, max_model_len: int | None,
 def create_model_config(model: str | None, *, dtype: str, max_model_len: int | None,
                         quantization: str | None, seed: int, device: str = "cpu",
                         generation_config: str = "auto", attention_window: int | None = None,
-                        attention_sinks: int = 0, runner: str = "auto") -> ModelConfig:
+                        attention_sinks: int = 0, runner: str = "auto",
+                        gguf_activations: str = "int8", tokenizer: str | None = None
+                        ) -> ModelConfig:
     """The model's part of the engine config; reads the directory's config.json.
     ``device``: where it computes (the resolved ``--device``), which ``dtype`` auto
     reads."""
@@ -89,7 +92,15 @@ def create_model_config(model: str | None, *, dtype: str, max_model_len: int | N
         raise ValueError(f"max_model_len {wanted} exceeds the model's "
                          f"max_position_embeddings {limit}")
     ModelConfig.check(dtype, max_model_len, runner)
+    choice("gguf_activations", gguf_activations, GGUF_ACTIVATIONS)
+    tokenizer_dir = None
+    if tokenizer is not None:
+        tokenizer_dir = Path(tokenizer)
+        if not (tokenizer_dir / "tokenizer.json").is_file():
+            raise ValueError(f"tokenizer {tokenizer!r} is not a directory holding a "
+                             "tokenizer.json")
     return ModelConfig(model_dir, arch, resolve_dtype(dtype, arch, device), wanted,
-                       quantization, seed,
-                       generation_config, runner=runner,
+                       quantization, gguf_activations=gguf_activations,
+                       tokenizer_dir=tokenizer_dir, seed=seed,
+                       generation_config=generation_config, runner=runner,
                        sampling_defaults=sampling_defaults(generation_config, model_dir))

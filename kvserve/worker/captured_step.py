@@ -53,6 +53,8 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
     if any(type(m) is not Linear or not isinstance(m.method, FloatLinearMethod)
            for m in _linears(model)):
         return "quantized or sharded linear layers"
+    if type(model.model.embed_tokens) is not torch.nn.Embedding:
+        return "a quantized token embedding"
     if any(getattr(layer.self_attn, "tp", None) or getattr(layer.mlp, "tp", None)
            for layer in model.model.layers):
         return "tensor parallel"

@@ -27,7 +27,7 @@ REQUIRED = {
     "training_info.json",
     "loss_curve.png",
 }
-ALLOWED = REQUIRED | {"special_tokens_map.json", "chat_template.jinja"}
+ALLOWED = REQUIRED | {"special_tokens_map.json", "chat_template.jinja", "README.md"}
 
 
 @pytest.fixture(scope="module")

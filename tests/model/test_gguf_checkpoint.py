@@ -1,7 +1,8 @@
-"""GGUF files written by llama.cpp's own converter (from llama-cpp-python's sdist, the
-bench peer's source), loaded by kvserve: config and tokenizer from the metadata, the
-weights dequantized and un-permuted; greedy tokens equal to transformers loading the same
-file (its own GGUF support: gguf-py's dequantization, its own un-permuting)."""
+"""GGUF files written by llama.cpp's own converter and quantizer (from llama-cpp-python's
+sdist, the bench peer's source), loaded by kvserve: config and tokenizer from the
+metadata, quantized weights kept as their blocks (float formats dequantized), q and k
+un-permuted; greedy tokens equal to transformers loading the same file (its own GGUF
+support: gguf-py's dequantization, its own un-permuting)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ import torch
 
 from kvserve import LLM, SamplingParams
 from kvserve.model.gguf import GGUF_MARKER, prepare_gguf
-from tests.helpers import convert_to_gguf, llama_cpp_source, prompts_of_lengths
+from kvserve.model.gguf.linear import BlockEmbedding, GGUFLinearMethod
+from kvserve.model.layers import Linear
+from tests.helpers import convert_to_gguf, llama_cpp_source, prompts_of_lengths, quantize_gguf
 
 LENGTHS = [5, 17, 30, 9]
 MAX_TOKENS = 10
@@ -28,9 +31,14 @@ def gguf_files(llama_cpp, model_dirs, tmp_path_factory):
     cache: dict[tuple[str, str], Path] = {}
 
     def get(arch: str, outtype: str) -> Path:
+        """The converter's outtypes (f32, f16, bf16, q8_0), or llama-quantize's types
+        (Q4_K_M, ...) made from the f16 file."""
         if (arch, outtype) not in cache:
             out = tmp_path_factory.mktemp("gguf") / f"{arch}-{outtype}.gguf"
-            cache[arch, outtype] = convert_to_gguf(llama_cpp, model_dirs(arch), outtype, out)
+            if outtype.isupper():
+                cache[arch, outtype] = quantize_gguf(llama_cpp, get(arch, "f16"), outtype, out)
+            else:
+                cache[arch, outtype] = convert_to_gguf(llama_cpp, model_dirs(arch), outtype, out)
         return cache[arch, outtype]
     return get
 
@@ -55,14 +63,45 @@ def transformers_greedy(path: Path) -> list[list[int]]:
     pytest.param("llama", "f32", marks=pytest.mark.slow),
     pytest.param("llama", "f16", marks=pytest.mark.slow),
     pytest.param("llama", "bf16", marks=pytest.mark.slow),
-    pytest.param("qwen3", "bf16", marks=pytest.mark.slow)])
+    pytest.param("qwen3", "bf16", marks=pytest.mark.slow),
+    pytest.param("llama-256", "Q4_K_M", marks=pytest.mark.slow),
+    pytest.param("llama-256", "Q5_K_M", marks=pytest.mark.slow)])
 def test_greedy_tokens_equal_transformers_on_the_same_file(arch, outtype, gguf_files):
+    """With the float products of dequantize-then-multiply (as transformers computes);
+    the int8 activations llama.cpp uses are compared with llama.cpp itself."""
     path = gguf_files(arch, outtype)
-    llm = LLM(str(path), num_kv_blocks=64, dtype="float32")
+    llm = LLM(str(path), num_kv_blocks=64, dtype="float32", gguf_activations="float")
     outs = llm.generate(prompts_of_lengths(LENGTHS),
                         SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True),
                         use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == transformers_greedy(path)
+
+
+def block_formats(model) -> set[str]:
+    kinds = {kind for m in model.modules() if isinstance(m, Linear)
+             for kind in getattr(m.method, "kinds", [])}
+    if isinstance(model.model.embed_tokens, BlockEmbedding):
+        kinds.add(model.model.embed_tokens.kind)
+    return kinds
+
+
+def test_quantized_weights_stay_blocks_with_no_float_copy(gguf_files):
+    llm = LLM(str(gguf_files("llama", "q8_0")), num_kv_blocks=64, dtype="float32")
+    model = llm.engine.worker.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and all(isinstance(m.method, GGUFLinearMethod) and m.weight is None
+                           for m in linears)
+    assert block_formats(model) == {"Q8_0"}
+    # what is float is the norms (and the embedding, when the file keeps it float)
+    floats = sum(p.numel() for p in model.parameters())
+    blocks = sum(b.numel() for name, b in model.named_buffers() if "gguf" in name)
+    assert floats * 4 < blocks / 2
+
+
+@pytest.mark.slow
+def test_a_q4_k_m_file_mixes_formats_and_keeps_them(gguf_files):
+    llm = LLM(str(gguf_files("llama-256", "Q4_K_M")), num_kv_blocks=64, dtype="float32")
+    assert {"Q4_K", "Q6_K"} <= block_formats(llm.engine.worker.model)
 
 
 def test_the_prepared_directory_is_made_once_per_file(gguf_files, model_dirs):
@@ -83,3 +122,15 @@ def test_files_it_cannot_read_are_named(tmp_path):
     bogus.write_bytes(b"not a gguf file")
     with pytest.raises(FileNotFoundError, match="neither a directory nor a GGUF file"):
         LLM(str(bogus))
+
+
+def test_a_tokenizer_directory_replaces_the_files_own(gguf_files, model_dirs, tmp_path):
+    from kvserve.model.tokenizer import Tokenizer
+    from tests.helpers import build_tokenizer
+    other = build_tokenizer(tmp_path)  # trained alike: the same tokens, another directory
+    llm = LLM(str(gguf_files("llama", "q8_0")), num_kv_blocks=64, tokenizer=other)
+    assert llm.engine.config.model.tokenizer_path == Path(other)
+    text = "def add(a, b):\n    return a + b"
+    assert llm.get_tokenizer().encode(text) == Tokenizer(Path(other)).encode(text)
+    with pytest.raises(ValueError, match="is not a directory holding a tokenizer.json"):
+        LLM(str(gguf_files("llama", "q8_0")), tokenizer=str(tmp_path / "none"))

@@ -10,21 +10,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as reference, quantize
 
 from kvserve.model.gguf.quants import BLOCKS, dequantize
-
-# where each format keeps its f16 scales (byte offsets in a block): random bytes there
-# could spell infinities or NaNs
-HALVES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-
-
-def random_blocks(kind: str, count: int, seed: int) -> np.ndarray:
-    values, nbytes = BLOCKS[kind]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(count, nbytes), dtype=np.uint8)
-    for at in HALVES[kind]:
-        raw[:, at:at + 2] = rng.uniform(-2, 2, count).astype(np.float16).view(np.uint8) \
-            .reshape(count, 2)
-    return raw
-
+from tests.helpers import random_blocks
 
 @pytest.mark.parametrize("kind", list(BLOCKS))
 def test_random_blocks_dequantize_as_gguf_py_does(kind):

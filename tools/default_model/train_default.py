@@ -53,7 +53,7 @@ from tools.default_model.training_eval import (gzip_bits_per_byte, heldout_bits_
                                              plot_loss_curve)
 from tools.default_model.training_model import DEFAULT_PRESET, PRESETS, atomic_torch_save, \
     build_model, distill_loss_fn, loss_fn, lr_at, make_optimizer
-from tools.default_model.training_report import training_info, write_model_files
+from tools.default_model.training_report import model_card, training_info, write_model_files
 
 # ----------------------------------------------------------------------------- main
 
@@ -83,6 +83,9 @@ def parse_args(argv=None):
                     help="model directory whose tokenizer.json to use instead of training one")
     ap.add_argument("--teacher", default=None,
                     help="model directory to distil from (a draft model for it)")
+    ap.add_argument("--repetition-penalty", type=float, default=None,
+                    help="generation_config.json's default (chosen with "
+                         "tools.default_model.evaluate_default --tune on train-file headers)")
     ap.add_argument("--probe", default=None, help="comma-separated presets: measure throughput and exit")
     ap.add_argument("--probe-seconds", type=float, default=45.0)
     return ap.parse_args(argv)
@@ -328,7 +331,7 @@ def main(argv=None) -> int:
 
     # ---- final evaluation on the held-out files, then the model directory
     res, tres, gz, eval_files = final_evaluation(args, data, model, T, log)
-    write_model_files(out, model, tok, ids)
+    write_model_files(out, model, tok, ids, args.repetition_penalty)
     if args.tokenizer:  # a sibling: the very tokenizer files (and chat template) of its model
         import shutil
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -338,6 +341,7 @@ def main(argv=None) -> int:
     info = training_info(args, data, model, tok, preset, st, T, B, len(stream), ema,
                          (res, tres, gz, eval_files))
     (out / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
+    (out / "README.md").write_text(model_card(info, model.generation_config.to_dict()))
     plot_loss_curve(st["history"], out / "loss_curve.png", gz_loss=None, title=
                     f"{fmt_int(n_params)}-param Llama on the Python stdlib: held-out "
                     f"{res['bits_per_byte']:.3f} bits/byte (gzip -9: {gz:.3f})")

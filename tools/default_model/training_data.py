@@ -1,6 +1,7 @@
 """The embedded model's training data: the standard library's ``.py`` sources, a seeded
 split by file, a byte-level BPE tokenizer trained on the train split, and the packed
-train token stream (cached in the work dir). See :mod:`tools.default_model.train_default`."""
+train token stream (cached in the work dir): the train files and the instruction pairs
+built from them (:mod:`tools.default_model.instructions`), in a seeded order. See :mod:`tools.default_model.train_default`."""
 from __future__ import annotations
 
 import hashlib
@@ -11,12 +12,14 @@ import time
 from pathlib import Path
 
 from kvserve.default_model import training_corpus_dir
+from tools.default_model.instructions import corpus_pairs, training_texts
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 
 MAX_FILE_BYTES = 512 * 1024
 HELD_OUT_FRACTION = 0.04
+CHAT_COPIES = 2  # each instruction pair is packed this many times an epoch, its request phrased anew
 
 
 def fmt_int(n: float) -> str:
@@ -101,9 +104,12 @@ def prepare_data(args, work: Path, log):
     tok_path = work / "tokenizer.json"
     stream_path = work / "train_tokens.npy"
     tokenizer_from = getattr(args, "tokenizer", None)
+    pairs = corpus_pairs(docs, train_files)
+    chat_copies = getattr(args, "chat_copies", CHAT_COPIES)
     meta = {"file_list_sha256": flh, "seed": args.seed, "vocab_size": args.vocab_size,
             "n_files": len(paths), "held_out_fraction": HELD_OUT_FRACTION,
-            "tokenizer_from": tokenizer_from}
+            "tokenizer_from": tokenizer_from, "instruction_pairs": len(pairs),
+            "chat_copies": chat_copies}
     cached = (meta_path.exists() and tok_path.exists() and stream_path.exists()
               and json.loads(meta_path.read_text()) == meta)
     if cached:
@@ -123,6 +129,10 @@ def prepare_data(args, work: Path, log):
         t0 = time.time()
         bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
         texts = [docs[p] for p in train_files]
+        for copy in range(chat_copies):
+            texts += training_texts(pairs, args.seed + copy)
+        random.Random(args.seed).shuffle(texts)
+        log(f"{len(pairs)} instruction pairs from the train files, {chat_copies} copies each")
         encs = tok.encode_batch(texts, add_special_tokens=False)
         parts = []
         for e in encs:
@@ -135,4 +145,4 @@ def prepare_data(args, work: Path, log):
         meta_path.write_text(json.dumps(meta, indent=1))
     ids = {"bos": tok.token_to_id(BOS), "eos": tok.token_to_id(EOS), "pad": tok.token_to_id(PAD)}
     return {"docs": docs, "paths": paths, "hash": flh, "train_files": train_files, "held_files": held_files,
-            "tok": tok, "stream": stream, "ids": ids}
+            "tok": tok, "stream": stream, "ids": ids, "pairs": len(pairs), "chat_copies": chat_copies}

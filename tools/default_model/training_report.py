@@ -11,16 +11,36 @@ import sys
 import time
 from pathlib import Path
 
+from tools.default_model.instructions import MAX_ANSWER_CHARS, REQUEST_FORMS
 from tools.default_model.training_data import BOS, EOS, HELD_OUT_FRACTION, PAD, SPECIAL_TOKENS
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{% if tools %}"
+    "{{ '<|system|>\\nYou may call these tools. To call one, answer with <tool_call>{\"name\": <name>, \"arguments\": <arguments>}</tool_call>.\\n<tools>\\n' }}"
+    "{% for tool in tools %}"
+    "{{ tool | tojson }}"
     "{{ '\\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    "{{ '</tools>\\n' }}"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
+    "{% if message['tool_calls'] %}"
+    "{% for call in message['tool_calls'] %}"
+    "{{ '<tool_call>' }}"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "{{ '</tool_call>' }}"
+    "{% endfor %}"
+    "{% endif %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ eos_token }}"
+    "{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{{ '<|assistant|>\\n' }}"
+    "{% endif %}"
 )
 
 
@@ -36,8 +56,9 @@ def training_info(args, data: dict, model, tok, preset: dict, st: dict, T: int, 
     n_nonemb = n_params - model.get_input_embeddings().weight.numel()
     held_sha = hashlib.sha256("\n".join(data["held_files"]).encode()).hexdigest()
     info = {
-        "description": ("kvserve embedded default model: a small Llama-architecture code-completion "
-                        "LM trained from scratch on the Python standard library's .py sources"
+        "description": ("kvserve embedded default model: a small Llama-architecture code model trained "
+                        "from scratch on the Python standard library's .py sources and instruction "
+                        "pairs built from their docstrings"
                         if not args.teacher else
                         f"kvserve draft model: a smaller sibling distilled from {Path(args.teacher).name} "
                         "on the same corpus, with its tokenizer, for speculative decoding"),
@@ -57,6 +78,11 @@ def training_info(args, data: dict, model, tok, preset: dict, st: dict, T: int, 
             "heldout_fraction": HELD_OUT_FRACTION,
             "train_tokens_per_epoch": stream_tokens,
             "heldout_files": data["held_files"],
+        },
+        "instructions": {
+            "source": "functions of the train files: docstring summary as the request, the function as the answer",
+            "pairs": data["pairs"], "copies_per_epoch": data["chat_copies"],
+            "max_answer_chars": MAX_ANSWER_CHARS, "request_forms": list(REQUEST_FORMS),
         },
         "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": tok.get_vocab_size(),
                       "special_tokens": SPECIAL_TOKENS,
@@ -96,7 +122,8 @@ def training_info(args, data: dict, model, tok, preset: dict, st: dict, T: int, 
     return info
 
 
-def write_model_files(out: Path, model, tok, ids: dict) -> None:
+def write_model_files(out: Path, model, tok, ids: dict,
+                      repetition_penalty: float | None = None) -> None:
     """The model in HF layout (safetensors, config, generation config) with its tokenizer
     files and chat template; ``out`` is emptied first (only our outputs live there)."""
     import torch
@@ -112,7 +139,9 @@ def write_model_files(out: Path, model, tok, ids: dict) -> None:
     model.config.eos_token_id = ids["eos"]
     model.config.pad_token_id = ids["pad"]
     model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
-                                               pad_token_id=ids["pad"], do_sample=False)
+                                               pad_token_id=ids["pad"], do_sample=False,
+                                               **({} if repetition_penalty is None else
+                                                  {"repetition_penalty": repetition_penalty}))
     model.to(torch.float32).save_pretrained(out, safe_serialization=True)
     os.chmod(out / "model.safetensors", 0o644)  # package data: world-readable
     cfg_path = out / "config.json"
@@ -135,3 +164,74 @@ def write_model_files(out: Path, model, tok, ids: dict) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps(
         {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
+
+
+SOURCES = [
+    ("The CPython standard library's `.py` files of the interpreter that trains the model",
+     "Python Software Foundation License Version 2 (PSF-2.0)"),
+    ("Instruction pairs made from those same files: each documented function's docstring "
+     "summary as the request, the function as the answer", "PSF-2.0 (derived from the files above)"),
+]
+
+
+def model_card(info: dict, generation: dict | None = None) -> str:
+    """The model directory's README.md: what the model is, what it was trained on and under
+    which licences, and how, from its training_info.json."""
+    m, t, c, f = info["model"], info["training"], info["corpus"], info["final"]
+    pairs = info.get("instructions", {})
+    rows = "\n".join(f"| {source} | {licence} |" for source, licence in SOURCES[:2 if pairs else 1])
+    lines = [
+        "# kvserve's embedded model",
+        "",
+        info["description"] + ".",
+        "",
+        "## Sources and licences",
+        "",
+        "| source | licence |",
+        "|---|---|",
+        rows,
+        "",
+        f"Python {c['python_version']} ({c['python_implementation']}): {c['n_files']} files, "
+        f"{c['n_heldout_files']} held out by a seeded split (seed {c['split_seed']}; the list "
+        "is in training_info.json)"
+        + (f"; {pairs['pairs']} instruction pairs from the train files, each packed "
+           f"{pairs['copies_per_epoch']} times an epoch." if pairs else "."),
+        "",
+        "## Model and training",
+        "",
+        f"`{m['architecture']}`: {m['params']:,} parameters, hidden size {m['hidden_size']}, "
+        f"{m['num_hidden_layers']} layers, {m['num_attention_heads']} query / "
+        f"{m['num_key_value_heads']} KV heads, tied embeddings, "
+        f"{info['tokenizer']['vocab_size']}-token byte-level BPE.",
+        f"Trained from scratch by `python -m tools.default_model.train_default` for "
+        f"{t['train_time_s'] / 60:.0f} minutes ({t['threads']} CPU threads, {t['dtype']}): "
+        f"{t['tokens_seen']:,} tokens, {t['steps']} steps of {t['tokens_per_step']} tokens.",
+        "",
+        f"Held-out bits per byte: {f['heldout_bits_per_byte']:.3f} (gzip -9 on the same bytes: "
+        f"{f['gzip9_bits_per_byte']:.3f}).",
+        "",
+    ]
+    penalty = (generation or {}).get("repetition_penalty")
+    if penalty:
+        lines += [f"generation_config.json recommends `repetition_penalty` {penalty} (chosen by "
+                  "`python -m tools.default_model.evaluate_default --tune` on train-file "
+                  "function headers and requests).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="write a trained model directory's model card")
+    ap.add_argument("model_dir")
+    args = ap.parse_args(argv)
+    out = Path(args.model_dir)
+    generation = out / "generation_config.json"
+    (out / "README.md").write_text(model_card(
+        json.loads((out / "training_info.json").read_text()),
+        json.loads(generation.read_text()) if generation.is_file() else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,13 +118,15 @@ main()
 '''
 
 
-def convert_to_gguf(python: str, source: Path, model_dir: Path, out: Path) -> Path:
-    """An f32 GGUF of ``model_dir`` written by ``source``'s converter (run by ``python``)."""
+def convert_to_gguf(python: str, source: Path, model_dir: Path, out: Path,
+                    outtype: str = "f32") -> Path:
+    """A GGUF of ``model_dir`` (``outtype``: f32, f16, bf16, q8_0) written by ``source``'s
+    converter (run by ``python``)."""
     with tempfile.TemporaryDirectory(prefix="kvserve-gguf-") as tmp:
         script = Path(tmp) / "convert.py"
         script.write_text(CONVERT_SOURCE)
         proc = subprocess.run([python, str(script), str(source), str(model_dir), "--outtype",
-                               "f32", "--outfile", str(out)], capture_output=True, text=True)
+                               outtype, "--outfile", str(out)], capture_output=True, text=True)
     if proc.returncode != 0 or not out.is_file():
         raise RuntimeError(f"convert_hf_to_gguf.py failed: {proc.stderr[-2000:]}")
     return out

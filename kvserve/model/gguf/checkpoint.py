@@ -18,13 +18,14 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
 from kvserve.kernels.build import cache_root
-from kvserve.model.gguf.quants import dequantize
+from kvserve.model.gguf.linear import BlockWeight
+from kvserve.model.gguf.quants import BLOCKS, dequantize
 
 GGUF_MARKER = "kvserve_gguf.json"
 PREPARED_FORMAT = 1  # what a prepared directory holds: a change makes them anew
@@ -129,15 +130,29 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor, str]]:
-    """(Hugging Face name, float32 values, the file's name) of each weight of the GGUF
-    file a prepared directory names."""
+def _marked_file(model_dir: Path) -> tuple[Path, str]:
     marker = json.loads((model_dir / GGUF_MARKER).read_text())
     path = Path(marker["file"])
     if not path.is_file():
         raise FileNotFoundError(f"the GGUF file {path} of {model_dir} is gone")
+    return path, marker["architecture"]
+
+
+def gguf_tensor_kinds(model_dir: Path) -> dict[str, str]:
+    """Hugging Face name -> the file's storage format (``Q4_K``, ``F16``, ...) of each
+    weight of the GGUF file a prepared directory names."""
+    path, _ = _marked_file(model_dir)
+    return {hf_name(t.name): t.tensor_type.name for t in _reader(path).tensors
+            if t.name not in _DERIVED and hf_name(t.name) is not None}
+
+
+def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda name: False
+                 ) -> Iterator[tuple[str, torch.Tensor | BlockWeight, str]]:
+    """(Hugging Face name, values, the file's name) of each weight of the GGUF file a
+    prepared directory names: float32 values, or, for a weight in a block format whose
+    name ``keep_blocks`` accepts, its blocks as they are (a BlockWeight)."""
+    path, arch = _marked_file(model_dir)
     reader = _reader(path)
-    arch = marker["architecture"]
     heads = _field(reader, f"{arch}.attention.head_count")
     kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or heads
     for tensor in reader.tensors:
@@ -148,8 +163,18 @@ def gguf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor, str]]:
             raise ValueError(f"{path.name}: tensor {tensor.name!r} has no place in a "
                              f"{arch} model")
         shape = tuple(int(n) for n in reversed(tensor.shape))
+        kind = tensor.tensor_type.name
         raw = torch.from_numpy(np.array(tensor.data))
-        values = dequantize(raw, tensor.tensor_type.name, shape)
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
+        if kind in BLOCKS and keep_blocks(name):
+            weight = BlockWeight(kind, raw.reshape(shape[0], -1).contiguous(), shape[-1])
+            if permuted:
+                order = _unpermute(torch.arange(shape[0]),
+                                   heads if ".q_proj." in name else kv_heads)
+                weight = weight.permute_rows(order)
+            yield name, weight, path.name
+            continue
+        values = dequantize(raw, kind, shape)
+        if permuted:
             values = _unpermute(values, heads if ".q_proj." in name else kv_heads)
         yield name, values, path.name

@@ -1,0 +1,152 @@
+"""``kvserve bench gguf-agreement``: kvserve and llama.cpp teacher-forced on the same
+quantized GGUF files.
+
+The model (the embedded one by default) is converted to an f16 GGUF by llama.cpp's own
+converter (``--llamacpp-source``, as ``bench compare`` does) and quantized by
+``llama-quantize`` to each of ``--quants``. For each file, llama.cpp's
+``llama-perplexity`` scores held-out text (the model's held-out files, joined) in chunks
+of ``--ctx`` tokens, each with BOS first and its second half scored, and saves every
+scored position's log-probabilities (``--kl-divergence-base``). kvserve scores the very
+tokens that file lists, chunk by chunk, with prompt logprobs. Reported per file:
+
+- top-1 agreement: the share of scored positions where both put the same token first
+  (llama.cpp's from its saved log-probabilities, stored to 16 bits over the top 16 nats);
+- bits per byte of each over the same scored tokens (their decoded UTF-8 bytes), each
+  from its own log-probabilities of the actual tokens (llama.cpp's as saved, to 16 bits),
+  and their ratio.
+"""
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"_logits_"
+
+
+def read_logits_file(path: Path) -> dict[str, Any]:
+    """llama-perplexity's ``--kl-divergence-base`` file: n_ctx, n_vocab, the chunks'
+    tokens [n_chunk, n_ctx], and each scored position's top token [n_chunk, rows]."""
+    data = path.read_bytes()
+    if data[:8] != MAGIC:
+        raise ValueError(f"{path} is not a llama-perplexity log-probability file")
+    n_ctx, n_vocab, n_chunk = struct.unpack_from("<iii", data, 8)
+    at = 20
+    tokens = np.frombuffer(data, dtype=np.int32, count=n_chunk * n_ctx, offset=at)
+    at += 4 * n_chunk * n_ctx
+    row = 2 * ((n_vocab + 1) // 2) + 4  # uint16s a row: scale and minimum (2 floats), values
+    rows = n_ctx - 1 - n_ctx // 2
+    table = np.frombuffer(data, dtype=np.uint16, count=n_chunk * rows * row, offset=at)
+    table = table.reshape(n_chunk, rows, row)
+    tokens = tokens.reshape(n_chunk, n_ctx)
+    scale_min = np.ascontiguousarray(table[:, :, :4]).view(np.float32)  # [n_chunk, rows, 2]
+    targets = tokens[:, n_ctx - rows:]  # row r predicts the token after position first + r
+    codes = np.take_along_axis(table[:, :, 4:4 + n_vocab], targets[:, :, None], -1)[:, :, 0]
+    logprobs = codes * scale_min[:, :, 0] + scale_min[:, :, 1]
+    return {"n_ctx": n_ctx, "n_vocab": n_vocab, "tokens": tokens,
+            "top": table[:, :, 4:4 + n_vocab].argmax(-1), "nll": -float(logprobs.sum())}
+
+
+def llama_perplexity(binary: str, gguf: Path, text: Path, ctx: int, chunks: int,
+                     threads: int, logits: Path) -> dict[str, Any]:
+    cmd = [binary, "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
+           "-t", str(threads), "--chunks", str(chunks), "--kl-divergence-base", str(logits)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0 or not logits.is_file():
+        raise RuntimeError(f"llama-perplexity failed (exit {proc.returncode}): {log[-2000:]}")
+    build = re.search(r"build: (\S+ \(\w+\))", log)
+    return {"build": build.group(1) if build else None}
+
+
+def kvserve_scores(gguf: Path, chunks: np.ndarray, engine_args: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """kvserve's top token and the actual token's logprob at each position llama-perplexity
+    scores, the chunk's first token being BOS (as llama.cpp evaluates it)."""
+    from kvserve import LLM, SamplingParams
+
+    llm = LLM(str(gguf), **engine_args)
+    tok = llm.get_tokenizer()
+    n_ctx = chunks.shape[1]
+    first = n_ctx // 2
+    prompts = [{"prompt_token_ids": [tok.bos_token_id] + c[1:].tolist()} for c in chunks]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
+                        use_tqdm=True)
+    top, logprobs, text = [], [], []
+    for chunk, out in zip(chunks, outs):
+        scored = out.prompt_logprobs[first + 1:]
+        top.append([next(t for t, lp in entry.items() if lp.rank == 1) for entry in scored])
+        logprobs += [entry[int(t)].logprob for entry, t in zip(scored, chunk[first + 1:])]
+        text.append(tok.decode(chunk[first + 1:].tolist()))
+    llm.engine.close()
+    return {"top": np.array(top), "nll": -float(np.sum(logprobs)), "tokens": len(logprobs),
+            "bytes": sum(len(t.encode("utf-8")) for t in text)}
+
+
+def run_gguf_agreement(model_dir: Path, source: Path, quantize: str, perplexity: str,
+                       quants: list[str], text: str, ctx: int, chunks: int, threads: int,
+                       engine_args: dict[str, Any], log=print) -> dict[str, Any]:
+    from kvserve.bench.peers.llamacpp import convert_to_gguf
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="kvserve-agreement-") as tmp:
+        work = Path(tmp)
+        (work / "heldout.txt").write_text(text)
+        log("converting the model to an f16 GGUF ...")
+        f16 = convert_to_gguf(sys.executable, source, model_dir, work / "model-f16.gguf", "f16")
+        for quant in quants:
+            gguf = work / f"model-{quant}.gguf"
+            subprocess.run([quantize, str(f16), str(gguf), quant], check=True,
+                           capture_output=True)
+            log(f"{quant}: llama-perplexity ...")
+            theirs = llama_perplexity(perplexity, gguf, work / "heldout.txt", ctx, chunks,
+                                      threads, work / "logits.bin")
+            base = read_logits_file(work / "logits.bin")
+            log(f"{quant}: kvserve ...")
+            ours = kvserve_scores(gguf, base["tokens"], engine_args)
+            ln2 = np.log(2.0)
+            ours_bpb = ours["nll"] / ln2 / ours["bytes"]
+            theirs_bpb = base["nll"] / ln2 / ours["bytes"]
+            results[quant] = {
+                "file_bytes": gguf.stat().st_size, "chunks": int(base["tokens"].shape[0]),
+                "scored_tokens": ours["tokens"], "scored_bytes": ours["bytes"],
+                "top1_agreement": float((ours["top"] == base["top"]).mean()),
+                "kvserve_bits_per_byte": ours_bpb, "llamacpp_bits_per_byte": theirs_bpb,
+                "kvserve_over_llamacpp_bits_per_byte": ours_bpb / theirs_bpb,
+                "llamacpp_perplexity": float(np.exp(base["nll"] / ours["tokens"])),
+                "kvserve_perplexity": float(np.exp(ours["nll"] / ours["tokens"])),
+                "llamacpp_build": theirs["build"]}
+            r = results[quant]
+            log(f"{quant}: top-1 agreement {100 * r['top1_agreement']:.2f} %, bits per byte "
+                f"kvserve {ours_bpb:.4f} / llama.cpp {theirs_bpb:.4f} "
+                f"({100 * (r['kvserve_over_llamacpp_bits_per_byte'] - 1):+.2f} %)")
+    return {"ctx": ctx, "threads": threads, "engine_args": engine_args, "quants": results}
+
+
+def cmd_gguf_agreement(args) -> int:
+    """``kvserve bench gguf-agreement``."""
+    from kvserve.bench.bench_args import engine_args_from, resolve_model_dir
+    from kvserve.bench.bench_setup import _header
+    from kvserve.bench.experiments.spec import heldout_texts
+    from kvserve.bench.reports import report
+
+    model_dir = resolve_model_dir(args.model)
+    engine_args = engine_args_from(args)
+    text = "\n\n".join(heldout_texts(model_dir, 1000))[:args.max_bytes]
+    info = _header("kvserve gguf-agreement", {"model": model_dir.name, "quants": args.quants,
+                                              "ctx": args.ctx, "chunks": args.chunks,
+                                              "engine_args": engine_args})
+    res = run_gguf_agreement(model_dir, Path(args.llamacpp_source), args.llama_quantize,
+                             args.llama_perplexity, args.quants.split(","), text, args.ctx,
+                             args.chunks, args.threads, engine_args)
+    if args.json:
+        name = "the embedded model" if args.model is None else model_dir.name
+        out = {"machine": info, "model": name, "engine_args": engine_args, "result": res}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0

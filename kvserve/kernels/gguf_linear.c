@@ -1,0 +1,397 @@
+/* Linear layers on GGUF's quantized blocks, for the few rows of decode steps:
+ * y[r, j] = sum_k x[r, k] * w[j, k] for r < m (1-8 rows), with w kept as the file's
+ * blocks (llama.cpp's ggml-common.h layouts; kvserve/model/gguf/quants.py describes
+ * them). Each block is decoded once per call and used for every x row: the weight
+ * streams from memory at its quantized size, never as float32.
+ *
+ * Threads split the weight rows. Q8_0 and Q4_K, the formats most of a Q8_0 or Q4_K_M
+ * file is, decode in registers with AVX2; every format also decodes a block into a
+ * small float buffer in L1 and sums from there (the path without AVX2, and the one for
+ * Q4_0, Q5_K and Q6_K). Sums are per block, scaled, then added: the same products as
+ * dequantize-then-multiply, in another order (float32 rounding apart).
+ *
+ * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K. Output columns j land at
+ * y[r * y_stride + j], so the parts of a fused layer write their own columns.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "vec_math.h"
+
+#define MAX_ROWS 8
+
+enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4 };
+
+static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256};
+static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210};
+
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__) && defined(__AVX2__) /* immintrin.h comes with AVX2 */
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f,
+                   man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalise */
+        int e = -1;
+        uint32_t m = man;
+        do { e++; m <<= 1; } while (!(m & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* The K formats' 6-bit scale and min of sub-block s from their 12 packed bytes. */
+static inline void scale_min_k4(int s, const uint8_t *q, float *sc, float *mn) {
+    if (s < 4) {
+        *sc = (float)(q[s] & 63);
+        *mn = (float)(q[s + 4] & 63);
+    } else {
+        *sc = (float)((q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4));
+        *mn = (float)((q[s + 4] >> 4) | ((q[s] >> 6) << 4));
+    }
+}
+
+/* One block of format fmt as floats. */
+static void decode_block(int fmt, const uint8_t *b, float *out) {
+    switch (fmt) {
+    case Q8_0: {
+        const float d = half_to_float(b);
+        const int8_t *q = (const int8_t *)(b + 2);
+        for (int i = 0; i < 32; i++) out[i] = d * (float)q[i];
+        break;
+    }
+    case Q4_0: {
+        const float d = half_to_float(b);
+        for (int i = 0; i < 16; i++) {
+            out[i] = d * (float)((b[2 + i] & 0xF) - 8);
+            out[i + 16] = d * (float)((b[2 + i] >> 4) - 8);
+        }
+        break;
+    }
+    case Q4_K:
+    case Q5_K: {
+        const float d = half_to_float(b), dmin = half_to_float(b + 2);
+        const uint8_t *qh = b + 16, *qs = b + (fmt == Q4_K ? 16 : 48);
+        for (int c = 0; c < 4; c++) {
+            for (int half = 0; half < 2; half++) {
+                const int s = 2 * c + half;
+                float sc, mn;
+                scale_min_k4(s, b + 4, &sc, &mn);
+                const float a = d * sc, m = dmin * mn;
+                for (int l = 0; l < 32; l++) {
+                    int q = half ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 0xF;
+                    if (fmt == Q5_K) q |= ((qh[l] >> s) & 1) << 4;
+                    out[32 * s + l] = a * (float)q - m;
+                }
+            }
+        }
+        break;
+    }
+    case Q6_K: {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = half_to_float(b + 208);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *l0 = ql + 64 * h, *h0 = qh + 32 * h;
+            const int8_t *s0 = sc + 8 * h;
+            float *o = out + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int q1 = (int)((l0[l] & 0xF) | ((h0[l] & 3) << 4)) - 32;
+                const int q2 = (int)((l0[l + 32] & 0xF) | (((h0[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = (int)((l0[l] >> 4) | (((h0[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = (int)((l0[l + 32] >> 4) | (((h0[l] >> 6) & 3) << 4)) - 32;
+                o[l] = d * (float)s0[is] * (float)q1;
+                o[l + 32] = d * (float)s0[is + 2] * (float)q2;
+                o[l + 64] = d * (float)s0[is + 4] * (float)q3;
+                o[l + 96] = d * (float)s0[is + 6] * (float)q4;
+            }
+        }
+        break;
+    }
+    }
+}
+
+/* The buffer path: each block decoded to floats, then summed against every x row. */
+static void row_buffered(int fmt, const float *x, int64_t m, int64_t k, const uint8_t *w,
+                         float *sums) {
+    const int64_t bv = BLOCK_VALUES[fmt], bb = BLOCK_BYTES[fmt];
+    float buf[256];
+    for (int64_t r = 0; r < m; r++) sums[r] = 0.f;
+    for (int64_t i = 0; i < k; i += bv, w += bb) {
+        decode_block(fmt, w, buf);
+        for (int64_t r = 0; r < m; r++) {
+            const float *xr = x + r * k + i;
+            float s = 0.f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t t = 0; t < bv; t++) s += xr[t] * buf[t];
+            sums[r] += s;
+        }
+    }
+}
+
+#ifdef __AVX2__
+/* 8 bytes of int8 (or, unsigned, of 4-bit codes) as 8 floats */
+static inline __m256 i8_to_ps(const void *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline __m256 u8_to_ps(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+
+/* Q8_0 in registers: 32 int8 of a block as four vectors, summed against each row. */
+static void row_q8_0(const float *x, int64_t m, int64_t k, const uint8_t *w, float *sums) {
+    __m256 acc[MAX_ROWS];
+    for (int64_t r = 0; r < m; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i += 32, w += 34) {
+        const __m256 d = _mm256_set1_ps(half_to_float(w));
+        const __m256 w0 = i8_to_ps(w + 2), w1 = i8_to_ps(w + 10), w2 = i8_to_ps(w + 18),
+                     w3 = i8_to_ps(w + 26);
+        for (int64_t r = 0; r < m; r++) {
+            const float *xr = x + r * k + i;
+            __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xr), w0);
+            t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w1, t);
+            t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), w2, t);
+            t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), w3, t);
+            acc[r] = _mm256_fmadd_ps(d, t, acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]);
+}
+
+/* Q4_K in registers: sub-block s contributes d*sc_s * (codes . x) - dmin*m_s * sum(x);
+ * xsum holds each row's sums of x over its 32-value sub-blocks. */
+static void row_q4_k(const float *x, const float *xsum, int64_t m, int64_t k,
+                     const uint8_t *w, float *sums) {
+    __m256 acc[MAX_ROWS];
+    float mins[MAX_ROWS];
+    for (int64_t r = 0; r < m; r++) {
+        acc[r] = _mm256_setzero_ps();
+        mins[r] = 0.f;
+    }
+    const __m128i low4 = _mm_set1_epi8(0xF);
+    for (int64_t i = 0; i < k; i += 256, w += 144) {
+        const float d = half_to_float(w), dmin = half_to_float(w + 2);
+        for (int c = 0; c < 4; c++) {
+            const __m128i b0 = _mm_loadu_si128((const __m128i *)(w + 16 + 32 * c));
+            const __m128i b1 = _mm_loadu_si128((const __m128i *)(w + 32 + 32 * c));
+            for (int half = 0; half < 2; half++) {
+                const int s = 2 * c + half;
+                float sc, mn;
+                scale_min_k4(s, w + 4, &sc, &mn);
+                const __m128i c0 = half ? _mm_and_si128(_mm_srli_epi16(b0, 4), low4)
+                                        : _mm_and_si128(b0, low4);
+                const __m128i c1 = half ? _mm_and_si128(_mm_srli_epi16(b1, 4), low4)
+                                        : _mm_and_si128(b1, low4);
+                const __m256 w0 = u8_to_ps(c0), w1 = u8_to_ps(_mm_srli_si128(c0, 8)),
+                             w2 = u8_to_ps(c1), w3 = u8_to_ps(_mm_srli_si128(c1, 8));
+                const __m256 a = _mm256_set1_ps(d * sc);
+                const float dm = dmin * mn;
+                for (int64_t r = 0; r < m; r++) {
+                    const float *xr = x + r * k + i + 32 * s;
+                    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xr), w0);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w1, t);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), w2, t);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), w3, t);
+                    acc[r] = _mm256_fmadd_ps(a, t, acc[r]);
+                    mins[r] += dm * xsum[r * (k / 32) + (i / 32) + s];
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]) - mins[r];
+}
+#endif
+
+#ifdef __AVX2__
+/* The rows of x as int8 in blocks of 32 with one scale each (llama.cpp's Q8_0 for
+ * activations): xq = rint(x / xd), xd = max|x| / 127 over the block. */
+static void quantize_blocks_q8(const float *x, int64_t count, int8_t *xq, float *xd) {
+    const __m256 no_sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < count; b++, x += 32, xq += 32) {
+        const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8),
+                     v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        const __m256 mx = _mm256_max_ps(
+            _mm256_max_ps(_mm256_and_ps(v0, no_sign), _mm256_and_ps(v1, no_sign)),
+            _mm256_max_ps(_mm256_and_ps(v2, no_sign), _mm256_and_ps(v3, no_sign)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        xd[b] = amax / 127.f;
+        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, inv), mode)),
+                      i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, inv), mode)),
+                      i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, inv), mode)),
+                      i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, inv), mode));
+        /* the packs interleave 128-bit lanes: put them back in order */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)xq, _mm256_permutevar8x32_epi32(
+            p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+}
+
+/* 32 int8 products of a signed weight block and an activation block, as 8 int32 sums */
+static inline __m256i dot_s8(__m256i w, __m256i x) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* 32 products of unsigned 4-bit codes (as bytes) and an activation block */
+static inline __m256i dot_u8(__m256i codes, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1));
+}
+
+static void row_q8_0_q8(const int8_t *xq, const float *xd, int64_t m, int64_t k,
+                        const uint8_t *w, float *sums) {
+    __m256 acc[MAX_ROWS];
+    const int64_t nb = k / 32;
+    for (int64_t r = 0; r < m; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 34) {
+        const float d = half_to_float(w);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
+        for (int64_t r = 0; r < m; r++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + r * k + 32 * b));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * nb + b]),
+                                     _mm256_cvtepi32_ps(dot_s8(q, x)), acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]);
+}
+
+static void row_q4_k_q8(const int8_t *xq, const float *xd, const float *xsum, int64_t m,
+                        int64_t k, const uint8_t *w, float *sums) {
+    __m256 acc[MAX_ROWS];
+    float mins[MAX_ROWS];
+    const int64_t nb = k / 32;
+    for (int64_t r = 0; r < m; r++) {
+        acc[r] = _mm256_setzero_ps();
+        mins[r] = 0.f;
+    }
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    for (int64_t i = 0; i < k; i += 256, w += 144) {
+        const float d = half_to_float(w), dmin = half_to_float(w + 2);
+        for (int c = 0; c < 4; c++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
+            for (int half = 0; half < 2; half++) {
+                const int s = 2 * c + half;
+                float sc, mn;
+                scale_min_k4(s, w + 4, &sc, &mn);
+                const __m256i codes = half ? _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)
+                                           : _mm256_and_si256(bytes, low4);
+                const float a = d * sc, dm = dmin * mn;
+                const int64_t g = i / 32 + s;
+                for (int64_t r = 0; r < m; r++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + r * k + 32 * g));
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a * xd[r * nb + g]),
+                                             _mm256_cvtepi32_ps(dot_u8(codes, x)), acc[r]);
+                    mins[r] += dm * xsum[r * nb + g];
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]) - mins[r];
+}
+#endif
+
+/* As gguf_rows, with x rounded to int8 in blocks of 32 first (one scale a block, as
+ * llama.cpp rounds activations) and the products summed in integers: Q8_0 and Q4_K with
+ * AVX2. Returns 1 where it does not apply (another format, no AVX2), and the caller
+ * runs gguf_rows instead; -1 without memory for the rounded rows. */
+int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
+                       int64_t fmt, float *y, int64_t y_stride) {
+#ifdef __AVX2__
+    if ((fmt != Q8_0 && fmt != Q4_K) || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS)
+        return 1;
+    const int64_t nb = k / 32, row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
+    int8_t *xq = malloc((size_t)(m * k));
+    float *xd = malloc(sizeof(float) * (size_t)(2 * m * nb)), *xsum = xd + m * nb;
+    if (!xq || !xd) {
+        free(xq);
+        free(xd);
+        return -1;
+    }
+    quantize_blocks_q8(x, m * nb, xq, xd);
+    if (fmt == Q4_K)
+        for (int64_t g = 0; g < m * nb; g++) {
+            float s = 0.f;
+            for (int t = 0; t < 32; t++) s += x[32 * g + t];
+            xsum[g] = s;
+        }
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        float sums[MAX_ROWS];
+        const uint8_t *wr = w + j * row_bytes;
+        if (fmt == Q8_0)
+            row_q8_0_q8(xq, xd, m, k, wr, sums);
+        else
+            row_q4_k_q8(xq, xd, xsum, m, k, wr, sums);
+        for (int64_t r = 0; r < m; r++) y[r * y_stride + j] = sums[r];
+    }
+    free(xq);
+    free(xd);
+    return 0;
+#else
+    (void)x; (void)m; (void)k; (void)w; (void)n; (void)fmt; (void)y; (void)y_stride;
+    return 1;
+#endif
+}
+
+/* y[r * y_stride + j] = x[r, :] . dequantized w[j, :] for r < m, j < n; w holds n rows
+ * of k / BLOCK_VALUES[fmt] blocks each. Returns 0, or -1 for an unknown format, k not
+ * whole blocks, or more than MAX_ROWS rows. */
+int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
+                  int64_t fmt, float *y, int64_t y_stride) {
+    if (fmt < 0 || fmt > Q6_K || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS) return -1;
+    const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
+    float xsum[MAX_ROWS * 512];
+    const int64_t groups = k / 32;
+    const int use_xsum = fmt == Q4_K && groups <= 512;
+    if (use_xsum)
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t g = 0; g < groups; g++) {
+                float s = 0.f;
+                for (int t = 0; t < 32; t++) s += x[r * k + 32 * g + t];
+                xsum[r * groups + g] = s;
+            }
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        float sums[MAX_ROWS];
+        const uint8_t *wr = w + j * row_bytes;
+#ifdef __AVX2__
+        if (fmt == Q8_0)
+            row_q8_0(x, m, k, wr, sums);
+        else if (use_xsum)
+            row_q4_k(x, xsum, m, k, wr, sums);
+        else
+#endif
+            row_buffered((int)fmt, x, m, k, wr, sums);
+        for (int64_t r = 0; r < m; r++) y[r * y_stride + j] = sums[r];
+    }
+    return 0;
+}
+
+/* The floats of n rows of fmt blocks (k values each) into out [n, k]: the tiles the
+ * many-row GEMMs multiply, a few rows of the weight at a time. */
+int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
+    if (fmt < 0 || fmt > Q6_K || k % BLOCK_VALUES[fmt]) return -1;
+    const int64_t bv = BLOCK_VALUES[fmt], bb = BLOCK_BYTES[fmt], per_row = k / bv;
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t b = 0; b < per_row; b++)
+            decode_block((int)fmt, w + (j * per_row + b) * bb, out + j * k + b * bv);
+    return 0;
+}

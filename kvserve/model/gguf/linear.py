@@ -1,0 +1,167 @@
+"""A linear layer computed on a GGUF file's quantized blocks (the layer's linear method).
+
+The file's bytes for the layer's weight stay as they are: one uint8 buffer per part of
+the layer (``gguf_part0``, ... on the layer; q, k and v are three parts of a fused
+qkv_proj, each in its own format, as a Q4_K_M file keeps some in Q6_K), never a float
+copy. A step of up to ``NATIVE_MAX_ROWS`` rows (decode) runs the native kernel, which
+decodes each block in registers and uses it for every row
+(``kvserve/kernels/gguf_linear.c``); a longer step (a prompt chunk) decodes
+``TILE_ROWS`` weight rows at a time to float32 and multiplies them with torch's GEMM,
+so the float copy is one tile, reused across all of the step's rows. A part the file
+stores in a float format (llama.cpp keeps small tensors so) is a float buffer,
+multiplied as is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.model.gguf.quants import BLOCKS, dequantize
+from kvserve.model.linear_method import LinearMethod
+
+# the native kernels' codes for the block formats (kvserve/kernels/gguf_linear.c)
+FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
+NATIVE_MAX_ROWS = 8
+TILE_ROWS = 256
+
+
+@dataclass
+class BlockWeight:
+    """A weight as a GGUF file stores it: ``blocks`` [rows, bytes a row] uint8 of
+    ``kind`` (a key of ``BLOCKS``), holding ``rows`` x ``cols`` values."""
+    kind: str
+    blocks: torch.Tensor
+    cols: int
+
+    @property
+    def rows(self) -> int:
+        return self.blocks.shape[0]
+
+    def permute_rows(self, order: torch.Tensor) -> BlockWeight:
+        """The same weight with its rows in ``order`` (whole rows are whole blocks)."""
+        return BlockWeight(self.kind, self.blocks[order].contiguous(), self.cols)
+
+    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        part = self.blocks[start:stop]
+        return dequantize(part, self.kind, (part.shape[0], self.cols))
+
+
+class GGUFLinearMethod(LinearMethod):
+    """``shard_rows``: the output rows of each part, in the layer's column order (one
+    part for a plain layer)."""
+
+    def __init__(self, shard_rows: list[int]) -> None:
+        self.shard_rows = list(shard_rows)
+        self.kinds: list[str | None] = [None] * len(shard_rows)
+        self.native = None  # kvserve.kernels.Kernels, when configured with them
+        # decode rows rounded to int8 per 32 values and multiplied in integers, as
+        # llama.cpp does (Q8_0 and Q4_K parts, AVX2); False: in float, which equals
+        # dequantize-then-multiply up to float rounding
+        self.int8_activations = True
+
+    @classmethod
+    def install(cls, layer: nn.Linear, shard_rows: list[int]) -> GGUFLinearMethod:
+        """Give ``layer`` (on the meta device, before its weights load) this method: its
+        float weight is dropped, the parts are loaded with ``load``."""
+        if sum(shard_rows) != layer.out_features:
+            raise ValueError(f"parts of {shard_rows} rows do not make {layer.out_features}")
+        layer.register_parameter("weight", None)
+        layer.method = method = cls(shard_rows)
+        return method
+
+    def load(self, layer: nn.Linear, shard: int | None, weight: BlockWeight | torch.Tensor
+             ) -> None:
+        """Part ``shard`` (None: the whole layer) from the file: blocks, or float values."""
+        index = 0 if shard is None else shard
+        rows, cols = self.shard_rows[index], layer.in_features
+        if isinstance(weight, BlockWeight):
+            got, kind, data = (weight.rows, weight.cols), weight.kind, weight.blocks
+        else:
+            got, kind, data = tuple(weight.shape), "float", weight.detach().float().contiguous()
+        if got != (rows, cols):
+            raise ValueError(f"a weight of shape {got} does not fit part {index} "
+                             f"({rows}, {cols}) of this layer")
+        self.kinds[index] = kind
+        layer.register_buffer(f"gguf_part{index}", data.to(self._device(layer)))
+
+    @staticmethod
+    def _device(layer: nn.Linear) -> torch.device:
+        bias = layer.bias
+        return bias.device if bias is not None and not bias.is_meta else torch.device("cpu")
+
+    def missing_parts(self) -> list[int]:
+        return [i for i, kind in enumerate(self.kinds) if kind is None]
+
+    def configure(self, layer: nn.Linear, mode) -> None:
+        kernels = getattr(mode, "kernels", None)
+        self.native = kernels if kernels is not None and kernels.available else None
+
+    def parts(self, layer: nn.Linear):
+        """(first output column, rows, kind, buffer) of each part."""
+        start = 0
+        for i, (rows, kind) in enumerate(zip(self.shard_rows, self.kinds)):
+            yield start, rows, kind, getattr(layer, f"gguf_part{i}")
+            start += rows
+
+    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float().contiguous()
+        out = x.new_empty((x.shape[0], layer.out_features))
+        for start, rows, kind, data in self.parts(layer):
+            cols = out[:, start:start + rows]
+            if kind == "float":
+                cols.copy_(F.linear(x, data.to(x.dtype)))
+            elif (self.native is not None and x.shape[0] <= NATIVE_MAX_ROWS
+                  and x.device.type == "cpu"):
+                self.native.gguf_rows(x, data, FORMAT_CODES[kind], cols, self.int8_activations)
+            else:
+                self._tiled(x, kind, data, layer.in_features, cols)
+        if layer.bias is not None:
+            out += layer.bias.float()
+        return out if dtype == torch.float32 else out.to(dtype)
+
+    def _tiled(self, x: torch.Tensor, kind: str, blocks: torch.Tensor, cols: int,
+               out: torch.Tensor) -> None:
+        """out = x @ W.T a tile of TILE_ROWS weight rows at a time, each decoded once."""
+        for start in range(0, blocks.shape[0], TILE_ROWS):
+            tile = blocks[start:start + TILE_ROWS]
+            if self.native is not None and tile.device.type == "cpu":
+                w = self.native.gguf_dequantize(tile, FORMAT_CODES[kind], cols)
+            else:
+                w = dequantize(tile, kind, (tile.shape[0], cols)).to(x.device)
+            out[:, start:start + tile.shape[0]] = F.linear(x, w)
+
+
+def is_block_kind(kind: str) -> bool:
+    return kind in BLOCKS
+
+
+class BlockEmbedding(nn.Module):
+    """A token embedding kept as the file's blocks: a lookup decodes the rows it reads.
+    A tied LM head computes on the same blocks (GGUFLinearMethod)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.kind: str | None = None
+        # no values: follows the model's dtype through .to(), so lookups return that dtype
+        self.register_buffer("dtype_probe", torch.empty(0), persistent=False)
+
+    def load(self, weight: BlockWeight | torch.Tensor) -> None:
+        if isinstance(weight, BlockWeight):
+            got, self.kind, data = (weight.rows, weight.cols), weight.kind, weight.blocks
+        else:
+            got, self.kind, data = tuple(weight.shape), "float", weight.detach().float()
+        if got != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"an embedding of shape {got} does not fit "
+                             f"({self.num_embeddings}, {self.embedding_dim})")
+        self.register_buffer("gguf_blocks", data.contiguous())
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = self.gguf_blocks[tokens.reshape(-1)]
+        values = rows if self.kind == "float" else dequantize(
+            rows, self.kind, (rows.shape[0], self.embedding_dim))
+        return values.to(self.dtype_probe.dtype).reshape(*tokens.shape, self.embedding_dim)

@@ -1,0 +1,84 @@
+"""The GGUF block kernels (gguf_linear.c) on their native, AVX2 and plain-C builds: the
+few-row products against the float32 product of the torch dequantization, every format,
+every row count the kernel takes, output columns written into a wider matrix; the tile
+dequantization bit for bit; what it refuses."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.kernels import load_kernels
+from kvserve.model.gguf.linear import FORMAT_CODES
+from kvserve.model.gguf.quants import BLOCKS, dequantize
+from tests.helpers import random_blocks
+
+kernels = load_kernels()
+pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
+
+
+def weight(kind: str, n: int, k: int, seed: int) -> torch.Tensor:
+    values, _ = BLOCKS[kind]
+    return torch.from_numpy(random_blocks(kind, n * k // values, seed)).reshape(n, -1)
+
+
+@pytest.mark.parametrize("kind", list(FORMAT_CODES))
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+def test_few_rows_equal_dequantize_then_multiply(build, kind, rows):
+    n, k = 37, 768  # an odd column count: the threads' shares are uneven
+    blocks = weight(kind, n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    want = (x.double() @ dequantize(blocks, kind, (n, k)).double().t())
+    wide = torch.full((rows, n + 11), 7.0)
+    build.gguf_rows(x, blocks, FORMAT_CODES[kind], wide[:, 5:5 + n])
+    got = wide[:, 5:5 + n]
+    scale = want.abs().max()
+    assert ((got.double() - want).abs().max() / scale) < 2e-6
+    assert (wide[:, :5] == 7.0).all() and (wide[:, 5 + n:] == 7.0).all()
+
+
+@pytest.mark.parametrize("kind", list(FORMAT_CODES))
+def test_tile_dequantization_is_the_torch_one_bit_for_bit(build, kind):
+    blocks = weight(kind, 9, 512, seed=3)
+    assert torch.equal(build.gguf_dequantize(blocks, FORMAT_CODES[kind], 512),
+                       dequantize(blocks, kind, (9, 512)))
+
+
+def test_refused_shapes_are_named():
+    blocks = weight("Q8_0", 4, 64, seed=0)
+    with pytest.raises(ValueError, match="1-8 rows, whole blocks"):
+        kernels.gguf_rows(torch.randn(9, 64), blocks, FORMAT_CODES["Q8_0"], torch.empty(9, 4))
+    with pytest.raises(ValueError, match="contiguous float32 x"):
+        kernels.gguf_rows(torch.randn(2, 64).double(), blocks, 0, torch.empty(2, 4))
+    with pytest.raises(ValueError, match="not whole blocks"):
+        kernels.gguf_dequantize(blocks, FORMAT_CODES["Q8_0"], 48)
+
+
+def rounded_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as the int8 kernels see it: each 32 values rounded to int8 with one scale."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_int8_activations_q8_0_sum_the_rounded_rows_exactly(rows):
+    n, k = 29, 1024
+    blocks = weight("Q8_0", n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    want = rounded_rows(x).double() @ dequantize(blocks, "Q8_0", (n, k)).double().t()
+    got = torch.empty(rows, n)
+    kernels.gguf_rows(x, blocks, FORMAT_CODES["Q8_0"], got, int8_activations=True)
+    assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
+def test_int8_activations_stay_near_the_float_product(kind):
+    n, k = 40, 2048
+    blocks = weight(kind, n, k, seed=5)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(5))
+    exact = x.double() @ dequantize(blocks, kind, (n, k)).double().t()
+    got = torch.empty(3, n)
+    kernels.gguf_rows(x, blocks, FORMAT_CODES[kind], got, int8_activations=True)
+    error = ((got.double() - exact).abs().max() / exact.abs().max())
+    assert 1e-5 < error < 2e-2  # rounded (not the float path), and only by the rounding

@@ -1,0 +1,78 @@
+"""The linear method on GGUF blocks (kvserve/model/gguf/linear.py): a fused layer whose
+parts come in different formats (as a Q4_K_M file's q, k and v do) and in float,
+computed on few rows (the native kernel), on many (dequantized tiles) and without
+kernels, against the layer's dequantized float weight (with float activations: the int8
+ones are the kernel tests'); the rows a llama file permutes."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvserve.kernels import load_kernels
+from kvserve.model.execution import ExecutionMode
+from kvserve.model.gguf.linear import TILE_ROWS, BlockWeight, GGUFLinearMethod
+from kvserve.model.gguf.quants import BLOCKS
+from kvserve.model.layers import Linear
+from tests.helpers import random_blocks
+
+PARTS = [("Q4_K", 64), ("Q6_K", 32), ("float", 32), ("Q8_0", TILE_ROWS + 16)]
+K = 512
+
+
+def fused_layer(bias: bool) -> tuple[Linear, torch.Tensor]:
+    """A layer of PARTS and its float weight (the dequantized parts, stacked)."""
+    with torch.device("meta"):
+        layer = Linear(K, sum(rows for _, rows in PARTS), bias=bias)
+    method = GGUFLinearMethod.install(layer, [rows for _, rows in PARTS])
+    method.int8_activations = False  # the float sums: dequantize-then-multiply's
+    layer.to_empty(device="cpu")
+    if bias:
+        layer.bias.data.normal_()
+    dense = []
+    for i, (kind, rows) in enumerate(PARTS):
+        if kind == "float":
+            part = torch.randn(rows, K)
+            dense.append(part)
+        else:
+            part = BlockWeight(kind, torch.from_numpy(random_blocks(
+                kind, rows * K // BLOCKS[kind][0], seed=i)).reshape(rows, -1), K)
+            dense.append(part.dequantize())
+        method.load(layer, i, part)
+    assert layer.weight is None and not method.missing_parts()
+    return layer, torch.cat(dense)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_fused_layer_of_mixed_formats_computes_its_float_weight(rows, native, bias):
+    kernels = load_kernels()
+    if native and not kernels.available:
+        pytest.fail(f"the native kernels did not build: {kernels.reason}")
+    layer, dense = fused_layer(bias)
+    layer.configure(ExecutionMode(kernels=kernels if native else None))
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
+    want = F.linear(x.double(), dense.double(),
+                    None if layer.bias is None else layer.bias.double())
+    got = layer(x)
+    assert got.shape == (rows, dense.shape[0]) and got.dtype == torch.float32
+    assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
+
+
+def test_a_part_of_another_shape_is_refused():
+    with torch.device("meta"):
+        layer = Linear(K, 64, bias=False)
+    method = GGUFLinearMethod.install(layer, [32, 32])
+    wrong = BlockWeight("Q8_0", torch.from_numpy(random_blocks("Q8_0", 48 * K // 32, 0))
+                        .reshape(48, -1), K)
+    with pytest.raises(ValueError, match=r"shape \(48, 512\) does not fit part 1 \(32, 512\)"):
+        method.load(layer, 1, wrong)
+    assert method.missing_parts() == [0, 1]
+
+
+def test_permuted_rows_move_whole_rows():
+    blocks = torch.from_numpy(random_blocks("Q4_K", 8 * 2, 1)).reshape(8, -1)
+    weight = BlockWeight("Q4_K", blocks, 512)
+    order = torch.tensor([3, 1, 0, 2, 7, 6, 5, 4])
+    assert torch.equal(weight.permute_rows(order).dequantize(), weight.dequantize()[order])
