@@ -236,3 +236,21 @@ def test_greedy_completion_is_python_like(hf):
     text = tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
     assert text.strip(), "empty completion"
     assert "\n" in text  # continues with a function body on new lines
+
+
+def test_the_readmes_sample_chat_answer_is_the_models():
+    """README's sample chat request is answered as the README shows."""
+    import re
+
+    from kvserve import LLM
+
+    readme = (MODEL_DIR.parents[2] / "README.md").read_text()
+    request = re.search(r'"content": "(Write a Python function: [^"]+)"', readme).group(1)
+    shown = re.search(r"a function in shape, not in\nmeaning\.\n\n```python\n(.*?)```",
+                      readme, re.S).group(1)
+    llm = LLM(num_kv_blocks=64)
+    params = llm.get_default_sampling_params()
+    params.temperature, params.max_tokens = 0.0, 64
+    answer = llm.chat([{"role": "user", "content": request}], params, use_tqdm=False)[0]
+    llm.engine.close()
+    assert answer.outputs[0].text == shown
