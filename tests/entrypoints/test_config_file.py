@@ -250,6 +250,7 @@ TABLE = {
     "omp_threads_bind": "0-3",
     "tuning_plan": "/etc/kvserve/tuning-plan.json",
     "generation_config": "vllm",
+    "tokenizer": "/models/tuned-tokenizer",
     "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
                            "prompt_lookup_min": 1, "prompt_lookup_max": 3},
 }
