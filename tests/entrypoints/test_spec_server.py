@@ -16,10 +16,8 @@ from tests.entrypoints.conftest import ServerProcess
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 4,
          "model": default_draft_model_dir()}
-CODE = ("def add_numbers(first, second):\n    total = first + second\n    return total\n\n\n"
-        "def subtract_numbers(first, second):\n    difference = first - second\n"
-        "    return difference\n\n\n")
-PROMPT = CODE + CODE + "def add_numbers("
+# a prompt the embedded model continues by repeating it: drafts from the prompt land
+PROMPT = "import os\nimport sys\n" * 3 + "import "
 
 
 @pytest.fixture(scope="module", params=[SPEC, DRAFT], ids=["ngram", "draft_model"])
@@ -36,13 +34,16 @@ def spec_server(request, tmp_path_factory):
 
 
 def test_completions_match_plain_decoding_and_metrics_count_drafts(spec_server):
-    expected = LLM().generate(PROMPT, SamplingParams(temperature=0, max_tokens=48),
+    # the model's repetition penalty would steer the answer away from the prompt's text
+    plain = {"repetition_penalty": 1.0}
+    expected = LLM().generate(PROMPT, SamplingParams(temperature=0, max_tokens=48, **plain),
                               use_tqdm=False)[0].outputs[0].text
     with openai.OpenAI(base_url=f"{spec_server.url}/v1", api_key="x", max_retries=0) as c:
         whole = c.completions.create(model="kvserve-default", prompt=PROMPT, max_tokens=48,
-                                     temperature=0)
+                                     temperature=0, extra_body=plain)
         streamed = "".join(chunk.choices[0].text for chunk in c.completions.create(
-            model="kvserve-default", prompt=PROMPT, max_tokens=48, temperature=0, stream=True))
+            model="kvserve-default", prompt=PROMPT, max_tokens=48, temperature=0, stream=True,
+            extra_body=plain))
     assert whole.choices[0].text == streamed == expected
     assert whole.usage.completion_tokens == 48
     m = spec_server.metrics()

@@ -49,10 +49,11 @@ def llm():
     return LLM()  # the embedded model: a real tokenizer
 
 
-def _texts(llm, constraint, n=4, temperature=0.9, max_tokens=160, **settings):
+def _texts(llm, constraint, n=4, temperature=0.9, max_tokens=160,
+           prompt="def main():\n    config = "):
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, n=n, seed=3,
                             structured_outputs=constraint)
-    out = llm.generate("def main():\n    config = ", params, use_tqdm=False)[0]
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
     return [(o.text, o.finish_reason) for o in out.outputs]
 
 
@@ -146,25 +147,23 @@ def test_a_grammar_that_allows_only_eos_beats_min_tokens_and_bad_words(llm):
 
 
 @pytest.mark.parametrize("settings", [
-    {}, pytest.param({"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
-                                             "prompt_lookup_min": 1}},
-                     marks=pytest.mark.xfail(reason=(
-                         "known defect: on the second edition of the embedded model the "
-                         "speculation controller drafts nothing for this prompt, so the test "
-                         "no longer exercises drafts; its prompt needs remaking"), strict=False))],
-    ids=["plain", "speculative"])
+    {}, {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                "prompt_lookup_min": 1}}], ids=["plain", "speculative"])
 def test_a_constraint_after_reasoning_leaves_the_thinking_free_and_binds_the_answer(
-        llm, settings):
-    """The embedded model writes code; with its "thinking" ending at the first newline,
-    that line is what the model writes unconstrained, and what follows matches."""
+        llm, settings, monkeypatch):
+    """With the model's "thinking" ending at the first newline, that line is what the
+    model writes unconstrained, and what follows matches. The prompt's lines are JSON, so
+    prompt lookup drafts in both parts."""
     from kvserve.structured_output.reasoning import ReasoningSpan
 
+    flat_step_cost(monkeypatch)
     engine = LLM(**settings) if settings else llm
     schema = SCHEMAS[0]
     constraint = Constraint(json=schema, reasoning=ReasoningSpan(end="\n"))
+    prompt = '{"age":20,"name":"Bob"}\n' * 4
     for temperature, n in ((0.0, 1), (0.9, 4)):
-        outs = _texts(engine, constraint, n=n, temperature=temperature)
-        free = _texts(llm, None, n=n, temperature=temperature)
+        outs = _texts(engine, constraint, n=n, temperature=temperature, prompt=prompt)
+        free = _texts(llm, None, n=n, temperature=temperature, prompt=prompt)
         for (text, reason), (free_text, _) in zip(outs, free):
             thinking, newline, answer = text.partition("\n")
             assert reason == "stop" and newline, text
