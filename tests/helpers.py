@@ -324,10 +324,8 @@ def llama_cpp_tool(tree: Path, name: str) -> Path:
 def quantize_gguf(tree: Path, source: Path, kind: str, out: Path) -> Path:
     """``source`` (a GGUF file) quantized to ``kind`` (``Q4_K_M``, ...) by llama.cpp's
     own llama-quantize."""
-    import subprocess
-    subprocess.run([str(llama_cpp_tool(tree, "llama-quantize")), str(source), str(out), kind],
-                   check=True, capture_output=True)
-    return out
+    from kvserve.bench.workloads.gguf_models import quantize_gguf as quantize
+    return quantize(llama_cpp_tool(tree, "llama-quantize"), source, out, kind)
 
 
 # llama.cpp's converter names a BPE tokenizer's pre-tokenizer by hashing how it splits a

@@ -23,13 +23,20 @@ __all__ = ["add_bench_parser", "main"]
 
 
 def _add_make_model(sub: Any) -> None:
+    from kvserve.bench.workloads.gguf_models import GGUF_FORMATS
     from kvserve.bench.workloads.models import BENCH_MODELS
 
     p = sub.add_parser("make-model", help="build a deterministic random-weight bench model",
                        description="Build bench-30m / bench-100m (shared/BENCHMARKS.md) or a "
                                    "custom Llama shape, with the embedded model's tokenizer.")
     p.add_argument("name", choices=[*BENCH_MODELS, "custom"])
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (a file for GGUF)")
+    p.add_argument("--format", default="hf", choices=["hf", *GGUF_FORMATS],
+                   help="hf: a float32 Hugging Face directory (default); gguf-*: one GGUF "
+                        "file written in bfloat16 without a float32 copy, quantized by "
+                        "llama-quantize for q8_0 and q4_k_m")
+    p.add_argument("--llama-quantize", default=None, metavar="PATH",
+                   help="llama.cpp's llama-quantize binary (gguf-q8_0, gguf-q4_k_m)")
     p.add_argument("--tokenizer-dir", default=None,
                    help="copy the tokenizer from here (default: the embedded default model)")
     p.add_argument("--no-tokenizer", action="store_true", help="weights and config only")
@@ -280,25 +287,13 @@ def _add_lora(sub: Any) -> None:
 
 
 def _add_gguf_agreement(sub: Any) -> None:
-    from kvserve.bench.experiments.gguf_agreement import cmd_gguf_agreement
-    p = sub.add_parser("gguf-agreement", help="kvserve and llama.cpp teacher-forced on the "
-                                              "same quantized GGUF files",
-                       description="Convert the model with llama.cpp's converter, quantize it "
-                                   "with llama-quantize, score held-out text with "
-                                   "llama-perplexity and with kvserve on each file; report "
-                                   "top-1 agreement and both bits per byte.")
-    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
-    p.add_argument("--llamacpp-source", required=True, help="llama.cpp source tree")
-    p.add_argument("--llama-quantize", required=True, help="llama-quantize binary")
-    p.add_argument("--llama-perplexity", required=True, help="llama-perplexity binary")
-    p.add_argument("--quants", default="Q8_0,Q4_K_M", help="llama-quantize types")
-    p.add_argument("--ctx", type=int, default=512, help="tokens a chunk (default 512)")
-    p.add_argument("--chunks", type=int, default=64, help="chunks at most (default 64)")
-    p.add_argument("--max-bytes", type=int, default=1_000_000, help="held-out text bytes")
-    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
-    add_engine_args(p)
-    add_output_args(p, plot=False)
-    p.set_defaults(func=cmd_gguf_agreement)
+    from kvserve.bench.experiments.gguf_agreement import add_gguf_agreement_parser
+    add_gguf_agreement_parser(sub)
+
+
+def _add_gguf_decode(sub: Any) -> None:
+    from kvserve.bench.experiments.gguf_decode import add_gguf_decode_parser
+    add_gguf_decode_parser(sub)
 
 
 def _add_sinks(sub: Any) -> None:
@@ -418,7 +413,7 @@ def add_bench_parser(subparsers: Any) -> None:
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
                 _add_huge_pages, _add_startup, _add_moe, _add_lora, _add_sinks,
-                _add_gguf_agreement, _add_overlap, _add_serving, _add_server_ab, _add_tp, _add_batch, _add_replicas,
+                _add_gguf_agreement, _add_gguf_decode, _add_overlap, _add_serving, _add_server_ab, _add_tp, _add_batch, _add_replicas,
                 _add_report):
         add(sub)
     for command in sub.choices.values():

@@ -40,7 +40,27 @@ def cmd_make_model(args: argparse.Namespace) -> int:
         name: Any = BenchModelSpec(*dims, vocab_size=args.vocab_size or 8192)
     else:
         name = args.name
-    out = make_bench_model(name, args.out, args.tokenizer_dir, copy_tokenizer=not args.no_tokenizer)
+    if args.format != "hf":
+        from kvserve.bench.workloads.gguf_models import make_gguf_bench_model
+        from kvserve.bench.workloads.models import BENCH_MODELS
+        from kvserve.default_model import default_model_dir
+
+        if args.no_tokenizer:
+            raise SystemExit("kvserve: error: a GGUF file carries its tokenizer: "
+                             "--no-tokenizer applies to --format hf only")
+        spec = name if isinstance(name, BenchModelSpec) else BENCH_MODELS[name]
+        try:
+            out = make_gguf_bench_model(spec, args.name, args.format, Path(args.out),
+                                        Path(args.tokenizer_dir or default_model_dir()),
+                                        args.llama_quantize)
+        except (ValueError, RuntimeError) as exc:
+            raise SystemExit(f"kvserve: error: {exc}") from None
+    else:
+        try:
+            out = make_bench_model(name, args.out, args.tokenizer_dir,
+                                   copy_tokenizer=not args.no_tokenizer)
+        except ValueError as exc:
+            raise SystemExit(f"kvserve: error: {exc}") from None
     print(f"wrote {args.name} to {out}")
     return 0
 

@@ -17,7 +17,6 @@ tokens that file lists, chunk by chunk, with prompt logprobs. Reported per file:
 """
 from __future__ import annotations
 
-import re
 import struct
 import subprocess
 import sys
@@ -55,14 +54,15 @@ def read_logits_file(path: Path) -> dict[str, Any]:
 
 def llama_perplexity(binary: str, gguf: Path, text: Path, ctx: int, chunks: int,
                      threads: int, logits: Path) -> dict[str, Any]:
+    from kvserve.bench.peers.llamacpp import tool_version
+
     cmd = [binary, "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
            "-t", str(threads), "--chunks", str(chunks), "--kl-divergence-base", str(logits)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0 or not logits.is_file():
         raise RuntimeError(f"llama-perplexity failed (exit {proc.returncode}): {log[-2000:]}")
-    build = re.search(r"build: (\S+ \(\w+\))", log)
-    return {"build": build.group(1) if build else None}
+    return {"build": tool_version(binary)}
 
 
 def kvserve_scores(gguf: Path, chunks: np.ndarray, engine_args: dict[str, Any]
@@ -150,3 +150,26 @@ def cmd_gguf_agreement(args) -> int:
         out = {"machine": info, "model": name, "engine_args": engine_args, "result": res}
         print(f"wrote {report.write_json(args.json, out)}")
     return 0
+
+
+def add_gguf_agreement_parser(sub) -> None:
+    from kvserve.bench.bench_args import add_engine_args, add_output_args
+
+    p = sub.add_parser("gguf-agreement", help="kvserve and llama.cpp teacher-forced on the "
+                                              "same quantized GGUF files",
+                       description="Convert the model with llama.cpp's converter, quantize it "
+                                   "with llama-quantize, score held-out text with "
+                                   "llama-perplexity and with kvserve on each file; report "
+                                   "top-1 agreement and both bits per byte.")
+    p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    p.add_argument("--llamacpp-source", required=True, help="llama.cpp source tree")
+    p.add_argument("--llama-quantize", required=True, help="llama-quantize binary")
+    p.add_argument("--llama-perplexity", required=True, help="llama-perplexity binary")
+    p.add_argument("--quants", default="Q8_0,Q4_K_M", help="llama-quantize types")
+    p.add_argument("--ctx", type=int, default=512, help="tokens a chunk (default 512)")
+    p.add_argument("--chunks", type=int, default=64, help="chunks at most (default 64)")
+    p.add_argument("--max-bytes", type=int, default=1_000_000, help="held-out text bytes")
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    add_engine_args(p)
+    add_output_args(p, plot=False)
+    p.set_defaults(func=cmd_gguf_agreement)

@@ -222,6 +222,14 @@ def cmake_build_flags(binary: str | Path) -> dict[str, str]:
     return {}
 
 
+def tool_version(binary: str | Path) -> str | None:
+    """The first line of a llama.cpp program's ``--version`` (its version, build number and
+    commit, where the source tree knew them)."""
+    proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return lines[0].removeprefix("version: ") if lines else None
+
+
 LLAMA_BENCH_AGREEMENT = 0.10  # llama-bench and the runner must agree within this share
 
 
@@ -240,8 +248,9 @@ def run_llama_bench(binary: str, gguf: Path, threads: int, tokens: int = MAX_NEW
     return {"command": " ".join(cmd[:1] + ["-m", "MODEL.gguf"] + cmd[3:]),
             "tg_tok_s": float(record["avg_ts"]), "tg_stddev_tok_s": float(record["stddev_ts"]),
             "n_gen": tokens, "n_threads": int(record["n_threads"]),
-            "build_commit": record.get("build_commit"), "build_number": record.get("build_number"),
-            "build_flags": cmake_build_flags(binary), "cpu_info": record.get("cpu_info"), "cpus": sampler.usage.to_dict()}
+            "version": tool_version(binary), "build_commit": record.get("build_commit"),
+            "build_number": record.get("build_number"), "build_flags": cmake_build_flags(binary),
+            "cpu_info": record.get("cpu_info"), "cpus": sampler.usage.to_dict()}
 
 
 def llama_bench_check(bench: dict[str, Any], runner_rounds: list[dict]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Deterministic random-weight bench models (``kvserve bench make-model``).
 
-The Llama shapes are those of ``shared/BENCHMARKS.md``; ``bench-gemma2-100m`` has
+The Llama shapes are those of ``shared/BENCHMARKS.md``, and ``bench-1b`` / ``bench-8b``
+Llama-3.2-1B's and Llama-3.1-8B's (their 128k vocabulary too, the tokenizer's ids padded
+with unused ones); ``bench-gemma2-100m`` has
 Gemma 2's layout (local layers with a 4096-token window alternating with global ones,
 soft-capped scores and logits) at bench-100m's width, and ``bench-moe-150m`` Qwen3-MoE's
 (16 experts, 2 routed per token). Weights come from ``torch.manual_seed(0)`` and
@@ -11,6 +13,7 @@ bench model can be served and prompted with text as well as token ids.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,6 +54,7 @@ class BenchModelSpec:
     sliding_window: int = 0      # gemma2: its local layers' window
     num_experts: int = 0         # qwen3_moe: experts per layer, and routed per token
     experts_per_token: int = 0
+    tied_embeddings: bool = False  # the LM head is the embedding table
 
     def num_params(self, active: bool = False) -> int:
         """Total parameter count (untied embeddings, no biases); ``active``: those one
@@ -64,8 +68,10 @@ class BenchModelSpec:
             experts = self.experts_per_token if active else self.num_experts
             mlp = experts * mlp + self.hidden_size * self.num_experts  # and the router
         layer = q_o + k_v + mlp + norms
-        # the output head; the embedding table, of which a token reads one row
-        embeddings = (1 if active else 2) * self.vocab_size * self.hidden_size
+        # the output head; the embedding table (its own unless tied), of which a token
+        # reads one row
+        tables = 1 if active or self.tied_embeddings else 2
+        embeddings = tables * self.vocab_size * self.hidden_size
         return self.num_layers * layer + embeddings + self.hidden_size
 
 
@@ -77,6 +83,11 @@ BENCH_MODELS: Mapping[str, BenchModelSpec] = MappingProxyType(
                                             architecture="gemma2", sliding_window=4096),
         "bench-moe-150m": BenchModelSpec(512, 8, 8, 4, 768, architecture="qwen3_moe",
                                          num_experts=16, experts_per_token=2),
+        "bench-1b": BenchModelSpec(2048, 16, 32, 8, 8192, vocab_size=128256,
+                                   max_position_embeddings=8192, rope_theta=500000.0,
+                                   tied_embeddings=True),
+        "bench-8b": BenchModelSpec(4096, 32, 32, 8, 14336, vocab_size=128256,
+                                   max_position_embeddings=8192, rope_theta=500000.0),
     }
 )
 
@@ -156,6 +167,13 @@ def make_bench_model(
                 f"vocab_size {spec.vocab_size}"
             )
 
+    float32_bytes = 4 * spec.num_params()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if float32_bytes > memory // 2:
+        raise ValueError(f"{float32_bytes / 2**30:.0f} GiB of float32 weights would not fit "
+                         f"this machine's {memory / 2**30:.0f} GiB: write the model as a GGUF "
+                         "file (--format gguf-bf16, gguf-q8_0 or gguf-q4_k_m), which never "
+                         "holds a float32 copy")
     config = _hf_config(spec, special)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
@@ -180,7 +198,7 @@ def _hf_config(spec: BenchModelSpec, special: dict[str, int | None]):
         intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_position_embeddings, rope_theta=spec.rope_theta,
-        rms_norm_eps=spec.rms_norm_eps, tie_word_embeddings=False,
+        rms_norm_eps=spec.rms_norm_eps, tie_word_embeddings=spec.tied_embeddings,
         bos_token_id=special["bos"], eos_token_id=special["eos"], pad_token_id=special["pad"])
     head_dim = spec.hidden_size // spec.num_heads
     if spec.architecture == "llama":

@@ -1,0 +1,164 @@
+"""``kvserve bench gguf-decode``: one stream's decode speed on GGUF files, kvserve
+against llama.cpp's own ``llama-bench`` on the same file, threads and cores.
+
+Each round times both systems on each file, one after the other:
+
+- kvserve: one request with a one-token prompt generates ``tokens`` tokens after its
+  first; its rate is those tokens over the time of their steps.
+- llama.cpp: ``llama-bench -p 0 -n TOKENS -r 1`` (its tg test: each token one decode
+  call, from its own warm-up), its rate as it reports it.
+
+A file's figure is the median of its rounds' ratios (kvserve over llama.cpp). The floor
+is the bytes one decode step must read, the file's weights that take part in a matmul
+(every tensor but the token embedding, unless the embedding is the LM head too), over
+the streaming read bandwidth measured in the same run: each system's step over that
+floor says how close to the memory it runs.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvserve.bench.instruments.cpu_sets import CpuSampler, check_same_cpus
+from kvserve.bench.instruments.paired import describe_ratio, paired_ratio, ratio_cell
+
+DEFAULT_TOKENS = 128
+
+
+def decode_weight_bytes(path: Path) -> dict[str, Any]:
+    """Bytes a decode step reads of the GGUF file ``path``, and its tensors' formats."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(str(path)).tensors
+    names = {t.name for t in tensors}
+    embedding_read = "output.weight" not in names  # tied: the table is the LM head
+    total, formats = 0, {}
+    for t in tensors:
+        kind = t.tensor_type.name
+        formats[kind] = formats.get(kind, 0) + int(t.n_bytes)
+        if t.name != "token_embd.weight" or embedding_read:
+            total += int(t.n_bytes)
+    return {"decode_bytes": total, "bytes_by_format": formats}
+
+
+def kvserve_decode_rate(llm, tokens: int, prompt: Sequence[int]) -> float:
+    """Tokens per second of one request's decode steps after its first token."""
+    from kvserve import SamplingParams
+
+    engine = llm.engine
+    engine.reset_prefix_cache()
+    params = SamplingParams(temperature=0.0, max_tokens=tokens + 1, ignore_eos=True)
+    engine.add_request(f"gguf-decode-{time.monotonic_ns()}",
+                       {"prompt_token_ids": list(prompt)}, params)
+    engine.step()  # the prompt, and the first token
+    start, steps = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    return steps / (time.perf_counter() - start)
+
+
+def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens: int,
+                    threads: int, engine_args: dict[str, Any], log=print) -> dict[str, Any]:
+    from kvserve.bench.instruments.roofline import measure_stream_bandwidth
+    from kvserve.bench.instruments.throughput import load_llm
+    from kvserve.bench.peers.llamacpp import run_llama_bench
+
+    bandwidth = measure_stream_bandwidth()
+    log(f"streaming read bandwidth: {bandwidth:.1f} GB/s")
+    results, cpus, build = {}, {}, None
+    for path in files:
+        read = decode_weight_bytes(path)
+        floor_ms = 1000 * read["decode_bytes"] / (bandwidth * 1e9)
+        llm, load_s = load_llm(str(path), engine_args)
+        try:
+            prompt = [llm.engine.tokenizer.bos_token_id or 0]
+            kvserve_decode_rate(llm, 16, prompt)  # warm
+            ours, theirs = [], []
+            watch = {"kvserve": CpuSampler(), "llama-bench": None}
+            for r in range(rounds):
+                with watch["kvserve"]:
+                    ours.append(kvserve_decode_rate(llm, tokens, prompt))
+                bench = run_llama_bench(llama_bench, path, threads, tokens, repetitions=1)
+                watch["llama-bench"] = bench.pop("cpus")
+                build = {k: bench[k] for k in ("version", "build_commit", "build_number",
+                                               "build_flags", "cpu_info")}
+                theirs.append(bench["tg_tok_s"])
+                log(f"  {path.name} round {r + 1}/{rounds}: kvserve {ours[-1]:.2f} tok/s, "
+                    f"llama.cpp {theirs[-1]:.2f} tok/s")
+        finally:
+            llm.engine.close()
+        cpus[path.name] = {"kvserve": watch["kvserve"].usage.to_dict(),
+                           "llama-bench": watch["llama-bench"]}
+        check_same_cpus(cpus[path.name])
+        ratio = paired_ratio(ours, theirs)
+        step = {"kvserve": 1000 / statistics.median(ours),
+                "llamacpp": 1000 / statistics.median(theirs)}
+        results[path.name] = {
+            **read, "file_bytes": path.stat().st_size, "kvserve_load_s": load_s,
+            "kvserve_tok_s": ours, "llamacpp_tok_s": theirs, "ratio": ratio,
+            "stream_floor_ms": floor_ms,
+            **{f"{name}_step_ms": ms for name, ms in step.items()},
+            **{f"{name}_vs_stream_floor": ms / floor_ms for name, ms in step.items()}}
+        log(f"{path.name}: kvserve / llama.cpp {describe_ratio(ratio)}; steps "
+            f"{step['kvserve']:.1f} / {step['llamacpp']:.1f} ms against a floor of "
+            f"{floor_ms:.1f} ms")
+    return {"tokens": tokens, "rounds": rounds, "threads": threads,
+            "engine_args": engine_args, "stream_bandwidth_gbs": bandwidth,
+            "llamacpp_build": build, "files": results, "cpus": cpus}
+
+
+def cmd_gguf_decode(args: argparse.Namespace) -> int:
+    """``kvserve bench gguf-decode FILE...``."""
+    from kvserve.bench.bench_args import engine_args_from
+    from kvserve.bench.bench_setup import _header
+    from kvserve.bench.reports import report
+    from kvserve.worker.platform import physical_cores
+
+    files = [Path(f) for f in args.files]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise SystemExit(f"kvserve: error: no such GGUF file: {', '.join(missing)}")
+    engine_args = engine_args_from(args)
+    threads = args.threads or engine_args.get("num_threads") or physical_cores()
+    info = _header("kvserve gguf-decode", {"files": [f.name for f in files],
+                                           "tokens": args.tokens, "rounds": args.rounds,
+                                           "threads": threads, "engine_args": engine_args})
+    res = run_gguf_decode(files, args.llama_bench, args.rounds, args.tokens, threads,
+                          engine_args)
+    print(report.format_table(
+        ["file", "kvserve tok/s", "llama.cpp tok/s", "kvserve / llama.cpp",
+         "kvserve vs floor", "llama.cpp vs floor"],
+        [(name, statistics.median(r["kvserve_tok_s"]), statistics.median(r["llamacpp_tok_s"]),
+          ratio_cell(r["ratio"]), r["kvserve_vs_stream_floor"], r["llamacpp_vs_stream_floor"])
+         for name, r in res["files"].items()]))
+    if args.json:
+        out = {"machine": info, "model": args.model_name or files[0].stem, "result": res}
+        print(f"wrote {report.write_json(args.json, out)}")
+    return 0
+
+
+def add_gguf_decode_parser(sub: Any) -> None:
+    from kvserve.bench.bench_args import add_engine_args, add_output_args
+
+    p = sub.add_parser("gguf-decode", help="one stream's decode on GGUF files against "
+                                           "llama-bench on the same files",
+                       description="Alternate kvserve and llama.cpp's llama-bench on each "
+                                   "GGUF file; report tokens/s, the median of the rounds' "
+                                   "ratios, and each against the bytes-read floor.")
+    p.add_argument("files", nargs="+", help="GGUF files (kvserve bench make-model --format "
+                                            "gguf-...)")
+    p.add_argument("--llama-bench", required=True, metavar="PATH",
+                   help="llama.cpp's llama-bench binary")
+    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
+                   help=f"tokens generated a round (default {DEFAULT_TOKENS})")
+    p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="llama.cpp threads (default: kvserve's, the physical cores)")
+    p.add_argument("--model-name", default=None, help="the model's name in the JSON")
+    add_engine_args(p)
+    add_output_args(p, plot=False)
+    p.set_defaults(func=cmd_gguf_decode)
