@@ -11,7 +11,11 @@
  *
  * The model is described once by a plan, an int64 array (worker/captured_step.py
  * builds it): PLAN_HEADER values, then LAYER_FIELDS pointers per layer. A pointer of 0
- * is an absent bias. Float32 weights and a float32 KV pool only. */
+ * is an absent bias. Float32 weights and a float32 KV pool; or (P_GGUF) each weight a
+ * GGUF layer's blocks (kernels/gguf_linear.c), described by an int64 array: its part
+ * count, whether activations are rounded to int8, then each part's blocks, format and
+ * rows; the embedding then in the format P_EMBED_FMT (-1: float32), P_EMBED_ROW bytes a
+ * row. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +25,11 @@ void gemv_rows(const float *x, int64_t m, int64_t k, const float *w, int64_t n,
                const float *bias, float *y);
 void gemv_panels(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
                  const float *bias, float *y);
+int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
+                  int64_t fmt, float *y, int64_t y_stride);
+int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
+                       int64_t fmt, float *y, int64_t y_stride);
+int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out);
 void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
               float eps);
 void add_rms_norm(const float *x, float *residual, const float *weight, float *out,
@@ -41,17 +50,36 @@ void paged_attention_rows_f32(const float *q, int64_t q_stride, const float *k_p
 
 /* header: the sizes, then the model-wide tensors */
 enum { P_LAYERS, P_HIDDEN, P_HEADS, P_KV_HEADS, P_HEAD_DIM, P_INTER, P_VOCAB, P_BLOCK,
-       P_WINDOW, P_PANELS, P_EMBED, P_FINAL_NORM, P_LM_HEAD, P_LM_BIAS, P_COS, P_SIN, PLAN_HEADER };
+       P_WINDOW, P_PANELS, P_EMBED, P_FINAL_NORM, P_LM_HEAD, P_LM_BIAS, P_COS, P_SIN, P_GGUF,
+       P_EMBED_FMT, P_EMBED_ROW, PLAN_HEADER };
 /* per layer */
 enum { L_IN_NORM, L_QKV_W, L_QKV_B, L_O_W, L_O_B, L_POST_NORM, L_GATE_UP_W, L_GATE_UP_B,
        L_DOWN_W, L_DOWN_B, L_K_POOL, L_V_POOL, LAYER_FIELDS };
 
 #define PTR(v) ((float *)(intptr_t)(v))
 
-/* y [m, n] = x [m, k] . w + b, w the plan's weight: panels or dense [n, k] */
+/* y [m, n] = x [m, k] . w + b for a GGUF layer (desc: see the plan above), each part
+ * writing its columns, as GGUFLinearMethod.apply does */
+static void gguf_linear(const int64_t *desc, const float *x, int64_t m, int64_t k,
+                        int64_t n, const float *bias, float *y) {
+    int64_t start = 0;
+    for (int64_t p = 0; p < desc[0]; p++) {
+        const uint8_t *w = (const uint8_t *)(intptr_t)desc[2 + 3 * p];
+        const int64_t fmt = desc[3 + 3 * p], rows = desc[4 + 3 * p];
+        if (!desc[1] || gguf_rows_int8(x, m, k, w, rows, fmt, y + start, n) != 0)
+            gguf_rows(x, m, k, w, rows, fmt, y + start, n);
+        start += rows;
+    }
+    if (bias)
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
+}
+
+/* y [m, n] = x [m, k] . w + b, w the plan's weight: panels, dense [n, k] or GGUF blocks */
 static inline void linear(const int64_t *plan, const float *x, int64_t m, int64_t k,
                           int64_t w, int64_t n, int64_t b, float *y) {
-    if (plan[P_PANELS]) gemv_panels(x, m, k, PTR(w), n, PTR(b), y);
+    if (plan[P_GGUF]) gguf_linear((const int64_t *)(intptr_t)w, x, m, k, n, PTR(b), y);
+    else if (plan[P_PANELS]) gemv_panels(x, m, k, PTR(w), n, PTR(b), y);
     else gemv_rows(x, m, k, PTR(w), n, PTR(b), y);
 }
 
@@ -95,9 +123,16 @@ int64_t captured_step(const int64_t *plan, const int64_t *tokens, const int64_t 
     float *x = buf[0], *residual = buf[1], *h = buf[2], *qkv = buf[3], *attn = buf[4];
     float *gate_up = buf[5], *act = buf[6];
 
-    const float *embed = PTR(plan[P_EMBED]);
-    for (int64_t r = 0; r < rows; r++)
-        memcpy(residual + r * hidden, embed + tokens[r] * hidden, hidden * sizeof(float));
+    if (plan[P_EMBED_FMT] < 0) {
+        const float *embed = PTR(plan[P_EMBED]);
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(residual + r * hidden, embed + tokens[r] * hidden, hidden * sizeof(float));
+    } else {
+        const uint8_t *embed = (const uint8_t *)(intptr_t)plan[P_EMBED];
+        for (int64_t r = 0; r < rows; r++)
+            gguf_dequantize(embed + tokens[r] * plan[P_EMBED_ROW], 1, hidden,
+                            plan[P_EMBED_FMT], residual + r * hidden);
+    }
     for (int64_t i = 0; i < plan[P_LAYERS]; i++) {
         const int64_t *L = plan + PLAN_HEADER + i * LAYER_FIELDS;
         if (i == 0) /* the embeddings are the first residual */

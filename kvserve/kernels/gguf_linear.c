@@ -4,21 +4,30 @@
  * them). Each block is decoded once per call and used for every x row: the weight
  * streams from memory at its quantized size, never as float32.
  *
- * Threads split the weight rows. Q8_0 and Q4_K, the formats most of a Q8_0 or Q4_K_M
- * file is, decode in registers with AVX2; every format also decodes a block into a
- * small float buffer in L1 and sums from there (the path without AVX2, and the one for
- * Q4_0, Q5_K and Q6_K). Sums are per block, scaled, then added: the same products as
- * dequantize-then-multiply, in another order (float32 rounding apart).
+ * Threads split the weight rows. Two ways to sum:
+ * - float activations (gguf_rows): Q8_0 and Q4_K decode in registers with AVX2; every
+ *   format also decodes a block into a small float buffer in L1 and sums from there
+ *   (the path without AVX2, and the one for Q4_0, Q5_K and Q6_K). Sums are per block,
+ *   scaled, then added: dequantize-then-multiply's products, in another order.
+ * - int8 activations (gguf_rows_int8), as llama.cpp sums: x rounded to int8 (per 32
+ *   values against Q8_0, per 256 with 16-sums against Q4_K and Q6_K, its Q8_0 and Q8_K)
+ *   and the products summed in integers with AVX2 (maddubs/madd), each block's scales
+ *   applied in integers, one float multiply a block; one row (a single stream's step)
+ *   has its own loops, kept in registers. The weight rows are prefetched ahead.
  *
  * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K. Output columns j land at
  * y[r * y_stride + j], so the parts of a fused layer write their own columns.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "vec_math.h"
 
 #define MAX_ROWS 8
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 1024
+#endif
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4 };
 
@@ -143,6 +152,13 @@ static void row_buffered(int fmt, const float *x, int64_t m, int64_t k, const ui
 }
 
 #ifdef __AVX2__
+/* the sum of 4 int32 */
+static inline int hsum_epi32_128(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
+    return _mm_cvtsi128_si32(v);
+}
+
 /* 8 bytes of int8 (or, unsigned, of 4-bit codes) as 8 floats */
 static inline __m256 i8_to_ps(const void *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -250,11 +266,6 @@ static inline __m256i dot_s8(__m256i w, __m256i x) {
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* 32 products of unsigned 4-bit codes (as bytes) and an activation block */
-static inline __m256i dot_u8(__m256i codes, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1));
-}
-
 static void row_q8_0_q8(const int8_t *xq, const float *xd, int64_t m, int64_t k,
                         const uint8_t *w, float *sums) {
     __m256 acc[MAX_ROWS];
@@ -272,77 +283,317 @@ static void row_q8_0_q8(const int8_t *xq, const float *xd, int64_t m, int64_t k,
     for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]);
 }
 
-static void row_q4_k_q8(const int8_t *xq, const float *xd, const float *xsum, int64_t m,
-                        int64_t k, const uint8_t *w, float *sums) {
+/* The rows of x as llama.cpp's Q8_K, the activations its K-format products take: per 256
+ * values one scale xd = max / -127 (max: the value of largest magnitude, its sign kept),
+ * xq = rint(x / xd) capped at 127, and bsums the sums of each 16 of xq. */
+static void quantize_blocks_q8_k(const float *x, int64_t count, int8_t *xq, float *xd,
+                                 int16_t *bsums) {
+    for (int64_t b = 0; b < count; b++, x += 256, xq += 256, bsums += 16) {
+        float amax = 0.f, max = 0.f;
+        for (int t = 0; t < 256; t++) {
+            const float a = x[t] < 0.f ? -x[t] : x[t];
+            if (a > amax) {
+                amax = a;
+                max = x[t];
+            }
+        }
+        if (amax == 0.f) {
+            xd[b] = 0.f;
+            memset(xq, 0, 256);
+            memset(bsums, 0, 16 * sizeof(int16_t));
+            continue;
+        }
+        const float iscale = -127.f / max;
+        for (int t = 0; t < 256; t++) {
+            const long v = lrintf(iscale * x[t]);
+            xq[t] = (int8_t)(v > 127 ? 127 : v);
+        }
+        for (int j = 0; j < 16; j++) {
+            int sum = 0;
+            for (int t = 0; t < 16; t++) sum += xq[16 * j + t];
+            bsums[j] = (int16_t)sum;
+        }
+        xd[b] = 1.f / iscale;
+    }
+}
+
+/* Q4_K against Q8_K rows: each 32-value sub-block's integer products scaled by its 6-bit
+ * scale in integers, one float multiply a super-block; the mins from the 16-sums. */
+static void row_q4_k_q8k(const int8_t *xq, const float *xd, const int16_t *bsums, int64_t m,
+                         int64_t k, const uint8_t *w, float *sums) {
     __m256 acc[MAX_ROWS];
     float mins[MAX_ROWS];
-    const int64_t nb = k / 32;
+    const int64_t nsb = k / 256;
     for (int64_t r = 0; r < m; r++) {
         acc[r] = _mm256_setzero_ps();
         mins[r] = 0.f;
     }
     const __m256i low4 = _mm256_set1_epi8(0xF);
-    for (int64_t i = 0; i < k; i += 256, w += 144) {
+    for (int64_t i = 0; i < nsb; i++, w += 144) {
         const float d = half_to_float(w), dmin = half_to_float(w + 2);
+        /* the 8 scales and 8 mins, 6 bits each in 12 bytes, as 16 bytes: scales then mins */
+        uint32_t packed[3], sm[4];
+        memcpy(packed, w + 4, 12);
+        sm[0] = packed[0] & 0x3f3f3f3f;
+        sm[2] = packed[1] & 0x3f3f3f3f;
+        sm[1] = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 6) & 0x03030303) << 4;
+        sm[3] = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 6) & 0x03030303) << 4;
+        const __m256i sc_mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m128i mins16 = _mm256_extracti128_si256(sc_mn, 1);
+        /* each sub-block's scale in every 16-bit lane */
+        const __m256i scales = _mm256_permute2x128_si256(sc_mn, sc_mn, 0x00);
+        __m256i codes[8], scale[8];
         for (int c = 0; c < 4; c++) {
             const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
-            for (int half = 0; half < 2; half++) {
-                const int s = 2 * c + half;
-                float sc, mn;
-                scale_min_k4(s, w + 4, &sc, &mn);
-                const __m256i codes = half ? _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)
-                                           : _mm256_and_si256(bytes, low4);
-                const float a = d * sc, dm = dmin * mn;
-                const int64_t g = i / 32 + s;
-                for (int64_t r = 0; r < m; r++) {
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + r * k + 32 * g));
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a * xd[r * nb + g]),
-                                             _mm256_cvtepi32_ps(dot_u8(codes, x)), acc[r]);
-                    mins[r] += dm * xsum[r * nb + g];
-                }
+            codes[2 * c] = _mm256_and_si256(bytes, low4);
+            codes[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);
+        }
+        for (int s = 0; s < 8; s++)
+            scale[s] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * s)));
+        for (int64_t r = 0; r < m; r++) {
+            const int8_t *q8 = xq + r * k + 256 * i;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)(bsums + (r * nsb + i) * 16));
+            __m256i sumi = _mm256_setzero_si256();
+            for (int s = 0; s < 8; s++) {
+                const __m256i p = _mm256_maddubs_epi16(
+                    codes[s], _mm256_loadu_si256((const __m256i *)(q8 + 32 * s)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale[s], p));
             }
+            /* the 32-sums (pairs of 16-sums) against the mins */
+            const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+                                                  _mm256_extracti128_si256(bs, 1));
+            const __m128i summ = _mm_madd_epi16(mins16, sums32);
+            const float dx = xd[r * nsb + i];
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc[r]);
+            mins[r] += dmin * dx * (float)hsum_epi32_128(summ);
         }
     }
     for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]) - mins[r];
 }
+
+/* Q6_K against Q8_K rows: the 6-bit codes as unsigned bytes (0-63) in registers, each 16
+ * values' products scaled by their int8 scale in integers; the codes' offset of 32 taken
+ * off through the 16-sums. */
+static void row_q6_k_q8k(const int8_t *xq, const float *xd, const int16_t *bsums, int64_t m,
+                         int64_t k, const uint8_t *w, float *sums) {
+    __m256 acc[MAX_ROWS];
+    float offs[MAX_ROWS];
+    const int64_t nsb = k / 256;
+    for (int64_t r = 0; r < m; r++) {
+        acc[r] = _mm256_setzero_ps();
+        offs[r] = 0.f;
+    }
+    const __m256i low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < nsb; i++, w += 210) {
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const float d = half_to_float(w + 208);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        __m256i codes[8], scales[8];
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+            /* scales 8h-8h+7 in both halves of a register */
+            const __m256i half = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                   : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            for (int part = 0; part < 4; part++) {
+                const __m256i lo = part & 1 ? l1 : l0;
+                const __m256i nib = part < 2 ? _mm256_and_si256(lo, low4)
+                                             : _mm256_and_si256(_mm256_srli_epi16(lo, 4), low4);
+                const __m256i top = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), low2);
+                codes[4 * h + part] = _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
+                /* values 128h + 32 part + 0-15 and + 16-31: scales 8h + 2 part and + 1 */
+                const short lo_pick = (short)(0x0100 + 0x0202 * (2 * part)),
+                            hi_pick = (short)(0x0100 + 0x0202 * (2 * part + 1));
+                scales[4 * h + part] = _mm256_shuffle_epi8(
+                    half, _mm256_setr_epi16(lo_pick, lo_pick, lo_pick, lo_pick, lo_pick,
+                                            lo_pick, lo_pick, lo_pick, hi_pick, hi_pick,
+                                            hi_pick, hi_pick, hi_pick, hi_pick, hi_pick,
+                                            hi_pick));
+            }
+        }
+        for (int64_t r = 0; r < m; r++) {
+            const int8_t *q8 = xq + r * k + 256 * i;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)(bsums + (r * nsb + i) * 16));
+            __m256i sumi = _mm256_setzero_si256();
+            for (int v = 0; v < 8; v++) {
+                const __m256i p = _mm256_maddubs_epi16(
+                    codes[v], _mm256_loadu_si256((const __m256i *)(q8 + 32 * v)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales[v], p));
+            }
+            /* the codes' offset: 32 x each 16 values' scale x their 16-sum */
+            const __m256i off = _mm256_madd_epi16(sc16, bs);
+            const float dx = xd[r * nsb + i];
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc[r]);
+            offs[r] += 32.f * d * dx * (float)hsum_epi32_128(_mm_add_epi32(
+                _mm256_castsi256_si128(off), _mm256_extracti128_si256(off, 1)));
+        }
+    }
+    for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]) - offs[r];
+}
 #endif
 
-/* As gguf_rows, with x rounded to int8 in blocks of 32 first (one scale a block, as
- * llama.cpp rounds activations) and the products summed in integers: Q8_0 and Q4_K with
- * AVX2. Returns 1 where it does not apply (another format, no AVX2), and the caller
- * runs gguf_rows instead; -1 without memory for the rounded rows. */
+#ifdef __AVX2__
+/* One row (a single stream's decode step), kept in registers: the kernels above with
+ * m = 1, where nothing is reused across rows, so nothing is decoded ahead. */
+static inline __m256i k4_scale(__m256i scales, int s) {
+    return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * s)));
+}
+
+static float row_q8_0_q8_1(const int8_t *xq, const float *xd, int64_t k, const uint8_t *w) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const int64_t nb = k / 32;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2, w += 68) {
+        _mm_prefetch((const char *)(w + PREFETCH_BYTES), _MM_HINT_T0);
+        const __m256i q0 = _mm256_loadu_si256((const __m256i *)(w + 2));
+        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(w + 36));
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + 32 * b + 32));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w) * xd[b]),
+                               _mm256_cvtepi32_ps(dot_s8(q0, x0)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w + 34) * xd[b + 1]),
+                               _mm256_cvtepi32_ps(dot_s8(q1, x1)), acc1);
+    }
+    for (; b < nb; b++, w += 34)
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w) * xd[b]),
+                               _mm256_cvtepi32_ps(dot_s8(
+                                   _mm256_loadu_si256((const __m256i *)(w + 2)),
+                                   _mm256_loadu_si256((const __m256i *)(xq + 32 * b)))),
+                               acc0);
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+static float row_q4_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bsums,
+                            int64_t k, const uint8_t *w) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    for (int64_t i = 0; i < k / 256; i++, w += 144, xq += 256, bsums += 16) {
+        _mm_prefetch((const char *)(w + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + PREFETCH_BYTES + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + PREFETCH_BYTES + 128), _MM_HINT_T0);
+        uint32_t packed[3], sm[4];
+        memcpy(packed, w + 4, 12);
+        sm[0] = packed[0] & 0x3f3f3f3f;
+        sm[2] = packed[1] & 0x3f3f3f3f;
+        sm[1] = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 6) & 0x03030303) << 4;
+        sm[3] = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 6) & 0x03030303) << 4;
+        const __m256i sc_mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i scales = _mm256_permute2x128_si256(sc_mn, sc_mn, 0x00);
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)bsums);
+        const __m128i summ = _mm_madd_epi16(
+            _mm256_extracti128_si256(sc_mn, 1),
+            _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+        __m256i sumi0 = _mm256_setzero_si256(), sumi1 = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
+            const __m256i p0 = _mm256_maddubs_epi16(
+                _mm256_and_si256(bytes, low4), _mm256_loadu_si256((const __m256i *)(xq + 64 * c)));
+            const __m256i p1 = _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4),
+                _mm256_loadu_si256((const __m256i *)(xq + 64 * c + 32)));
+            sumi0 = _mm256_add_epi32(sumi0, _mm256_madd_epi16(k4_scale(scales, 2 * c), p0));
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(k4_scale(scales, 2 * c + 1), p1));
+        }
+        const float dx = xd[i];
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w) * dx),
+                              _mm256_cvtepi32_ps(_mm256_add_epi32(sumi0, sumi1)), acc);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(half_to_float(w + 2) * dx), _mm_cvtepi32_ps(summ),
+                             acc_m);
+    }
+    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+    return hsum(acc) - _mm_cvtss_f32(acc_m);
+}
+
+static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bsums,
+                            int64_t k, const uint8_t *w) {
+    __m256 acc = _mm256_setzero_ps(), acc_off = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < k / 256; i++, w += 210, xq += 256, bsums += 16) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
+        const float dd = half_to_float(w + 208) * xd[i];
+        __m256i sumi0 = _mm256_setzero_si256(), sumi1 = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            const __m256i half = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                   : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            for (int part = 0; part < 4; part++) {
+                const __m256i lo = part & 1 ? l1 : l0;
+                const __m256i nib = part < 2 ? _mm256_and_si256(lo, low4)
+                                             : _mm256_and_si256(_mm256_srli_epi16(lo, 4), low4);
+                const __m256i top = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), low2);
+                const __m256i codes = _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
+                const short a = (short)(0x0100 + 0x0202 * (2 * part)),
+                            b = (short)(0x0100 + 0x0202 * (2 * part + 1));
+                const __m256i scale = _mm256_shuffle_epi8(
+                    half, _mm256_setr_epi16(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b));
+                const __m256i p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(
+                    codes, _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * part))));
+                if (part & 1)
+                    sumi1 = _mm256_add_epi32(sumi1, p);
+                else
+                    sumi0 = _mm256_add_epi32(sumi0, p);
+            }
+        }
+        const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bsums));
+        const __m256 ddv = _mm256_set1_ps(dd);
+        acc = _mm256_fmadd_ps(ddv, _mm256_cvtepi32_ps(_mm256_add_epi32(sumi0, sumi1)), acc);
+        acc_off = _mm256_fmadd_ps(ddv, _mm256_cvtepi32_ps(off), acc_off);
+    }
+    return hsum(acc) - 32.f * hsum(acc_off);
+}
+#endif
+
+/* As gguf_rows, with x rounded to int8 and the products summed in integers, as llama.cpp
+ * computes them: Q8_0 against x in blocks of 32 with one scale each (its Q8_0), Q4_K and
+ * Q6_K against x in blocks of 256 (its Q8_K), with AVX2. Returns 1 where it does not apply
+ * (another format, no AVX2), and the caller runs gguf_rows instead; -1 without memory for
+ * the rounded rows. */
 int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
                        int64_t fmt, float *y, int64_t y_stride) {
 #ifdef __AVX2__
-    if ((fmt != Q8_0 && fmt != Q4_K) || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS)
+    if ((fmt != Q8_0 && fmt != Q4_K && fmt != Q6_K) || k % BLOCK_VALUES[fmt] || m < 1 ||
+        m > MAX_ROWS)
         return 1;
-    const int64_t nb = k / 32, row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
+    const int64_t per = fmt == Q8_0 ? 32 : 256, nb = k / per;
+    const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
     int8_t *xq = malloc((size_t)(m * k));
-    float *xd = malloc(sizeof(float) * (size_t)(2 * m * nb)), *xsum = xd + m * nb;
-    if (!xq || !xd) {
+    float *xd = malloc(sizeof(float) * (size_t)(m * nb));
+    int16_t *bsums = malloc(sizeof(int16_t) * (size_t)(m * k / 16));
+    if (!xq || !xd || !bsums) {
         free(xq);
         free(xd);
+        free(bsums);
         return -1;
     }
-    quantize_blocks_q8(x, m * nb, xq, xd);
-    if (fmt == Q4_K)
-        for (int64_t g = 0; g < m * nb; g++) {
-            float s = 0.f;
-            for (int t = 0; t < 32; t++) s += x[32 * g + t];
-            xsum[g] = s;
-        }
+    if (fmt == Q8_0)
+        quantize_blocks_q8(x, m * nb, xq, xd);
+    else
+        quantize_blocks_q8_k(x, m * nb, xq, xd, bsums);
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < n; j++) {
         float sums[MAX_ROWS];
         const uint8_t *wr = w + j * row_bytes;
-        if (fmt == Q8_0)
+        if (m == 1)
+            sums[0] = fmt == Q8_0   ? row_q8_0_q8_1(xq, xd, k, wr)
+                      : fmt == Q4_K ? row_q4_k_q8k_1(xq, xd, bsums, k, wr)
+                                    : row_q6_k_q8k_1(xq, xd, bsums, k, wr);
+        else if (fmt == Q8_0)
             row_q8_0_q8(xq, xd, m, k, wr, sums);
+        else if (fmt == Q4_K)
+            row_q4_k_q8k(xq, xd, bsums, m, k, wr, sums);
         else
-            row_q4_k_q8(xq, xd, xsum, m, k, wr, sums);
+            row_q6_k_q8k(xq, xd, bsums, m, k, wr, sums);
         for (int64_t r = 0; r < m; r++) y[r * y_stride + j] = sums[r];
     }
     free(xq);
     free(xd);
+    free(bsums);
     return 0;
 #else
     (void)x; (void)m; (void)k; (void)w; (void)n; (void)fmt; (void)y; (void)y_stride;

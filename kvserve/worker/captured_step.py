@@ -18,7 +18,9 @@ worker sets by timing both paths at start (:func:`choose_captured_rows`). A step
 decodes alone skips the StepInputs too (:meth:`CapturedStep.decode`): its inputs go
 straight into a buffer kept from start. The model it takes: LlamaForCausalLM (Llama,
 Mistral, Qwen2) in float32 with a float32 KV pool and SiLU MLPs, on one rank,
-unquantized. ``--enforce-eager`` (vLLM's flag) turns it off.
+unquantized, or with every linear layer on a GGUF file's blocks (the same kernels as
+GGUFLinearMethod's, its embedding decoded a row at a time as BlockEmbedding's).
+``--enforce-eager`` (vLLM's flag) turns it off.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 
 from kvserve.model.attention import KVCache
+from kvserve.model.gguf.linear import FORMAT_CODES, BlockEmbedding, GGUFLinearMethod
 from kvserve.model.layers import Linear
 from kvserve.model.linear_method import FloatLinearMethod
 from kvserve.model.llama import LlamaForCausalLM
@@ -50,10 +53,18 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
         return "no native kernels"
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__}: the captured step runs Llama, Mistral and Qwen2 layers only"
-    if any(type(m) is not Linear or not isinstance(m.method, FloatLinearMethod)
-           for m in _linears(model)):
-        return "quantized or sharded linear layers"
-    if type(model.model.embed_tokens) is not torch.nn.Embedding:
+    linears = _linears(model)
+    if any(type(m) is not Linear for m in linears):
+        return "sharded linear layers"
+    gguf = [m for m in linears if isinstance(m.method, GGUFLinearMethod)]
+    if gguf:
+        if len(gguf) != len(linears):
+            return "GGUF layers beside others"
+        if any(kind not in FORMAT_CODES for m in gguf for kind in m.method.kinds):
+            return "a GGUF layer the file stores in a float format"
+    elif any(not isinstance(m.method, FloatLinearMethod) for m in linears):
+        return "quantized linear layers"
+    if type(model.model.embed_tokens) not in (torch.nn.Embedding, BlockEmbedding):
         return "a quantized token embedding"
     if any(getattr(layer.self_attn, "tp", None) or getattr(layer.mlp, "tp", None)
            for layer in model.model.layers):
@@ -75,7 +86,8 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
 class CapturedStep:
     # the plan's layout: kernels/decode_step.c's PLAN_HEADER and LAYER_FIELDS
     HEADER = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "block",
-              "window", "panels", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin")
+              "window", "panels", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin",
+              "gguf", "embed_fmt", "embed_row")
     LAYER = ("in_norm", "qkv_w", "qkv_b", "o_w", "o_b", "post_norm", "gate_up_w",
              "gate_up_b", "down_w", "down_b", "k_pool", "v_pool")
 
@@ -93,22 +105,32 @@ class CapturedStep:
         self.eps = float(cfg.norm_eps)
         self.scale = float(model.model.layers[0].self_attn.scale)
         # the GEMVs read the panels when every layer's GEMV does (as eager's native
-        # GEMV then does: the same sums), else every dense weight
-        self.on_panels = all(m.method.gemv_on_panels for m in _linears(model))
-        weight = (lambda m: m.method.panel_weight) if self.on_panels else (lambda m: m.weight)
+        # GEMV then does: the same sums), else every dense weight, or every GGUF layer's
+        # blocks
+        self.gguf = isinstance(model.lm_head.method, GGUFLinearMethod)
+        self.on_panels = not self.gguf and all(m.method.gemv_on_panels
+                                               for m in _linears(model))
+        weight = (self._gguf_layer if self.gguf else
+                  (lambda m: m.method.panel_weight) if self.on_panels else (lambda m: m.weight))
         # the plan holds addresses: keep every tensor it names alive and in place
         self._tensors: list[torch.Tensor] = []
+        embedding = model.model.embed_tokens
+        blocks = embedding.kind != "float" if isinstance(embedding, BlockEmbedding) else False
+        table = embedding.gguf_blocks if isinstance(embedding, BlockEmbedding) \
+            else embedding.weight
         header = {
             "layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
             "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
             "inter": cfg.intermediate_size, "vocab": cfg.vocab_size,
             "block": caches[0].block_size, "window": cfg.sliding_window or 0,
             "panels": int(self.on_panels),
-            "embed": self._address(model.model.embed_tokens.weight),
+            "embed": self._address(table),
             "final_norm": self._address(model.model.norm.weight),
             "lm_head": self._address(weight(model.lm_head)),
             "lm_bias": self._address(model.lm_head.bias),
-            "cos": self._address(model.rotary.cos), "sin": self._address(model.rotary.sin)}
+            "cos": self._address(model.rotary.cos), "sin": self._address(model.rotary.sin),
+            "gguf": int(self.gguf), "embed_fmt": FORMAT_CODES[embedding.kind] if blocks else -1,
+            "embed_row": table.shape[1] if blocks else 0}
         plan = [header[name] for name in self.HEADER]
         for layer, cache in zip(model.model.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
@@ -140,6 +162,15 @@ class CapturedStep:
                              f"(a dense weight let go has none); got one on {t.device}")
         self._tensors.append(t.detach())  # its storage, kept even if the Parameter is rebound
         return t.data_ptr()
+
+    def _gguf_layer(self, layer: Linear) -> torch.Tensor:
+        """A GGUF layer as the kernel reads it: its part count, whether its activations
+        are rounded to int8, then each part's blocks' address, format and rows."""
+        desc = [0, int(layer.method.int8_activations)]
+        for _, rows, kind, data in layer.method.parts(layer):
+            desc += [self._address(data), FORMAT_CODES[kind], rows]
+            desc[0] += 1
+        return torch.tensor(desc, dtype=torch.int64)
 
     def covers(self, inputs: StepInputs) -> bool:
         """Whether this step runs captured: few enough rows, every one giving logits."""

@@ -54,25 +54,37 @@ def test_refused_shapes_are_named():
 
 
 def rounded_rows(x: torch.Tensor) -> torch.Tensor:
-    """x as the int8 kernels see it: each 32 values rounded to int8 with one scale."""
+    """x as the Q8_0 kernel sees it: each 32 values rounded to int8 with one scale."""
     blocks = x.reshape(x.shape[0], -1, 32)
     amax = blocks.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
     return (torch.round(blocks * inv) * (amax / 127)).reshape(x.shape)
 
 
+def rounded_rows_q8_k(x: torch.Tensor) -> torch.Tensor:
+    """x as the K-format kernels see it (llama.cpp's Q8_K): each 256 values rounded with
+    the scale -127 / (the value of largest magnitude), capped at 127."""
+    blocks = x.reshape(x.shape[0], -1, 256)
+    top = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+    iscale = torch.tensor(-127.0) / top
+    q = torch.round(blocks * iscale).clamp(max=127)
+    return (q * (1 / iscale)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("kind, rounded", [("Q8_0", rounded_rows), ("Q4_K", rounded_rows_q8_k),
+                                           ("Q6_K", rounded_rows_q8_k)])
 @pytest.mark.parametrize("rows", [1, 4, 8])
-def test_int8_activations_q8_0_sum_the_rounded_rows_exactly(rows):
+def test_int8_activations_sum_the_rounded_rows_exactly(kind, rounded, rows):
     n, k = 29, 1024
-    blocks = weight("Q8_0", n, k, seed=rows)
+    blocks = weight(kind, n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    want = rounded_rows(x).double() @ dequantize(blocks, "Q8_0", (n, k)).double().t()
+    want = rounded(x).double() @ dequantize(blocks, kind, (n, k)).double().t()
     got = torch.empty(rows, n)
-    kernels.gguf_rows(x, blocks, FORMAT_CODES["Q8_0"], got, int8_activations=True)
+    kernels.gguf_rows(x, blocks, FORMAT_CODES[kind], got, int8_activations=True)
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q6_K"])
 def test_int8_activations_stay_near_the_float_product(kind):
     n, k = 40, 2048
     blocks = weight(kind, n, k, seed=5)
@@ -82,3 +94,15 @@ def test_int8_activations_stay_near_the_float_product(kind):
     kernels.gguf_rows(x, blocks, FORMAT_CODES[kind], got, int8_activations=True)
     error = ((got.double() - exact).abs().max() / exact.abs().max())
     assert 1e-5 < error < 2e-2  # rounded (not the float path), and only by the rounding
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_int8_activations_q8_0_with_an_odd_block_count(rows):
+    """The one-row kernel takes blocks two at a time: an odd count leaves one over."""
+    n, k = 17, 33 * 32
+    blocks = weight("Q8_0", n, k, seed=11)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(11))
+    want = rounded_rows(x).double() @ dequantize(blocks, "Q8_0", (n, k)).double().t()
+    got = torch.empty(rows, n)
+    kernels.gguf_rows(x, blocks, FORMAT_CODES["Q8_0"], got, int8_activations=True)
+    assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6

@@ -117,6 +117,35 @@ def test_a_decode_step_without_step_inputs_gives_the_same_logits(arch, model_dir
     assert captured.decode(_scheduled(runner, [3])) is None
 
 
+@pytest.fixture(scope="module")
+def q8_0_file(model_dirs, tmp_path_factory):
+    from pathlib import Path
+    from tests.helpers import convert_to_gguf, llama_cpp_source
+    tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
+    return convert_to_gguf(tree, model_dirs("llama"), "q8_0",
+                           tmp_path_factory.mktemp("gguf") / "llama-q8_0.gguf")
+
+
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_a_gguf_models_step_is_bitwise_the_eager_one(q8_0_file, activations):
+    """Every linear layer on the file's blocks and the embedding decoded a row at a time,
+    in one native call: the same kernels, so the same logits."""
+    runner = _runner(str(q8_0_file), gguf_activations=activations)
+    captured = runner.captured
+    assert captured is not None and captured.gguf and captured.max_rows > 0
+    captured.max_rows = MAX_ROWS
+    for contexts, drafts in [([5], 0), ([3, 40], 0), ([9, 2, 64, 30], 0), ([20], 3)]:
+        inputs = _decode_step(runner, contexts, drafts)
+        runner.captured = None
+        with torch.inference_mode():
+            eager = runner.forward(inputs)
+        runner.captured = captured
+        assert captured.covers(inputs)
+        with torch.inference_mode():
+            got = runner.forward(inputs)
+        assert torch.equal(got, eager), (contexts, drafts, (got - eager).abs().max())
+
+
 def test_steps_it_does_not_cover_run_eager(llama_dir):
     runner = _runner(llama_dir)
     captured = runner.captured
@@ -141,7 +170,7 @@ def test_enforce_eager_runs_no_captured_step(llama_dir):
 
 @pytest.mark.parametrize("arch, engine_args, reason", [
     ("gpt2", {}, "GPT2LMHeadModel: the captured step runs Llama, Mistral and Qwen2 layers only"),
-    ("llama", {"quantization": "int8"}, "quantized or sharded linear layers"),
+    ("llama", {"quantization": "int8"}, "quantized linear layers"),
     ("llama", {"dtype": "bfloat16"}, "weights are not float32"),
     ("llama", {"kv_cache_dtype": "float16"}, "the KV cache is not float32"),
 ])

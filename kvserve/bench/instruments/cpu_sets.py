@@ -129,7 +129,10 @@ class CpuSampler:
                 continue
             cmdline = (_read(Path(f"/proc/{pid}/cmdline")) or "").replace("\0", " ").strip()
             allowed = parse_cpu_list(_status_field(status, "Cpus_allowed_list"))
-            tids = [int(t.name) for t in Path(f"/proc/{pid}/task").glob("*")]
+            try:
+                tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+            except FileNotFoundError:  # it exited since
+                continue
             self._info[pid] = (cmdline[:200], allowed, len(tids))
             for tid in tids:
                 if pid == self.pid and self.only is not None and tid not in self.only:
