@@ -5,7 +5,8 @@ machine that wrote them (CPU name, family, model, vector ISA, cores) and prints,
 machine, the headline table: ``bench compare``'s offline ``mixed`` run against vLLM and HF
 transformers (with its single-stream run against llama.cpp and llama-bench's cross-check)
 and ``bench serving``'s run at a fixed request rate against vLLM, and ``bench
-startup``'s start with a saved tuning plan against one that measures, and ``bench
+startup``'s start with a saved tuning plan against one that measures, ``bench
+gguf-decode``'s single stream on quantized GGUF files against llama-bench, and ``bench
 memory``'s KV held per request with and without KV groups, and ``bench moe``'s
 mixture-of-experts decode against a dense model of its size, and ``bench sinks``'s
 perplexity past the training context with and without attention sinks, and ``bench
@@ -54,6 +55,8 @@ class Result:
             return "sinks"
         if "lora_over_base" in self.data.get("result", {}):
             return "lora"
+        if "stream_bandwidth_gbs" in self.data.get("result", {}):
+            return "gguf_decode"
         return None
 
     @property
@@ -73,6 +76,7 @@ class MachineResults:
     moe: Result | None = None
     sinks: Result | None = None
     lora: Result | None = None
+    gguf_decode: Result | None = None
     others: list[Result] = field(default_factory=list)
 
     @property
@@ -82,7 +86,7 @@ class MachineResults:
     @property
     def results(self) -> list[Result]:
         return [r for r in (self.compare, self.serving, self.startup, self.memory,
-                            self.moe, self.sinks, self.lora, *self.others)
+                            self.moe, self.sinks, self.lora, self.gguf_decode, *self.others)
                 if r is not None]
 
 
@@ -110,7 +114,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     return sorted(groups.values(), key=lambda g: g.date, reverse=True)
 
 
-KINDS = ("compare", "serving", "startup", "memory", "moe", "sinks", "lora")
+KINDS = ("compare", "serving", "gguf_decode", "startup", "memory", "moe", "sinks", "lora")
 
 
 def _machine_title(m: dict[str, Any]) -> str:
@@ -264,6 +268,32 @@ def _lora_lines(res: Result, base: str) -> list[str]:
             f"(`bench lora`, {_provenance(res, base)})."]
 
 
+# a GGUF file's llama-quantize type, from its name (make-model's: MODEL-TYPE.gguf)
+_GGUF_TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "bf16": "BF16"}
+
+
+def _gguf_decode_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    build = d.get("llamacpp_build") or {}
+    lines = ["", f"| {res.data.get('model')}, one stream, {d['threads']} threads | file | "
+             "kvserve tok/s | llama.cpp tok/s | kvserve against it | kvserve / floor | "
+             "llama.cpp / floor |", "|---|---|---|---|---|---|---|"]
+    for name, f in d["files"].items():
+        kind = _GGUF_TYPES.get(name.removesuffix(".gguf").rsplit("-", 1)[-1], name)
+        median = {k: sorted(f[k])[len(f[k]) // 2] for k in ("kvserve_tok_s", "llamacpp_tok_s")}
+        lines.append(f"| {kind} | {f['file_bytes'] / 1e9:.2f} GB | {median['kvserve_tok_s']:.2f} "
+                     f"| {median['llamacpp_tok_s']:.2f} | {_ratio(f['ratio'])} | "
+                     f"{f['kvserve_vs_stream_floor']:.2f}x | "
+                     f"{f['llamacpp_vs_stream_floor']:.2f}x |")
+    lines += ["", f"The same GGUF files (`make-model --format gguf-...`: random weights in the "
+              f"shape, written in bfloat16, quantized by llama-quantize); llama.cpp is its "
+              f"`llama-bench` (tg{d['tokens']}, {build.get('version') or 'version unknown'}), "
+              f"{d['tokens']} tokens a round, {d['rounds']} rounds; the floor is a step's "
+              f"weight bytes over the run's streaming read, {d['stream_bandwidth_gbs']:.1f} "
+              f"GB/s (`bench gguf-decode`, {_provenance(res, base)})."]
+    return lines
+
+
 def machine_sections(results: Iterable[Result], base: str = ".",
                      kinds: tuple[str, ...] = KINDS) -> list[list[str]]:
     """Each machine's lines of the ``kinds`` of results it has, the machine measured last
@@ -271,7 +301,8 @@ def machine_sections(results: Iterable[Result], base: str = ".",
     the repository."""
     lines_of = {"compare": _compare_lines, "serving": _serving_lines,
                 "startup": _startup_lines, "memory": _memory_lines, "moe": _moe_lines,
-                "sinks": _sinks_lines, "lora": _lora_lines}
+                "sinks": _sinks_lines, "lora": _lora_lines,
+                "gguf_decode": _gguf_decode_lines}
     out = []
     for group in _by_machine(results):
         present = [k for k in kinds if getattr(group, k) is not None
@@ -292,6 +323,10 @@ def readme_section(results: list[Result]) -> str:
     the machine measured last."""
     sections = machine_sections(results, kinds=("compare", "serving"))
     body = sections[0] if sections else ["No figures are published for the current code."]
+    quantized = machine_sections(results, kinds=("gguf_decode",))
+    if quantized:  # the quantized sizes, from the machine that measured them last
+        body = [*body, "", *(quantized[0][2:] if quantized[0][0] == body[0]
+                             else quantized[0])]
     return "\n".join(["## Performance", "",
                       "From `kvserve bench` at the commit named with each figure; "
                       + STATISTIC.format(stats="docs/statistics.md") + ". Other machines, "
