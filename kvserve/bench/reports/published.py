@@ -287,7 +287,9 @@ def _gguf_decode_lines(res: Result, base: str) -> list[str]:
                      f"{f['llamacpp_vs_stream_floor']:.2f}x |")
     lines += ["", f"The same GGUF files (`make-model --format gguf-...`: random weights in the "
               f"shape, written in bfloat16, quantized by llama-quantize); llama.cpp is its "
-              f"`llama-bench` (tg{d['tokens']}, {build.get('version') or 'version unknown'}), "
+              f"`llama-bench` (tg{d['tokens']}; version line "
+              f"\"{build.get('version') or 'unknown'}\", built with GGML_NATIVE="
+              f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}), "
               f"{d['tokens']} tokens a round, {d['rounds']} rounds; the floor is a step's "
               f"weight bytes over the run's streaming read, {d['stream_bandwidth_gbs']:.1f} "
               f"GB/s (`bench gguf-decode`, {_provenance(res, base)})."]
