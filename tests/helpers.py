@@ -362,8 +362,13 @@ def random_blocks(kind: str, count: int, seed: int):
 
     from kvserve.model.gguf.quants import BLOCKS
 
-    values, nbytes = BLOCKS[kind]
     rng = np.random.default_rng(seed)
+    if kind in ("BF16", "F16"):  # 32 random floats a "block", as the kernels take them
+        import torch
+        values = torch.from_numpy(rng.standard_normal(count * 32).astype(np.float32))
+        dtype = torch.bfloat16 if kind == "BF16" else torch.float16
+        return values.to(dtype).view(torch.uint8).numpy().reshape(count, 64)
+    values, nbytes = BLOCKS[kind]
     raw = rng.integers(0, 256, size=(count, nbytes), dtype=np.uint8)
     for at in HALVES[kind]:
         raw[:, at:at + 2] = rng.uniform(-2, 2, count).astype(np.float16).view(np.uint8) \

@@ -15,7 +15,8 @@
  *   applied in integers, one float multiply a block; one row (a single stream's step)
  *   has its own loops, kept in registers. The weight rows are prefetched ahead.
  *
- * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K. Output columns j land at
+ * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K, 5 BF16, 6 F16 (the 16-bit floats, kept as
+ * stored: two bytes a weight read, widened in registers). Output columns j land at
  * y[r * y_stride + j], so the parts of a fused layer write their own columns.
  */
 #include <math.h>
@@ -29,10 +30,11 @@
 #define PREFETCH_BYTES 1024
 #endif
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4 };
+enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, BF16 = 5, F16 = 6 };
 
-static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256};
-static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210};
+/* BF16 and F16 rows are taken 32 values at a time, as a block */
+static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32};
+static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64};
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
@@ -108,6 +110,17 @@ static void decode_block(int fmt, const uint8_t *b, float *out) {
         }
         break;
     }
+    case BF16:
+        for (int i = 0; i < 32; i++) {
+            uint16_t h;
+            memcpy(&h, b + 2 * i, 2);
+            const uint32_t bits = (uint32_t)h << 16;
+            memcpy(out + i, &bits, 4);
+        }
+        break;
+    case F16:
+        for (int i = 0; i < 32; i++) out[i] = half_to_float(b + 2 * i);
+        break;
     case Q6_K: {
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
@@ -183,6 +196,38 @@ static void row_q8_0(const float *x, int64_t m, int64_t k, const uint8_t *w, flo
             t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), w3, t);
             acc[r] = _mm256_fmadd_ps(d, t, acc[r]);
         }
+    }
+    for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]);
+}
+
+/* BF16 or F16 rows in registers: 8 weights widened to float32 at a time (bfloat16's
+ * bits shifted up; half precision by F16C), four sums in flight for one row. */
+static inline __m256 widen16(const uint8_t *p, int bf16) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                : _mm256_cvtph_ps(h);
+}
+
+static void row_16bit(int bf16, const float *x, int64_t m, int64_t k, const uint8_t *w,
+                      float *sums) {
+    if (m == 1) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t i = 0; i < k; i += 32, w += 64) {
+            _mm_prefetch((const char *)(w + PREFETCH_BYTES), _MM_HINT_T0);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), widen16(w, bf16), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), widen16(w + 16, bf16), a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), widen16(w + 32, bf16), a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), widen16(w + 48, bf16), a3);
+        }
+        sums[0] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        return;
+    }
+    __m256 acc[MAX_ROWS];
+    for (int64_t r = 0; r < m; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i += 8, w += 16) {
+        const __m256 wv = widen16(w, bf16);
+        for (int64_t r = 0; r < m; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * k + i), wv, acc[r]);
     }
     for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]);
 }
@@ -606,7 +651,7 @@ int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, i
  * whole blocks, or more than MAX_ROWS rows. */
 int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
                   int64_t fmt, float *y, int64_t y_stride) {
-    if (fmt < 0 || fmt > Q6_K || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS) return -1;
+    if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS) return -1;
     const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
     float xsum[MAX_ROWS * 512];
     const int64_t groups = k / 32;
@@ -625,6 +670,8 @@ int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_
 #ifdef __AVX2__
         if (fmt == Q8_0)
             row_q8_0(x, m, k, wr, sums);
+        else if (fmt == BF16 || fmt == F16)
+            row_16bit(fmt == BF16, x, m, k, wr, sums);
         else if (use_xsum)
             row_q4_k(x, xsum, m, k, wr, sums);
         else
@@ -638,7 +685,7 @@ int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_
 /* The floats of n rows of fmt blocks (k values each) into out [n, k]: the tiles the
  * many-row GEMMs multiply, a few rows of the weight at a time. */
 int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
-    if (fmt < 0 || fmt > Q6_K || k % BLOCK_VALUES[fmt]) return -1;
+    if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt]) return -1;
     const int64_t bv = BLOCK_VALUES[fmt], bb = BLOCK_BYTES[fmt], per_row = k / bv;
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < n; j++)

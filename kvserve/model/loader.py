@@ -18,7 +18,7 @@ from torch import nn
 from kvserve.model.config import ArchConfig
 from kvserve.model.gguf import GGUF_MARKER, gguf_tensor_kinds, gguf_weights
 from kvserve.model.gguf.linear import BlockEmbedding, BlockWeight, GGUFLinearMethod
-from kvserve.model.gguf.quants import BLOCKS
+from kvserve.model.gguf.quants import KEPT
 from kvserve.model.layers import Linear
 from kvserve.model.quantization import quantize_model
 from kvserve.model.registry import MODELS
@@ -145,7 +145,7 @@ def _install_block_methods(model: nn.Module, kinds: dict[str, str]
     for name, kind in kinds.items():
         target, shard = checkpoint_target(model, rename(name))
         module_name, _, attr = target.rpartition(".")
-        if kind not in BLOCKS or attr != "weight" or target in loaders:
+        if kind not in KEPT or attr != "weight" or target in loaders:
             continue
         layer = model.get_submodule(module_name)
         if isinstance(layer, nn.Embedding) and module_name == "model.embed_tokens":

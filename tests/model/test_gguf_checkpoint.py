@@ -98,6 +98,18 @@ def test_quantized_weights_stay_blocks_with_no_float_copy(gguf_files):
     assert floats * 4 < blocks / 2
 
 
+@pytest.mark.parametrize("outtype, kind", [("bf16", "BF16"),
+                                           pytest.param("f16", "F16", marks=pytest.mark.slow)])
+def test_16_bit_float_weights_stay_two_bytes_a_weight(gguf_files, outtype, kind):
+    llm = LLM(str(gguf_files("llama", outtype)), num_kv_blocks=64, dtype="float32")
+    model = llm.engine.worker.model
+    assert block_formats(model) == {kind}
+    stored = {name: b for name, b in model.named_buffers() if "gguf" in name}
+    assert stored and all(b.dtype == torch.uint8 for b in stored.values())
+    up = model.model.layers[0].mlp.gate_up_proj
+    assert up.gguf_part0.shape == (up.out_features // 2, 2 * up.in_features)
+
+
 @pytest.mark.slow
 def test_a_q4_k_m_file_mixes_formats_and_keeps_them(gguf_files):
     llm = LLM(str(gguf_files("llama-256", "Q4_K_M")), num_kv_blocks=64, dtype="float32")

@@ -25,7 +25,7 @@ import torch
 
 from kvserve.kernels.build import cache_root
 from kvserve.model.gguf.linear import BlockWeight
-from kvserve.model.gguf.quants import BLOCKS, dequantize
+from kvserve.model.gguf.quants import KEPT, dequantize
 
 GGUF_MARKER = "kvserve_gguf.json"
 PREPARED_FORMAT = 1  # what a prepared directory holds: a change makes them anew
@@ -149,8 +149,9 @@ def gguf_tensor_kinds(model_dir: Path) -> dict[str, str]:
 def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda name: False
                  ) -> Iterator[tuple[str, torch.Tensor | BlockWeight, str]]:
     """(Hugging Face name, values, the file's name) of each weight of the GGUF file a
-    prepared directory names: float32 values, or, for a weight in a block format whose
-    name ``keep_blocks`` accepts, its blocks as they are (a BlockWeight)."""
+    prepared directory names: float32 values, or, for a weight in a kept format (a block
+    format, BF16 or F16) whose name ``keep_blocks`` accepts, its bytes as they are (a
+    BlockWeight)."""
     path, arch = _marked_file(model_dir)
     reader = _reader(path)
     heads = _field(reader, f"{arch}.attention.head_count")
@@ -166,7 +167,8 @@ def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda na
         kind = tensor.tensor_type.name
         raw = torch.from_numpy(np.array(tensor.data))
         permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
-        if kind in BLOCKS and keep_blocks(name):
+        if kind in KEPT and keep_blocks(name):
+            raw = raw.contiguous().view(torch.uint8)  # a 16-bit float's bytes, as stored
             weight = BlockWeight(kind, raw.reshape(shape[0], -1).contiguous(), shape[-1])
             if permuted:
                 order = _unpermute(torch.arange(shape[0]),

@@ -3,13 +3,13 @@
 The file's bytes for the layer's weight stay as they are: one uint8 buffer per part of
 the layer (``gguf_part0``, ... on the layer; q, k and v are three parts of a fused
 qkv_proj, each in its own format, as a Q4_K_M file keeps some in Q6_K), never a float
-copy. A step of up to ``NATIVE_MAX_ROWS`` rows (decode) runs the native kernel, which
+copy (16-bit float weights too: BF16 and F16 stay two bytes a weight). A step of up to
+``NATIVE_MAX_ROWS`` rows (decode) runs the native kernel, which
 decodes each block in registers and uses it for every row
 (``kvserve/kernels/gguf_linear.c``); a longer step (a prompt chunk) decodes
 ``TILE_ROWS`` weight rows at a time to float32 and multiplies them with torch's GEMM,
 so the float copy is one tile, reused across all of the step's rows. A part the file
-stores in a float format (llama.cpp keeps small tensors so) is a float buffer,
-multiplied as is.
+stores in F32 (llama.cpp keeps small tensors so) is a float buffer, multiplied as is.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvserve.model.gguf.quants import BLOCKS, dequantize
+from kvserve.model.gguf.quants import KEPT, dequantize
 from kvserve.model.linear_method import LinearMethod
 
 # the native kernels' codes for the block formats (kvserve/kernels/gguf_linear.c)
-FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
+FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "BF16": 5, "F16": 6}
 NATIVE_MAX_ROWS = 8
 TILE_ROWS = 256
 
@@ -31,7 +31,7 @@ TILE_ROWS = 256
 @dataclass
 class BlockWeight:
     """A weight as a GGUF file stores it: ``blocks`` [rows, bytes a row] uint8 of
-    ``kind`` (a key of ``BLOCKS``), holding ``rows`` x ``cols`` values."""
+    ``kind`` (one of ``KEPT``), holding ``rows`` x ``cols`` values."""
     kind: str
     blocks: torch.Tensor
     cols: int
@@ -136,7 +136,7 @@ class GGUFLinearMethod(LinearMethod):
 
 
 def is_block_kind(kind: str) -> bool:
-    return kind in BLOCKS
+    return kind in KEPT
 
 
 class BlockEmbedding(nn.Module):

@@ -23,6 +23,9 @@ BLOCKS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144), "Q5_K": (256, 
           "Q6_K": (256, 210)}
 FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 FORMATS = tuple(FLOATS) + tuple(BLOCKS)
+# the formats whose weights are computed on as the file stores them (the rest are read
+# into float32): the blocks, and the 16-bit floats
+KEPT = (*BLOCKS, "BF16", "F16")
 
 
 def _half(raw: torch.Tensor) -> torch.Tensor:
