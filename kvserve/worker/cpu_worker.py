@@ -31,6 +31,7 @@ from kvserve.logger import init_logger
 from kvserve.lora.manager import LoRAManager
 from kvserve.model.registry import read_arch_config
 from kvserve.model.execution import ExecutionMode, configure_layers
+from kvserve.model.gguf.checkpoint import stored_format
 from kvserve.model.loader import load_model
 from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
@@ -74,7 +75,8 @@ class CPUWorker(Worker):
         configure_layers(self.model, self.mode)
         self.huge_pages = worker_cfg.huge_pages and self._huge_pages_offered()
         self.plans = PlanStore(self._plan_path(""), worker_cfg.tuning_cache)
-        self.tuner = StartupTuner(self._load_plan(self.plans, self.arch, "target"))
+        self.tuner = StartupTuner(self._load_plan(self.plans, self.arch, "target",
+                                                  self.config.model.model_dir))
         self._pack_panels(self.model, self.tuner)
         self._place_weights(self.model, "")
         self.profiler = StepProfiler(self.model, worker_cfg.step_profile_interval)
@@ -133,17 +135,19 @@ class CPUWorker(Worker):
         return plan_path(self.config.worker.tuning_plan, which,
                          self.tp.rank if self.tp is not None else 0)
 
-    def _load_plan(self, store: PlanStore, arch, role: str) -> TuningPlan:
+    def _load_plan(self, store: PlanStore, arch, role: str, model_dir) -> TuningPlan:
         """The plan for this model in ``role`` ("target" or "draft") here: stored (its
         choices applied without measuring), or empty (each choice measured and
-        recorded)."""
+        recorded). Models of one shape stored in different formats (GGUF files) have
+        their own plans."""
         cfg = self.config
         settings = {"role": role, "threads": torch.get_num_threads(),
                     "tensor_parallel": None if self.tp is None else
                     f"{self.tp.rank}/{self.tp.size}",
                     "attention_backend": cfg.worker.attention_backend,
                     "huge_pages": self.huge_pages, "quantization": cfg.model.quantization,
-                    "prompt_rows": cfg.scheduler.max_num_batched_tokens}
+                    "prompt_rows": cfg.scheduler.max_num_batched_tokens,
+                    "stored": stored_format(Path(model_dir), cfg.model.gguf_activations)}
         key = plan_key(arch, cfg.model.dtype, build_key() if self.kernels else None, settings)
         plan = store.load(key)
         if store.source != "measured":
@@ -311,7 +315,8 @@ class CPUWorker(Worker):
         arch = read_arch_config(Path(model_dir))
         model = load_model(model_dir, arch, self.config.model.dtype)
         configure_layers(model, self.mode)
-        tuner = self.draft_tuner = StartupTuner(self._load_plan(self.draft_plans, arch, "draft"),
+        tuner = self.draft_tuner = StartupTuner(self._load_plan(self.draft_plans, arch, "draft",
+                                                                model_dir),
                                                 "draft model: ")
         self._pack_panels(model, tuner)
         self._place_weights(model, "draft model: ")

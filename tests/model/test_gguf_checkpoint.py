@@ -129,6 +129,16 @@ def test_the_prepared_directory_is_made_once_per_file(gguf_files, model_dirs):
     assert Tokenizer(first).encode(text) == Tokenizer(model_dirs("llama")).encode(text)
 
 
+def test_each_stored_format_has_its_own_tuning_plan(gguf_files, model_dirs):
+    """A plan's measured choices hold for one storage: the key tells formats apart."""
+    from kvserve.model.gguf.checkpoint import stored_format
+    q8_0, bf16 = (prepare_gguf(gguf_files("llama", kind)) for kind in ("q8_0", "bf16"))
+    formats = {stored_format(q8_0, "int8"), stored_format(bf16, "int8"),
+               stored_format(q8_0, "float")}
+    assert len(formats) == 3 and None not in formats
+    assert stored_format(Path(model_dirs("llama")), "int8") is None
+
+
 def test_files_it_cannot_read_are_named(tmp_path):
     bogus = tmp_path / "x.gguf"
     bogus.write_bytes(b"not a gguf file")

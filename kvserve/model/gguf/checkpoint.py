@@ -123,6 +123,16 @@ def prepare_gguf(path: str | Path) -> Path:
     return out
 
 
+def stored_format(model_dir: Path, activations: str) -> str | None:
+    """How a prepared GGUF directory's weights are stored and multiplied (its file's
+    ``general.file_type`` and the activations' rounding), what its kernels' speed depends
+    on beyond the model's shape; None for any other model directory."""
+    marker = model_dir / GGUF_MARKER
+    if not marker.is_file():
+        return None
+    return f"gguf file_type {json.loads(marker.read_text()).get('file_type')}, {activations}"
+
+
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     """Undo llama.cpp's permutation of a q or k projection's rows (each head's rows taken
     as pairs of its two rotary halves, interleaved)."""

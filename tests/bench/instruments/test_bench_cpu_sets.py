@@ -85,3 +85,17 @@ def test_same_cpus_pass_and_different_ones_are_refused():
         check_same_cpus({"kvserve": _usage([0, 1], [0, 1]), "llamacpp": _usage([0], [0])})
     with pytest.raises(CpuSetMismatch, match="different CPUs"):  # same mask, one core used
         check_same_cpus({"kvserve": _usage([0, 1], [0, 1]), "peer": _usage([0, 1], [1])})
+
+
+def test_a_process_that_exits_while_looked_at_is_left_out(monkeypatch):
+    """Its status was read, then it was gone before its threads were listed."""
+    from kvserve.bench.instruments import cpu_sets
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    monkeypatch.setattr(cpu_sets, "_descendants", lambda pid: [pid])
+    real = cpu_sets._read
+    monkeypatch.setattr(cpu_sets, "_read", lambda path: "Cpus_allowed_list:\t0\n"
+                        if path.name == "status" else real(path))
+    sampler = CpuSampler(gone.pid)
+    sampler._look()
+    assert sampler._info == {}
