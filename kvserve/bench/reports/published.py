@@ -76,7 +76,7 @@ class MachineResults:
     moe: Result | None = None
     sinks: Result | None = None
     lora: Result | None = None
-    gguf_decode: Result | None = None
+    gguf_decode: dict[str, Result] = field(default_factory=dict)  # by model
     others: list[Result] = field(default_factory=list)
 
     @property
@@ -86,7 +86,8 @@ class MachineResults:
     @property
     def results(self) -> list[Result]:
         return [r for r in (self.compare, self.serving, self.startup, self.memory,
-                            self.moe, self.sinks, self.lora, self.gguf_decode, *self.others)
+                            self.moe, self.sinks, self.lora, *self.gguf_decode.values(),
+                            *self.others)
                 if r is not None]
 
 
@@ -99,12 +100,17 @@ def load_results(root: Path) -> list[Result]:
 
 
 def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
-    """One entry a machine, the newest result of each headline kind; the machine
-    measured last first."""
+    """One entry a machine, the newest result of each headline kind (of gguf-decode's,
+    each model's); the machine measured last first."""
     groups: dict[tuple, MachineResults] = {}
     for res in sorted(results, key=lambda r: r.machine.get("date_utc") or ""):
         group = groups.setdefault(res.machine_key, MachineResults(res.machine))
-        if res.kind in KINDS:
+        if res.kind == "gguf_decode":
+            older = group.gguf_decode.get(res.data.get("model"))
+            if older is not None:
+                group.others.append(older)
+            group.gguf_decode[res.data.get("model")] = res
+        elif res.kind in KINDS:
             older = getattr(group, res.kind)
             if older is not None:
                 group.others.append(older)
@@ -272,7 +278,14 @@ def _lora_lines(res: Result, base: str) -> list[str]:
 _GGUF_TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "bf16": "BF16"}
 
 
-def _gguf_decode_lines(res: Result, base: str) -> list[str]:
+def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
+    lines = []
+    for model in sorted(by_model):
+        lines += _gguf_decode_model_lines(by_model[model], base)
+    return lines
+
+
+def _gguf_decode_model_lines(res: Result, base: str) -> list[str]:
     d = res.data["result"]
     build = d.get("llamacpp_build") or {}
     lines = ["", f"| {res.data.get('model')}, one stream, {d['threads']} threads | file | "
@@ -307,7 +320,7 @@ def machine_sections(results: Iterable[Result], base: str = ".",
                 "gguf_decode": _gguf_decode_lines}
     out = []
     for group in _by_machine(results):
-        present = [k for k in kinds if getattr(group, k) is not None
+        present = [k for k in kinds if getattr(group, k)
                    and lines_of[k](getattr(group, k), base)]
         if not present:
             continue
