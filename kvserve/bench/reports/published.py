@@ -298,14 +298,13 @@ def _gguf_decode_model_lines(res: Result, base: str) -> list[str]:
                      f"| {median['llamacpp_tok_s']:.2f} | {_ratio(f['ratio'])} | "
                      f"{f['kvserve_vs_stream_floor']:.2f}x | "
                      f"{f['llamacpp_vs_stream_floor']:.2f}x |")
-    lines += ["", f"The same GGUF files (`make-model --format gguf-...`: random weights in the "
-              f"shape, written in bfloat16, quantized by llama-quantize); llama.cpp is its "
-              f"`llama-bench` (tg{d['tokens']}; version line "
-              f"\"{build.get('version') or 'unknown'}\", built with GGML_NATIVE="
-              f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}), "
-              f"{d['tokens']} tokens a round, {d['rounds']} rounds; the floor is a step's "
-              f"weight bytes over the run's streaming read, {d['stream_bandwidth_gbs']:.1f} "
-              f"GB/s (`bench gguf-decode`, {_provenance(res, base)})."]
+    lines += ["", f"Random weights in the shape, written by `make-model --format gguf-...` "
+              f"(quantized by llama-quantize); llama.cpp: `llama-bench` tg{d['tokens']} "
+              f"(\"{build.get('version') or 'unknown'}\", GGML_NATIVE="
+              f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}); {d['rounds']} "
+              f"rounds; floor: a step's weight bytes over the streaming read, "
+              f"{d['stream_bandwidth_gbs']:.1f} GB/s (`bench gguf-decode`, "
+              f"{_provenance(res, base)})."]
     return lines
 
 
