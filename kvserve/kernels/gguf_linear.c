@@ -362,6 +362,18 @@ static void quantize_blocks_q8_k(const float *x, int64_t count, int8_t *xq, floa
     }
 }
 
+/* A K format's 8 scales and 8 mins (6 bits each, packed in 12 bytes) as 16 int16:
+ * the scales, then the mins */
+static inline __m256i k4_scales_mins(const uint8_t *q) {
+    uint32_t packed[3], sm[4];
+    memcpy(packed, q, 12);
+    sm[0] = packed[0] & 0x3f3f3f3f;
+    sm[2] = packed[1] & 0x3f3f3f3f;
+    sm[1] = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 6) & 0x03030303) << 4;
+    sm[3] = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 6) & 0x03030303) << 4;
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+}
+
 /* Q4_K against Q8_K rows: each 32-value sub-block's integer products scaled by its 6-bit
  * scale in integers, one float multiply a super-block; the mins from the 16-sums. */
 static void row_q4_k_q8k(const int8_t *xq, const float *xd, const int16_t *bsums, int64_t m,
@@ -376,14 +388,7 @@ static void row_q4_k_q8k(const int8_t *xq, const float *xd, const int16_t *bsums
     const __m256i low4 = _mm256_set1_epi8(0xF);
     for (int64_t i = 0; i < nsb; i++, w += 144) {
         const float d = half_to_float(w), dmin = half_to_float(w + 2);
-        /* the 8 scales and 8 mins, 6 bits each in 12 bytes, as 16 bytes: scales then mins */
-        uint32_t packed[3], sm[4];
-        memcpy(packed, w + 4, 12);
-        sm[0] = packed[0] & 0x3f3f3f3f;
-        sm[2] = packed[1] & 0x3f3f3f3f;
-        sm[1] = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 6) & 0x03030303) << 4;
-        sm[3] = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 6) & 0x03030303) << 4;
-        const __m256i sc_mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i sc_mn = k4_scales_mins(w + 4);
         const __m128i mins16 = _mm256_extracti128_si256(sc_mn, 1);
         /* each sub-block's scale in every 16-bit lane */
         const __m256i scales = _mm256_permute2x128_si256(sc_mn, sc_mn, 0x00);
@@ -519,13 +524,7 @@ static float row_q4_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
         _mm_prefetch((const char *)(w + PREFETCH_BYTES), _MM_HINT_T0);
         _mm_prefetch((const char *)(w + PREFETCH_BYTES + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(w + PREFETCH_BYTES + 128), _MM_HINT_T0);
-        uint32_t packed[3], sm[4];
-        memcpy(packed, w + 4, 12);
-        sm[0] = packed[0] & 0x3f3f3f3f;
-        sm[2] = packed[1] & 0x3f3f3f3f;
-        sm[1] = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 6) & 0x03030303) << 4;
-        sm[3] = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 6) & 0x03030303) << 4;
-        const __m256i sc_mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i sc_mn = k4_scales_mins(w + 4);
         const __m256i scales = _mm256_permute2x128_si256(sc_mn, sc_mn, 0x00);
         const __m256i bs = _mm256_loadu_si256((const __m256i *)bsums);
         const __m128i summ = _mm_madd_epi16(

@@ -47,6 +47,20 @@ def _scheduled(runner, contexts: list[int], drafts: int = 0) -> list[ScheduledRe
     return scheduled
 
 
+def _assert_bitwise_the_eager_steps(runner, captured, cases) -> None:
+    """Each (contexts, drafts) step's logits, captured, equal the eager step's."""
+    for contexts, drafts in cases:
+        inputs = _decode_step(runner, contexts, drafts)
+        runner.captured = None
+        with torch.inference_mode():
+            eager = runner.forward(inputs)
+        runner.captured = captured
+        assert captured.covers(inputs)
+        with torch.inference_mode():
+            got = runner.forward(inputs)
+        assert torch.equal(got, eager), (contexts, drafts, (got - eager).abs().max())
+
+
 @pytest.mark.parametrize("layout", ["panels", "dense", "dense-chosen"])
 @pytest.mark.parametrize("build", ["native", "avx2"])
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
@@ -65,18 +79,9 @@ def test_logits_are_bitwise_the_eager_steps_on_the_native_gemv(layout, build, ar
     assert captured.on_panels == (layout == "panels")
     captured.max_rows = MAX_ROWS
     runner.native_attention = built
-    for contexts, drafts in [([5], 0), ([3, 40], 0), ([1, 17, 33], 0), ([9, 2, 64, 30], 0),
-                             ([20], 3), ([12, 8], 2), ([4, 9, 13, 2, 30, 7], 0),
-                             ([5, 6, 7, 8, 9, 10, 11, 12], 0), ([15, 3, 22], 5)]:
-        inputs = _decode_step(runner, contexts, drafts)
-        runner.captured = None
-        with torch.inference_mode():
-            eager = runner.forward(inputs)
-        runner.captured = captured
-        assert captured.covers(inputs)
-        with torch.inference_mode():
-            got = runner.forward(inputs)
-        assert torch.equal(got, eager), (contexts, drafts, (got - eager).abs().max())
+    _assert_bitwise_the_eager_steps(runner, captured, [
+        ([5], 0), ([3, 40], 0), ([1, 17, 33], 0), ([9, 2, 64, 30], 0), ([20], 3), ([12, 8], 2),
+        ([4, 9, 13, 2, 30, 7], 0), ([5, 6, 7, 8, 9, 10, 11, 12], 0), ([15, 3, 22], 5)])
 
 
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
@@ -134,16 +139,8 @@ def test_a_gguf_models_step_is_bitwise_the_eager_one(q8_0_file, activations):
     captured = runner.captured
     assert captured is not None and captured.gguf and captured.max_rows > 0
     captured.max_rows = MAX_ROWS
-    for contexts, drafts in [([5], 0), ([3, 40], 0), ([9, 2, 64, 30], 0), ([20], 3)]:
-        inputs = _decode_step(runner, contexts, drafts)
-        runner.captured = None
-        with torch.inference_mode():
-            eager = runner.forward(inputs)
-        runner.captured = captured
-        assert captured.covers(inputs)
-        with torch.inference_mode():
-            got = runner.forward(inputs)
-        assert torch.equal(got, eager), (contexts, drafts, (got - eager).abs().max())
+    _assert_bitwise_the_eager_steps(runner, captured,
+                                    [([5], 0), ([3, 40], 0), ([9, 2, 64, 30], 0), ([20], 3)])
 
 
 def test_steps_it_does_not_cover_run_eager(llama_dir):
