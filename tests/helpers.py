@@ -374,3 +374,73 @@ def random_blocks(kind: str, count: int, seed: int):
         raw[:, at:at + 2] = rng.uniform(-2, 2, count).astype(np.float16).view(np.uint8) \
             .reshape(count, 2)
     return raw
+
+
+# the compressed-tensors checkpoints' tool, in a venv of its own (it pins an older
+# transformers than the one kvserve is tested against)
+LLMCOMPRESSOR = ("torch==2.13.0", "llmcompressor==0.14.0.1")
+
+
+def llmcompressor_python(cache: Path) -> Path:
+    """The python of a venv with llmcompressor (made once under ``cache``)."""
+    import subprocess
+    import sys
+    python = cache / "venv" / "bin" / "python"
+    done = cache / "venv" / "installed.txt"
+    if done.is_file() and done.read_text() == " ".join(LLMCOMPRESSOR):
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(cache / "venv")], check=True)
+    for requirement in LLMCOMPRESSOR:  # torch first, pinned: the CPU wheel
+        subprocess.run([str(python), "-m", "pip", "install", "-q", requirement], check=True,
+                       capture_output=True)
+    done.write_text(" ".join(LLMCOMPRESSOR))
+    return python
+
+
+_COMPRESS = """
+import sys
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+from llmcompressor import oneshot
+from llmcompressor.modifiers.quantization import GPTQModifier
+source, scheme, out = sys.argv[1:4]
+model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+g = torch.Generator().manual_seed(0)
+rows = [torch.randint(4, model.config.vocab_size, (64,), generator=g).tolist() for _ in range(16)]
+data = Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * 64] * 16})
+oneshot(model=model, dataset=data, num_calibration_samples=16, max_seq_length=64,
+        recipe=GPTQModifier(targets="Linear", scheme=scheme, ignore=["lm_head"]))
+model.save_pretrained(out, save_compressed=True)
+"""
+
+
+def compress_checkpoint(python: Path, model_dir: str, scheme: str, out: Path) -> str:
+    """``model_dir`` quantized by llmcompressor's GPTQ to ``scheme`` (``W8A8``, ``W4A16``,
+    ``W4A16_ASYM``), calibrated on random tokens, saved compressed with its tokenizer."""
+    import subprocess
+    subprocess.run([str(python), "-c", _COMPRESS, model_dir, scheme, str(out)], check=True,
+                   capture_output=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(model_dir) / name, out / name)
+    return str(out)
+
+
+def assert_layer_computes(layer, dense: torch.Tensor, rows: int, native: bool) -> None:
+    """``layer``, configured with the native kernels or without, computes ``rows`` rows
+    as F.linear on ``dense`` (its float weight) and its bias does, to float32 rounding."""
+    import pytest
+    import torch.nn.functional as F
+
+    from kvserve.kernels import load_kernels
+    from kvserve.model.execution import ExecutionMode
+    kernels = load_kernels()
+    if native and not kernels.available:
+        pytest.fail(f"the native kernels did not build: {kernels.reason}")
+    layer.configure(ExecutionMode(kernels=kernels if native else None))
+    x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows))
+    want = F.linear(x.double(), dense.double(),
+                    None if layer.bias is None else layer.bias.double())
+    got = layer(x)
+    assert got.shape == (rows, dense.shape[0]) and got.dtype == torch.float32
+    assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6

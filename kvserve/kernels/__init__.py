@@ -67,6 +67,8 @@ class Kernels:
         self._gguf_rows = bind(lib, "gguf_rows")
         self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
         self._gguf_dequantize = bind(lib, "gguf_dequantize")
+        self._int4_rows = bind(lib, "int4_rows")
+        self._int4_dequantize = bind(lib, "int4_dequantize")
         self._bind_threads = bind(lib, "bind_omp_threads")
         self._release_threads = bind(lib, "release_omp_threads")
         self._captured_step = bind(lib, "captured_step")
@@ -263,6 +265,33 @@ class Kernels:
                 w=blocks.data_ptr(), n=blocks.shape[0], k=k, fmt=fmt, out=out.data_ptr()):
             raise ValueError(f"gguf_dequantize: format {fmt}, K={k} is not whole blocks "
                              "of a known format, or the blocks are not contiguous uint8")
+        return out
+
+    def int4_rows(self, x, codes, scales, zeros, group: int, out) -> None:
+        """out [M, N] (rows of any stride, columns contiguous) = x [M, K] (float32,
+        contiguous, 1-8 rows) @ the 4-bit weight (``int4_linear.c``'s layout: codes
+        [N, K/2] uint8, scales [N, K/group] float32, zeros [N, K/group] int8), transposed."""
+        if not (x.dtype == out.dtype == scales.dtype == torch.float32 and x.is_contiguous()
+                and codes.dtype == torch.uint8 and zeros.dtype == torch.int8
+                and all(t.is_contiguous() for t in (codes, scales, zeros))
+                and out.stride(1) == 1 and out.shape == (x.shape[0], codes.shape[0])):
+            raise ValueError("int4_rows takes contiguous float32 x [M, K], codes [N, K/2] "
+                             "uint8, float32 scales and int8 zeros [N, K/group], and float32 "
+                             "out [M, N] with contiguous rows")
+        if self._int4_rows(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], codes=codes.data_ptr(),
+                           scales=scales.data_ptr(), zeros=zeros.data_ptr(), group=group,
+                           n=codes.shape[0], y=out.data_ptr(), y_stride=out.stride(0)):
+            raise ValueError(f"int4_rows: group {group} with K={x.shape[1]} and {x.shape[0]} "
+                             "rows is not one it computes (1-8 rows, groups of whole 32s)")
+
+    def int4_dequantize(self, codes, scales, zeros, group: int):
+        """float32 [N, K]: the 4-bit weight's values, (q - z) * s."""
+        n, k = codes.shape[0], codes.shape[1] * 2
+        out = torch.empty((n, k), dtype=torch.float32)
+        if self._int4_dequantize(codes=codes.data_ptr(), scales=scales.data_ptr(),
+                                 zeros=zeros.data_ptr(), group=group, n=n, k=k,
+                                 out=out.data_ptr()):
+            raise ValueError(f"int4_dequantize: group {group} does not divide K={k} in 32s")
         return out
 
     def bind_threads(self, cpus: list[int]) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / n for n in ("paged_attention.c", "elementwise.c", "int8_linear.c",
                                     "threads.c", "gemv.c", "gemm.c", "decode_step.c",
-                                    "lora.c", "gguf_linear.c"))
+                                    "lora.c", "gguf_linear.c", "int4_linear.c"))
 HEADERS = tuple(_HERE / n for n in ("vec_math.h", "paged_attention_tiles.h",
                                     "paged_attention_rows.h"))
 BASE_FLAGS = ("-O3", "-march=native")

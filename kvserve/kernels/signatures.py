@@ -52,6 +52,10 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
         "gguf_rows": ("i64", "x:ptr m:i64 k:i64 w:ptr n:i64 fmt:i64 y:ptr y_stride:i64"),
         "gguf_rows_int8": ("i64", "x:ptr m:i64 k:i64 w:ptr n:i64 fmt:i64 y:ptr y_stride:i64"),
         "gguf_dequantize": ("i64", "w:ptr n:i64 k:i64 fmt:i64 out:ptr"),
+        "int4_rows": ("i64", "x:ptr m:i64 k:i64 codes:ptr scales:ptr zeros:ptr group:i64 "
+                             "n:i64 y:ptr y_stride:i64"),
+        "int4_dequantize": ("i64", "codes:ptr scales:ptr zeros:ptr group:i64 n:i64 k:i64 "
+                                   "out:ptr"),
         "bind_omp_threads": ("i64", "cpus:ptr n:i64"),
         "release_omp_threads": ("i64", "cpus:ptr ncpus:i64 n:i64"),
         "captured_step": ("i64", "plan:ptr tokens:ptr positions:ptr slots:ptr tables:ptr "

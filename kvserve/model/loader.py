@@ -15,12 +15,14 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from kvserve.model.compressed import (CompressedConfig, Int4LinearMethod, compressed_weights,
+                                     read_compressed_config)
 from kvserve.model.config import ArchConfig
 from kvserve.model.gguf import GGUF_MARKER, gguf_tensor_kinds, gguf_weights
 from kvserve.model.gguf.linear import BlockEmbedding, BlockWeight, GGUFLinearMethod
 from kvserve.model.gguf.quants import KEPT
 from kvserve.model.layers import Linear
-from kvserve.model.quantization import quantize_model
+from kvserve.model.quantization import Int8LinearMethod, int8_matmul_is_exact, quantize_model
 from kvserve.model.registry import MODELS
 
 logger = logging.getLogger(__name__)
@@ -107,6 +109,19 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
         model = model.to_empty(device=device)
         _load_weights(model, gguf_weights(model_dir, keep_blocks=lambda name: checkpoint_target(
             model, name)[0] in block_layers), block_layers)
+    elif (compressed := read_compressed_config(model_dir)) is not None:
+        if tp is not None or quantization is not None:
+            raise ValueError(f"a {compressed.describe()} checkpoint is computed as it is "
+                             f"stored: {'tensor parallelism' if tp is not None else '--quantization'}"
+                             " is not supported with it")
+        files = weight_files(model_dir)
+        quantized = _install_compressed_methods(model, compressed, files)
+        model = model.to_empty(device=device)
+        rename = getattr(model, "checkpoint_name", lambda n: n)
+        _load_weights(model, compressed_weights(
+            iter_weights(files), compressed,
+            lambda module: checkpoint_target(model, rename(f"{module}.weight"))[0] in quantized),
+            quantized)
     else:
         model = model.to_empty(device=device)
         _load_weights(model, iter_weights(weight_files(model_dir)))
@@ -160,6 +175,49 @@ def _install_block_methods(model: nn.Module, kinds: dict[str, str]
             GGUFLinearMethod.install(layer, rows)
             loaders[target] = functools.partial(layer.method.load, layer)
     return loaders
+
+
+def _install_compressed_methods(model: nn.Module, config: CompressedConfig, files: list[Path]
+                                ) -> dict[str, Callable[[int | None, object], None]]:
+    """Give each linear layer the checkpoint stores quantized (the layers with a
+    ``weight_scale``) its scheme's linear method, before any float weight is allocated.
+    Returns, by checkpoint target, what loads the layer's rows there."""
+    rename = getattr(model, "checkpoint_name", lambda n: n)
+    modules = set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            modules.update(n.rpartition(".")[0] for n in f.keys() if n.endswith(".weight_scale"))
+    loaders: dict[str, Callable[[int | None, object], None]] = {}
+    schemes = {}
+    for module in sorted(modules):
+        scheme = config.scheme_for(module)
+        target, shard = checkpoint_target(model, rename(f"{module}.weight"))
+        layer = dict(model.named_modules()).get(target.rpartition(".")[0])
+        if scheme is None or not isinstance(layer, Linear):
+            raise ValueError(f"checkpoint quantizes {module}, which "
+                             + ("its quantization_config does not name" if scheme is None
+                                else f"is not a linear layer of {type(model).__name__}"))
+        if target in schemes:
+            if schemes[target] != scheme:
+                raise ValueError(f"{target}: the parts of this fused layer are quantized "
+                                 f"differently ({schemes[target]} and {scheme})")
+            continue
+        schemes[target] = scheme
+        sizes = model.shard_sizes(target) if shard is not None else [layer.out_features]
+        if scheme.kind == "w8a8":
+            if not int8_matmul_is_exact(low=-128):
+                raise ValueError("a W8A8 checkpoint needs an int8 matmul that sums exactly; "
+                                 "torch._int_mm on this CPU does not (no VNNI int8 "
+                                 "instructions?)")
+            method = Int8LinearMethod.install_empty(layer)
+        else:
+            method = Int4LinearMethod.install(layer, scheme.group)
+        loaders[target] = functools.partial(_load_rows, method, layer, sizes)
+    return loaders
+
+
+def _load_rows(method, layer: Linear, sizes: list[int], shard: int | None, weight) -> None:
+    method.load(layer, sum(sizes[:shard or 0]), weight)
 
 
 def _load_embedding(embedding: BlockEmbedding, head: Linear | None, shard, weight) -> None:

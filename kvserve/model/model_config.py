@@ -8,6 +8,7 @@ from pathlib import Path
 from kvserve.config.model import GGUF_ACTIVATIONS, ModelConfig
 from kvserve.config.validate import choice
 from kvserve.default_model import default_model_dir
+from kvserve.model.compressed import read_compressed_config
 from kvserve.model.gguf import is_gguf, prepare_gguf
 from kvserve.model.registry import read_arch_config
 from kvserve.model.generation_config import sampling_defaults
@@ -84,6 +85,10 @@ def create_model_config(model: str | None, *, dtype: str, max_model_len: int | N
     check_model_settings(dtype, max_model_len, quantization)
     model_dir = resolve_model_dir(model)
     arch = read_arch_config(model_dir)
+    compressed = read_compressed_config(model_dir)  # refuses a quantization it cannot run
+    if compressed is not None and quantization is not None:
+        raise ValueError(f"{model} is a {compressed.describe()} checkpoint, computed as "
+                         f"stored: --quantization {quantization} does not apply to it")
     if attention_window is not None or attention_sinks:
         arch = streaming_arch(arch, attention_window, attention_sinks, max_model_len)
     limit = arch.max_position_embeddings

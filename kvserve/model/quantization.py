@@ -37,12 +37,14 @@ def check_quantization(method: str | None) -> None:
         choice("quantization", method, QUANTIZATION_METHODS)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, divisor: float = _QMAX
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per row of a float matrix: (q [R, C] int8, scale [R] float32)
-    with x ~= q * scale[:, None]; an all-zero row gets scale 1 (and q = 0)."""
+    with x ~= q * scale[:, None], scale = max|row| / ``divisor`` (127: |q| <= 127;
+    compressed-tensors' 127.5 uses -128 too); an all-zero row gets scale 1 (and q = 0)."""
     amax = x.abs().amax(dim=1).float()
-    scale = torch.where(amax > 0, amax / _QMAX, torch.ones_like(amax))
-    q = torch.round(x.float() / scale[:, None]).clamp_(-_QMAX, _QMAX).to(torch.int8)
+    scale = torch.where(amax > 0, amax / divisor, torch.ones_like(amax))
+    q = torch.round(x.float() / scale[:, None]).clamp_(-_QMAX - 1, _QMAX).to(torch.int8)
     return q, scale
 
 
@@ -54,8 +56,9 @@ class Int8LinearMethod(LinearMethod):
     compute dtype. Each call quantizes its rows, one scale per token.
     """
 
-    def __init__(self, out_dtype: torch.dtype) -> None:
+    def __init__(self, out_dtype: torch.dtype | None, divisor: float = _QMAX) -> None:
         self.out_dtype = out_dtype
+        self.divisor = divisor  # each token's scale: max|x| / divisor
         self.native = None  # kvserve.kernels.Kernels (quantize / rescale passes) when configured
 
     @classmethod
@@ -68,34 +71,62 @@ class Int8LinearMethod(LinearMethod):
         layer.method = method = cls(weight.dtype)
         return method
 
+    @classmethod
+    def install_empty(cls, layer: nn.Linear) -> Int8LinearMethod:
+        """Give ``layer`` (on the meta device, before its weights load) this method with
+        empty int8 buffers, for a checkpoint's own int8 weights (``load``), rounding each
+        token as compressed-tensors does (scale max|x| / 127.5, codes -128..127); its
+        output takes the activations' dtype."""
+        meta = torch.device("meta")
+        layer.register_parameter("weight", None)
+        layer.register_buffer("qweight", torch.empty(layer.out_features, layer.in_features,
+                                                     dtype=torch.int8, device=meta))
+        layer.register_buffer("weight_scale", torch.empty(layer.out_features, device=meta))
+        layer.method = method = cls(None, divisor=127.5)
+        return method
+
+    def load(self, layer: nn.Linear, first_row: int, weight) -> None:
+        """Rows ``first_row`` onwards from a checkpoint's ``Int8Weight``."""
+        rows = weight.qweight.shape[0]
+        if weight.qweight.shape[1] != layer.in_features or first_row + rows > layer.out_features:
+            raise ValueError(f"an int8 weight of shape {tuple(weight.qweight.shape)} does not "
+                             f"fit rows {first_row}:{first_row + rows} of "
+                             f"({layer.out_features}, {layer.in_features})")
+        layer.qweight[first_row:first_row + rows] = weight.qweight
+        layer.weight_scale[first_row:first_row + rows] = weight.scale
+
     def configure(self, layer: nn.Linear, mode) -> None:
         """Native quantize / rescale passes for a float32 model (kvserve.model.execution)."""
-        self.native = mode.kernels if self.out_dtype == torch.float32 else None
+        # the native rounding pass divides by 127
+        self.native = (mode.kernels if self.out_dtype in (None, torch.float32)
+                       and self.divisor == _QMAX else None)
+        if self.out_dtype is None and layer.weight_scale.dtype != torch.float32:
+            layer.weight_scale = layer.weight_scale.float()
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None and x.dtype == torch.float32:
             xq, x_scale = self.native.quantize_rows(x.contiguous())
             acc = torch._int_mm(xq, layer.qweight.t())
             return self.native.rescale_int32(acc, x_scale, layer.weight_scale, layer.bias)
-        xq, x_scale = quantize_rows(x)
+        xq, x_scale = quantize_rows(x, self.divisor)
         acc = torch._int_mm(xq, layer.qweight.t())
         out = acc.float() * x_scale[:, None] * layer.weight_scale[None, :]
         if layer.bias is not None:
             out = out + layer.bias.float()
-        return out.to(self.out_dtype)
+        return out.to(self.out_dtype or x.dtype)
 
 
 @functools.cache
-def int8_matmul_is_exact() -> bool:
+def int8_matmul_is_exact(low: int = -_QMAX) -> bool:
     """Whether ``torch._int_mm`` sums int8 products exactly on this CPU. With int8
     dot-product instructions (VNNI) it does; without them oneDNN may pair products into
     saturating 16-bit sums or halve the weights, which this probe of extreme values
-    (a row and a column of +-127) catches."""
+    (a row and a column of 127 and of ``low``: -128 where codes use it) catches."""
     g = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (16, 256), dtype=torch.int8, generator=g)
     b = torch.randint(-127, 128, (256, 32), dtype=torch.int8, generator=g)
-    a[0], a[1], b[:, 0], b[:, 1] = 127, -127, 127, -127
-    b[::2, 2] = -127
+    a[0], a[1], b[:, 0], b[:, 1] = 127, low, 127, low
+    b[::2, 2] = low
     b[1::2, 2] = 127
     return torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long())
 

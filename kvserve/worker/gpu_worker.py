@@ -33,6 +33,7 @@ from kvserve.core.scheduler_output import SchedulerOutput
 from kvserve.logger import init_logger
 from kvserve.lora.manager import LoRAManager
 from kvserve.model.execution import ExecutionMode, configure_layers
+from kvserve.model.compressed import read_compressed_config
 from kvserve.model.loader import load_model
 from kvserve.worker.kv_pool_size import kv_cache_layout
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
@@ -57,6 +58,8 @@ class CUDAWorker(Worker):
         """``device``: the torch device to run on (default: the current CUDA device)."""
         model_cfg, cache = config.model, config.cache
         for setting, on in (("quantization", model_cfg.quantization is not None),
+                            ("a compressed-tensors checkpoint",
+                             read_compressed_config(model_cfg.model_dir) is not None),
                             ("tensor_parallel_size > 1",
                              config.parallel.tensor_parallel_size > 1)):
             if on:

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from kvserve.kernels import load_kernels
-from kvserve.model.execution import ExecutionMode
 from kvserve.model.gguf.linear import TILE_ROWS, BlockWeight, GGUFLinearMethod
 from kvserve.model.gguf.quants import BLOCKS
 from kvserve.model.layers import Linear
-from tests.helpers import random_blocks
+from tests.helpers import assert_layer_computes, random_blocks
 
 PARTS = [("Q4_K", 64), ("Q6_K", 32), ("float", 32), ("Q8_0", TILE_ROWS + 16)]
 K = 512
@@ -47,17 +44,8 @@ def fused_layer(bias: bool) -> tuple[Linear, torch.Tensor]:
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_fused_layer_of_mixed_formats_computes_its_float_weight(rows, native, bias):
-    kernels = load_kernels()
-    if native and not kernels.available:
-        pytest.fail(f"the native kernels did not build: {kernels.reason}")
     layer, dense = fused_layer(bias)
-    layer.configure(ExecutionMode(kernels=kernels if native else None))
-    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
-    want = F.linear(x.double(), dense.double(),
-                    None if layer.bias is None else layer.bias.double())
-    got = layer(x)
-    assert got.shape == (rows, dense.shape[0]) and got.dtype == torch.float32
-    assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
+    assert_layer_computes(layer, dense, rows, native)
 
 
 def test_a_part_of_another_shape_is_refused():
