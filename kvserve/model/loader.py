@@ -17,8 +17,10 @@ from torch import nn
 
 from kvserve.model.compressed import (CompressedConfig, Int4LinearMethod, compressed_weights,
                                      read_compressed_config)
+from kvserve.model.compressed.scheme import stored_format as compressed_format
 from kvserve.model.config import ArchConfig
 from kvserve.model.gguf import GGUF_MARKER, gguf_tensor_kinds, gguf_weights
+from kvserve.model.gguf.checkpoint import stored_format as gguf_format
 from kvserve.model.gguf.linear import BlockEmbedding, BlockWeight, GGUFLinearMethod
 from kvserve.model.gguf.quants import KEPT
 from kvserve.model.layers import Linear
@@ -84,6 +86,13 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor, Path]]:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name), path
+
+
+def stored_format(model_dir: Path, gguf_activations: str) -> str | None:
+    """How a quantized checkpoint's weights are stored and multiplied (a GGUF file's type,
+    a compressed-tensors scheme), what its kernels' speed depends on beyond the model's
+    shape; None for a float checkpoint."""
+    return gguf_format(model_dir, gguf_activations) or compressed_format(model_dir)
 
 
 def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dtype,

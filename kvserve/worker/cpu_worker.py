@@ -31,9 +31,7 @@ from kvserve.logger import init_logger
 from kvserve.lora.manager import LoRAManager
 from kvserve.model.registry import read_arch_config
 from kvserve.model.execution import ExecutionMode, configure_layers
-from kvserve.model.compressed.scheme import stored_format as compressed_format
-from kvserve.model.gguf.checkpoint import stored_format
-from kvserve.model.loader import load_model
+from kvserve.model.loader import load_model, stored_format
 from kvserve.model.tensor_parallel import rank_arch
 from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, CapturedStep, \
     unsupported_reason
@@ -148,8 +146,7 @@ class CPUWorker(Worker):
                     "attention_backend": cfg.worker.attention_backend,
                     "huge_pages": self.huge_pages, "quantization": cfg.model.quantization,
                     "prompt_rows": cfg.scheduler.max_num_batched_tokens,
-                    "stored": (stored_format(Path(model_dir), cfg.model.gguf_activations)
-                               or compressed_format(model_dir))}
+                    "stored": stored_format(Path(model_dir), cfg.model.gguf_activations)}
         key = plan_key(arch, cfg.model.dtype, build_key() if self.kernels else None, settings)
         plan = store.load(key)
         if store.source != "measured":

@@ -16,7 +16,8 @@ from torch import nn
 from kvserve import LLM, SamplingParams
 from kvserve.model.compressed import Int4LinearMethod
 from kvserve.model.quantization import Int8LinearMethod
-from tests.helpers import compress_checkpoint, llmcompressor_python, prompts_of_lengths
+from tests.format_tools import compress_checkpoint, llmcompressor_python
+from tests.helpers import prompts_of_lengths
 
 pytestmark = pytest.mark.slow
 LENGTHS = [5, 17, 30, 9]  # prompts of more than 8 rows run the dequantized tiles

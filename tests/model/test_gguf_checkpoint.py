@@ -15,7 +15,8 @@ from kvserve import LLM, SamplingParams
 from kvserve.model.gguf import GGUF_MARKER, prepare_gguf
 from kvserve.model.gguf.linear import BlockEmbedding, GGUFLinearMethod
 from kvserve.model.layers import Linear
-from tests.helpers import convert_to_gguf, llama_cpp_source, prompts_of_lengths, quantize_gguf
+from tests.format_tools import convert_to_gguf, llama_cpp_source, quantize_gguf
+from tests.helpers import prompts_of_lengths
 
 LENGTHS = [5, 17, 30, 9]
 MAX_TOKENS = 10

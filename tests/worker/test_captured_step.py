@@ -125,7 +125,7 @@ def test_a_decode_step_without_step_inputs_gives_the_same_logits(arch, model_dir
 @pytest.fixture(scope="module")
 def q8_0_file(model_dirs, tmp_path_factory):
     from pathlib import Path
-    from tests.helpers import convert_to_gguf, llama_cpp_source
+    from tests.format_tools import convert_to_gguf, llama_cpp_source
     tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
     return convert_to_gguf(tree, model_dirs("llama"), "q8_0",
                            tmp_path_factory.mktemp("gguf") / "llama-q8_0.gguf")

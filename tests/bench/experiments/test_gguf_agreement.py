@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvserve.bench.experiments.gguf_agreement import read_logits_file, run_gguf_agreement
-from tests.helpers import llama_cpp_source, llama_cpp_tool
+from tests.format_tools import llama_cpp_source, llama_cpp_tool
 
 
 def test_the_log_probability_file_is_read_as_llama_perplexity_writes_it(tmp_path):

@@ -11,7 +11,7 @@ from kvserve.bench.cli import main
 from kvserve.bench.workloads.gguf_models import make_gguf_bench_model
 from kvserve.bench.workloads.models import BenchModelSpec
 from kvserve.default_model import default_model_dir
-from tests.helpers import llama_cpp_source, llama_cpp_tool
+from tests.format_tools import llama_cpp_source, llama_cpp_tool
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ from kvserve.bench.workloads.gguf_models import _vocabulary, make_gguf_bench_mod
 from kvserve.bench.workloads.models import BENCH_MODELS, BenchModelSpec, make_bench_model
 from kvserve.default_model import default_model_dir
 from kvserve.model.gguf import prepare_gguf
-from tests.helpers import llama_cpp_source, llama_cpp_tool, prompts_of_lengths
+from tests.format_tools import llama_cpp_source, llama_cpp_tool
+from tests.helpers import prompts_of_lengths
 
 # wider than the tokenizer (8192 ids): the vocabulary is padded, as bench-1b's is
 TINY = BenchModelSpec(256, 2, 4, 2, 512, vocab_size=8320)
