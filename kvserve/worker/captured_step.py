@@ -39,6 +39,10 @@ from kvserve.worker.input_batch import StepInputs, decode_fields, decodes_only
 
 MAX_ROWS = 8     # the native GEMV reads the weights once for up to eight rows
 REQUIRED_GAIN = 0.02  # a row count is captured where it measured this much faster
+# the row counts timed at start-up: powers of two, so a model whose step takes a second
+# (an 8B model on two cores) is timed on 15 rows' steps a mode and round, not 36; a step
+# of rows between two of them costs between theirs
+TIMED_ROWS = tuple(2 ** i for i in range(MAX_ROWS.bit_length()) if 2 ** i <= MAX_ROWS)
 
 
 def _linears(model) -> list:
@@ -229,11 +233,11 @@ class CapturedStep:
 
 
 def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 3) -> dict[int, tuple]:
-    """Time decode steps of 1..MAX_ROWS requests eager and captured, in alternating
+    """Time decode steps of TIMED_ROWS requests eager and captured, in alternating
     rounds (a drifting machine then slows both alike); ``max_rows`` becomes the largest
-    count up to which the captured step's median was faster at every count by
+    timed count up to which the captured step's median was faster at every timed count by
     REQUIRED_GAIN. Returns {rows: (eager s, captured s)}."""
-    counts = list(range(1, MAX_ROWS + 1))
+    counts = list(TIMED_ROWS)
     samples: dict[int, dict[int, list[float]]] = {0: {}, MAX_ROWS: {}}
     try:
         for r in range(rounds):

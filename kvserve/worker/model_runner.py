@@ -27,6 +27,10 @@ from kvserve.worker.worker_base import KVCacheLayout, ModelRunnerOutput
 _LOGPROBS = {k: SamplingParams(temperature=0.0, logprobs=k) for k in range(21)}
 # the warm-up's layers: one with every row, then a last (a model runs one per pool given)
 WARM_UP_LAYERS = 2
+# the most multiply-adds the warm-up's prompt spends in a layer's linear layers: a
+# model-sized prompt on an 8B model's first layer would take seconds of a start-up to
+# prepare for a step whose own cost dwarfs what warming saves
+WARM_UP_LAYER_MACS = 32e9
 
 
 def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype,
@@ -85,8 +89,11 @@ class ModelRunner:
         WARM_UP_LAYERS layers run: every layer has the same shapes, and a step's last
         one takes only the rows that give logits (none here), so the layers before it
         grow the heap and generate the kernels as the whole model would, at a fraction
-        of its cost. Returns the number of prompt tokens run (0 when the pool is too small)."""
+        of its cost; the prompt is shortened where a layer would spend more than
+        WARM_UP_LAYER_MACS on it. Returns the number of prompt tokens run (0 when the pool
+        is too small)."""
         bs, num_blocks = self.block_size, self.caches[0].k.shape[0]
+        num_tokens = min(num_tokens, self._warm_up_token_cap())
         prompt_len = min(num_tokens, max_prompt_len, num_blocks * bs - 1)  # + a decode slot
         if prompt_len < 1:
             return 0
@@ -100,6 +107,16 @@ class ModelRunner:
         for scheduled in steps:
             self.forward(self.step_inputs(scheduled), self.caches[:WARM_UP_LAYERS])
         return num_prompts * prompt_len
+
+    def _warm_up_token_cap(self) -> int:
+        """The prompt tokens whose pass through the first layer's linear layers stays
+        within WARM_UP_LAYER_MACS (no cap for a model without a ``model.layers`` list)."""
+        layers = getattr(getattr(self.model, "model", None), "layers", None)
+        if not layers:
+            return 1 << 30
+        macs = sum(m.in_features * m.out_features for m in layers[0].modules()
+                   if isinstance(m, torch.nn.Linear))
+        return max(1, int(WARM_UP_LAYER_MACS // macs)) if macs else 1 << 30
 
     @torch.inference_mode()
     def time_rows(self, row_counts: list[int], context: int = 128, rounds: int = 3,

@@ -1,7 +1,10 @@
 """The runner's warm-up step at engine start leaves no trace the engine can see."""
 from __future__ import annotations
 
+import torch
+
 from kvserve import LLM, SamplingParams
+from kvserve.worker import model_runner
 from tests.helpers import hf_greedy, prompts_of_lengths
 
 
@@ -12,6 +15,18 @@ def test_warm_up_sizes_itself_to_the_pool(llama_dir):
     assert runner.warm_up(2048) == 511  # the pool's 512 slots: one prompt and its decode
     assert LLM(llama_dir, num_kv_blocks=1, block_size=4).engine.worker.runner.warm_up(64) == 3
     assert LLM(llama_dir, num_kv_blocks=1, block_size=1).engine.worker.runner.warm_up(64) == 0
+
+
+def test_a_large_models_warm_up_prompt_is_capped_by_a_layers_work(llama_dir, monkeypatch):
+    runner = LLM(llama_dir, num_kv_blocks=64, block_size=8).engine.worker.runner
+    layer = runner.model.model.layers[0]
+    macs = sum(m.in_features * m.out_features for m in layer.modules()
+               if isinstance(m, torch.nn.Linear))
+    monkeypatch.setattr(model_runner, "WARM_UP_LAYER_MACS", 20 * macs)  # 20 tokens' work
+    assert runner.warm_up(100, max_prompt_len=40) == 20  # one prompt of 20
+    assert runner.warm_up(100, max_prompt_len=8) == 16  # two of 8
+    monkeypatch.setattr(model_runner, "WARM_UP_LAYER_MACS", 0.5 * macs)
+    assert runner.warm_up(100, max_prompt_len=40) == 1
 
 
 def test_engine_starts_warm_with_every_block_free_and_exact(llama_dir):

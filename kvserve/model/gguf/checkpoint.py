@@ -4,10 +4,13 @@ one file llama.cpp's tools write.
 ``prepare_gguf(path)`` makes (once per file, under ``$KVSERVE_CACHE_DIR/gguf``) a
 directory with ``config.json`` and the tokenizer, which transformers' GGUF support
 converts from the file's metadata (architecture, shapes, rope, vocabulary, merges, chat
-template), and a marker naming the file; the loader then reads the weights from the file
-(``gguf_weights``): each tensor dequantized by ``quants.py``, renamed to the Hugging Face
-name, and for the ``llama`` architecture with q and k un-permuted (llama.cpp's converter
-interleaves each head's rotary halves; transformers' layout keeps them apart).
+template), and a marker naming the file and holding its tensor table (each tensor's name,
+format, shape and place in the file: parsing the file's metadata, a vocabulary of 128k
+strings, takes the gguf package seconds, so it is done once); the loader then reads the
+weights from the file at those places (``gguf_weights``): each tensor dequantized by
+``quants.py``, renamed to the Hugging Face name, and for the ``llama`` architecture with q
+and k un-permuted (llama.cpp's converter interleaves each head's rotary halves;
+transformers' layout keeps them apart).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from kvserve.model.gguf.linear import BlockWeight
 from kvserve.model.gguf.quants import KEPT, dequantize
 
 GGUF_MARKER = "kvserve_gguf.json"
-PREPARED_FORMAT = 1  # what a prepared directory holds: a change makes them anew
+PREPARED_FORMAT = 2  # what a prepared directory holds: a change makes them anew
 MAGIC = b"GGUF"
 
 # llama.cpp's tensor names -> Hugging Face's, for the Llama-family layouts
@@ -110,9 +113,12 @@ def prepare_gguf(path: str | Path) -> Path:
             config.head_dim = int(head_dim)
         config.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
+        heads = _field(reader, f"{arch}.attention.head_count")
         (tmp / GGUF_MARKER).write_text(json.dumps({
             "file": str(path), "architecture": arch,
-            "file_type": _field(reader, "general.file_type")}, indent=1))
+            "file_type": _field(reader, "general.file_type"),
+            "heads": heads, "kv_heads": _field(reader, f"{arch}.attention.head_count_kv") or heads,
+            "tensors": [_table_entry(t) for t in reader.tensors]}, indent=1))
         try:
             os.rename(tmp, out)
         except OSError:  # another process prepared it meanwhile
@@ -140,20 +146,27 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _marked_file(model_dir: Path) -> tuple[Path, str]:
+def _table_entry(tensor) -> dict:
+    """A tensor of a GGUFReader as the marker records it (shape in torch's order)."""
+    return {"name": tensor.name, "format": tensor.tensor_type.name,
+            "shape": [int(n) for n in reversed(tensor.shape)],
+            "offset": int(tensor.data_offset), "bytes": int(tensor.n_bytes)}
+
+
+def _marker(model_dir: Path) -> tuple[Path, dict]:
     marker = json.loads((model_dir / GGUF_MARKER).read_text())
     path = Path(marker["file"])
     if not path.is_file():
         raise FileNotFoundError(f"the GGUF file {path} of {model_dir} is gone")
-    return path, marker["architecture"]
+    return path, marker
 
 
 def gguf_tensor_kinds(model_dir: Path) -> dict[str, str]:
     """Hugging Face name -> the file's storage format (``Q4_K``, ``F16``, ...) of each
     weight of the GGUF file a prepared directory names."""
-    path, _ = _marked_file(model_dir)
-    return {hf_name(t.name): t.tensor_type.name for t in _reader(path).tensors
-            if t.name not in _DERIVED and hf_name(t.name) is not None}
+    _, marker = _marker(model_dir)
+    return {hf_name(t["name"]): t["format"] for t in marker["tensors"]
+            if t["name"] not in _DERIVED and hf_name(t["name"]) is not None}
 
 
 def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda name: False
@@ -162,23 +175,22 @@ def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda na
     prepared directory names: float32 values, or, for a weight in a kept format (a block
     format, BF16 or F16) whose name ``keep_blocks`` accepts, its bytes as they are (a
     BlockWeight)."""
-    path, arch = _marked_file(model_dir)
-    reader = _reader(path)
-    heads = _field(reader, f"{arch}.attention.head_count")
-    kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or heads
-    for tensor in reader.tensors:
-        if tensor.name in _DERIVED:
+    path, marker = _marker(model_dir)
+    arch, heads, kv_heads = marker["architecture"], marker["heads"], marker["kv_heads"]
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    for tensor in marker["tensors"]:
+        if tensor["name"] in _DERIVED:
             continue
-        name = hf_name(tensor.name)
+        name = hf_name(tensor["name"])
         if name is None:
-            raise ValueError(f"{path.name}: tensor {tensor.name!r} has no place in a "
+            raise ValueError(f"{path.name}: tensor {tensor['name']!r} has no place in a "
                              f"{arch} model")
-        shape = tuple(int(n) for n in reversed(tensor.shape))
-        kind = tensor.tensor_type.name
-        raw = torch.from_numpy(np.array(tensor.data))
+        shape, kind = tuple(tensor["shape"]), tensor["format"]
+        start = tensor["offset"]
+        # the tensor's bytes, copied out of the mapped file (the only copy made here)
+        raw = torch.from_numpy(np.array(data[start:start + tensor["bytes"]]))
         permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
         if kind in KEPT and keep_blocks(name):
-            raw = raw.contiguous().view(torch.uint8)  # a 16-bit float's bytes, as stored
             weight = BlockWeight(kind, raw.reshape(shape[0], -1).contiguous(), shape[-1])
             if permuted:
                 order = _unpermute(torch.arange(shape[0]),

@@ -91,7 +91,7 @@ def dequantize(raw: torch.Tensor, kind: str, shape: tuple[int, ...]) -> torch.Te
     """The float32 values of a tensor of ``shape`` stored as ``kind``: ``raw`` holds its
     bytes (uint8, any shape) or, for float formats, its values."""
     if kind in FLOATS:
-        if raw.dtype == torch.uint8:  # bf16, which numpy has no type for, comes as bytes
+        if raw.dtype == torch.uint8:  # the bytes as the file stores them
             raw = raw.contiguous().view(FLOATS[kind])
         return raw.reshape(shape).float()
     if kind not in BLOCKS:
