@@ -92,6 +92,14 @@ def test_a_machine_with_only_a_startup_run_is_in_the_docs_not_the_readme(tmp_pat
     assert ("3.0 s measuring every kernel choice, 2.0 s with the saved tuning plan, "
             "1.50x (1.40–1.60); 1 of 3 measuring starts chose the saved plan") in perf
     assert "family 23, model 1, AVX2" in perf and "[startup.json](results/startup.json)" in perf
+    # a second model's start-up, measured later, stands beside the first
+    gguf = json.loads(json.dumps(startup))
+    gguf["model"], gguf["machine"]["date_utc"] = "bench-8b-q4_k_m.gguf", "2026-12-06"
+    gguf["result"]["gguf_conversion_s"] = 43.21
+    (results / "startup-8b.json").write_text(json.dumps(gguf))
+    perf = published.performance_section(published.load_results(tmp_path))
+    assert "Start-up (bench-100m," in perf and "Start-up (bench-8b-q4_k_m.gguf," in perf
+    assert "the GGUF file's conversion before its first start 43.2 s" in perf
 
 
 def test_the_performance_doc_stays_a_reference_under_15_kb():

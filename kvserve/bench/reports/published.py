@@ -71,7 +71,7 @@ class MachineResults:
     machine: dict[str, Any]
     compare: Result | None = None
     serving: Result | None = None
-    startup: Result | None = None
+    startup: dict[str, Result] = field(default_factory=dict)  # by model
     memory: Result | None = None
     moe: Result | None = None
     sinks: Result | None = None
@@ -85,8 +85,8 @@ class MachineResults:
 
     @property
     def results(self) -> list[Result]:
-        return [r for r in (self.compare, self.serving, self.startup, self.memory,
-                            self.moe, self.sinks, self.lora, *self.gguf_decode.values(),
+        return [r for r in (self.compare, self.serving, self.memory, self.moe, self.sinks,
+                            self.lora, *self.startup.values(), *self.gguf_decode.values(),
                             *self.others)
                 if r is not None]
 
@@ -105,11 +105,12 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     groups: dict[tuple, MachineResults] = {}
     for res in sorted(results, key=lambda r: r.machine.get("date_utc") or ""):
         group = groups.setdefault(res.machine_key, MachineResults(res.machine))
-        if res.kind == "gguf_decode":
-            older = group.gguf_decode.get(res.data.get("model"))
+        if res.kind in BY_MODEL:
+            by_model = getattr(group, res.kind)
+            older = by_model.get(res.data.get("model"))
             if older is not None:
                 group.others.append(older)
-            group.gguf_decode[res.data.get("model")] = res
+            by_model[res.data.get("model")] = res
         elif res.kind in KINDS:
             older = getattr(group, res.kind)
             if older is not None:
@@ -121,6 +122,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
 
 
 KINDS = ("compare", "serving", "gguf_decode", "startup", "memory", "moe", "sinks", "lora")
+BY_MODEL = ("gguf_decode", "startup")  # the kinds kept a model each
 
 
 def _machine_title(m: dict[str, Any]) -> str:
@@ -212,15 +214,22 @@ def _serving_lines(res: Result, base: str) -> list[str]:
             f"{_provenance(res, base)})."]
 
 
-def _startup_lines(res: Result, base: str) -> list[str]:
+def _startup_lines(by_model: dict[str, Result], base: str) -> list[str]:
+    return [line for model in sorted(by_model)
+            for line in _startup_model_lines(by_model[model], base)]
+
+
+def _startup_model_lines(res: Result, base: str) -> list[str]:
     d = res.data["result"]
     starts = {mode: sorted(s)[len(s) // 2] for mode, s in d["round_start_s"].items()}
     return ["", f"Start-up ({res.data.get('model')}, `LLM()` to a ready engine): "
             f"{starts['measured']:.1f} s measuring every kernel choice, "
             f"{starts['planned']:.1f} s with the saved tuning plan, "
             f"{_ratio(d.get('speedup'))}; {d['measured_starts_choosing_the_saved_plan']} of "
-            f"{d['rounds']} measuring starts chose the saved plan (`bench startup`, "
-            f"{_provenance(res, base)})."]
+            f"{d['rounds']} measuring starts chose the saved plan"
+            + (f"; the GGUF file's conversion before its first start "
+               f"{d['gguf_conversion_s']:.1f} s" if "gguf_conversion_s" in d else "")
+            + f" (`bench startup`, {_provenance(res, base)})."]
 
 
 def _memory_lines(res: Result, base: str) -> list[str]:
@@ -279,10 +288,8 @@ _GGUF_TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "bf16": "BF16"}
 
 
 def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
-    lines = []
-    for model in sorted(by_model):
-        lines += _gguf_decode_model_lines(by_model[model], base)
-    return lines
+    return [line for model in sorted(by_model)
+            for line in _gguf_decode_model_lines(by_model[model], base)]
 
 
 def _gguf_decode_model_lines(res: Result, base: str) -> list[str]:

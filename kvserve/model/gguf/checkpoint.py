@@ -81,13 +81,14 @@ def _field(reader, key: str):
     return None if field is None else field.contents()
 
 
-def prepare_gguf(path: str | Path) -> Path:
-    """The model directory of the GGUF file ``path`` (made on first use)."""
+def prepare_gguf(path: str | Path, root: Path | None = None) -> Path:
+    """The model directory of the GGUF file ``path`` (made on first use), under ``root``
+    (default: the cache's ``gguf`` folder)."""
     path = Path(path).resolve()
     stat = path.stat()
     key = hashlib.sha256(f"{PREPARED_FORMAT}|{path}|{stat.st_size}|{stat.st_mtime_ns}"
                          .encode()).hexdigest()[:20]
-    out = cache_root() / "gguf" / key
+    out = (cache_root() / "gguf" if root is None else Path(root)) / key
     if (out / GGUF_MARKER).is_file():
         return out
     reader = _reader(path)
