@@ -328,16 +328,22 @@ def _add_overlap(sub: Any) -> None:
 
 
 def _add_serving(sub: Any) -> None:
-    from kvserve.bench.experiments.serving import cmd_serving
+    from kvserve.bench.experiments.serving import PEERS, cmd_serving
     p = _add_rounds_bench(sub, "serving", cmd_serving,
-                          "kvserve's server vs vLLM's OpenAI server at a request rate, in "
-                          "alternating rounds",
-                          "Start kvserve's and vLLM's servers on loopback; stream the same "
+                          "kvserve's server vs vLLM's or llama.cpp's OpenAI server at a "
+                          "request rate, in alternating rounds",
+                          "Start kvserve's and a peer's server (vLLM's, or llama.cpp's "
+                          "llama-server on a GGUF file) on loopback; stream the same "
                           "requests at the same Poisson rate to each in turn (the other "
                           "paused); report TTFT, TPOT and ITL.")
+    p.add_argument("--peer", choices=PEERS, default="vllm",
+                   help="the server kvserve's is measured against (default vllm)")
     p.add_argument("--vllm-python", default=None, help="python of a venv with vLLM's CPU build")
-    p.add_argument("--vllm-kv-cache-gib", type=float, default=4.0,
-                   help="VLLM_CPU_KVCACHE_SPACE (GiB)")
+    p.add_argument("--llama-server", default=None, metavar="PATH",
+                   help="llama.cpp's llama-server binary (--peer llama-server)")
+    p.add_argument("--peer-kv-cache-gib", type=float, default=4.0,
+                   help="the peer's KV cache in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE; "
+                        "llama-server's context of that many bytes of float16 K and V)")
     p.add_argument("--request-rate", type=parse_rate, default=1.0,
                    help="Poisson arrivals per second (default 1)")
 

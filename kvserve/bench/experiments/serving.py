@@ -1,14 +1,17 @@
-"""``kvserve bench serving``: kvserve's server against vLLM's OpenAI server, same load.
+"""``kvserve bench serving``: kvserve's server against a peer's OpenAI server, same load.
 
-Both servers are started once, on loopback, with the same model in float32; vLLM's comes
-from its own venv (``--vllm-python``). Each first serves a few warm-up requests. Rounds
-then alternate between them: in round r both serve that round's own requests (fresh
-prompts, so no round hits a prefix another cached), streamed at the same Poisson
-arrivals by the ``bench serve`` client. The server not being measured is paused
-(SIGSTOP: kvserve's process, vLLM's process group) so that it takes no CPU from the one
-that is. Reported per server: TTFT, TPOT and ITL (median and P99) of each round, and
-kvserve's over vLLM's as the median of the rounds' ratios (kvserve.bench.instruments.paired); a
-round in which either server failed a request is left out of the ratios.
+The peer is vLLM's server (``--peer vllm``: the same model directory in float32, from
+its own venv, ``--vllm-python``) or llama.cpp's ``llama-server`` (``--peer
+llama-server``: the same GGUF file, ``--llama-server PATH``). Both servers are started
+once, on loopback, with KV caches of the same bytes. Each first serves a few warm-up
+requests. Rounds then alternate between them: in round r both serve that round's own
+requests (fresh prompts, so no round hits a prefix another cached), streamed at the
+same Poisson arrivals by the ``bench serve`` client. The server not being measured is
+paused (SIGSTOP: kvserve's process, the peer's process group) so that it takes no CPU
+from the one that is. Reported per server: TTFT, TPOT and ITL (median and P99) of each
+round, and kvserve's over the peer's as the median of the rounds' ratios
+(kvserve.bench.instruments.paired); a round in which either server failed a request is
+left out of the ratios.
 """
 from __future__ import annotations
 
@@ -24,12 +27,13 @@ from typing import Any, Callable, Sequence
 
 from kvserve.bench.instruments.cpu_sets import CpuSampler, check_same_cpus
 from kvserve.bench.instruments.paired import PairedRatio, describe_ratio, paired_ratio
+from kvserve.bench.peers.llama_server import LlamaServer
 from kvserve.bench.peers.server_process import SERVED_NAME, ServerProcess, free_port, \
     server_flags, wait_healthy
 from kvserve.bench.peers.vllm_runner import _env, vllm_version
 from kvserve.bench.workloads.definitions import BenchRequest
 
-SERVERS = ("kvserve", "vllm")
+PEERS = ("vllm", "llama-server")
 WARMUP_REQUESTS = 8
 
 
@@ -77,6 +81,7 @@ def _summary(result) -> dict[str, Any]:
     m = result.metrics
     summary = {"completed": m.completed, "failed": m.failed, "duration_s": m.duration_s,
                "output_tok_s": m.output_throughput,
+               "output_tokens": sum(r.output_len for r in result.records if r.success),
                **{f"{k}_{stat}_ms": s[stat] for k, s in m.latency_ms.items()
                   for stat in ("median", "p99")}}
     if m.failed:
@@ -135,21 +140,40 @@ def paired_ratios(runs: dict[str, list[dict]], a: str, b: str) -> dict[str, Pair
             for key in RATIO_KEYS}
 
 
+def start_peer(peer: str, model: Path, log_path: Path, kv_cache_gib: float,
+               peer_binary: str):
+    """The peer's server for ``model`` (vLLM: ``peer_binary`` is its venv's python and
+    ``model`` a model directory; llama-server: its binary and a GGUF file)."""
+    if peer == "vllm":
+        return VllmServer(peer_binary, model, log_path, kv_cache_gib, "0-1")
+    from kvserve.model.gguf import prepare_gguf
+
+    return LlamaServer(peer_binary, model, prepare_gguf(model), log_path, kv_cache_gib)
+
+
 def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                       rounds: Sequence[Sequence[BenchRequest]], engine_args: dict[str, Any],
-                      vllm_python: str, request_rate: float, kv_cache_gib: float = 4.0,
-                      log: Callable[[str], None] = print) -> dict[str, Any]:
-    """``rounds``: each round's requests (both servers serve the same ones)."""
+                      peer_binary: str, request_rate: float, kv_cache_gib: float = 4.0,
+                      log: Callable[[str], None] = print, peer: str = "vllm"
+                      ) -> dict[str, Any]:
+    """``rounds``: each round's requests (both servers serve the same ones); ``peer``
+    one of PEERS, started from ``peer_binary`` (see ``start_peer``)."""
+    from kvserve.model.gguf import is_gguf
+
     if int(engine_args.get("tensor_parallel_size") or 1) > 1:
         raise ValueError("kvserve bench serving pauses one server process: run it without "
                          "tensor parallelism")
+    if peer not in PEERS:
+        raise ValueError(f"unknown peer {peer!r}; peers: {', '.join(PEERS)}")
+    if peer == "llama-server" and not is_gguf(model_dir):
+        raise ValueError(f"llama-server serves a GGUF file; {model_dir} is not one")
 
     def log_round(r: int, runs: dict[str, list[dict]]) -> None:
-        ours, theirs = runs["kvserve"][-1], runs["vllm"][-1]
+        ours, theirs = runs["kvserve"][-1], runs[peer][-1]
         failed = "".join(f"; {name} failed {x['failed']} requests ({'; '.join(x['errors'])})"
-                         for name, x in (("kvserve", ours), ("vLLM", theirs)) if x["failed"])
+                         for name, x in (("kvserve", ours), (peer, theirs)) if x["failed"])
         log(f"  round {r + 1} of {len(rounds)}: P99 TPOT kvserve {ours['tpot_p99_ms']:.1f} ms, "
-            f"vLLM {theirs['tpot_p99_ms']:.1f}; P99 TTFT {ours['ttft_p99_ms']:.0f} vs "
+            f"{peer} {theirs['tpot_p99_ms']:.1f}; P99 TTFT {ours['ttft_p99_ms']:.0f} vs "
             f"{theirs['ttft_p99_ms']:.0f} ms" + failed)
 
     with tempfile.TemporaryDirectory(prefix="kvserve-serving-") as tmp:
@@ -161,10 +185,10 @@ def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
         servers = {"kvserve": kvserve}
         try:
             pause["kvserve"](signal.SIGSTOP)
-            log("starting vLLM's server ...")
-            vllm = servers["vllm"] = VllmServer(vllm_python, model_dir, tmp_dir / "vllm.log",
-                                                kv_cache_gib, "0-1")
-            pause["vllm"] = vllm.signal
+            log(f"starting {peer}'s server ...")
+            other = servers[peer] = start_peer(peer, model_dir, tmp_dir / f"{peer}.log",
+                                               kv_cache_gib, peer_binary)
+            pause[peer] = other.signal
             watch = {name: CpuSampler(server.proc.pid) for name, server in servers.items()}
             runs = serve_alternating(servers, pause, warmup, rounds, request_rate, log_round,
                                      stop_on_failure=False, watch=watch)
@@ -173,15 +197,15 @@ def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                 pause[name](signal.SIGCONT)
                 server.close()
     if not any(not a["failed"] and not b["failed"] for a, b in zip(runs["kvserve"],
-                                                                   runs["vllm"])):
+                                                                   runs[peer])):
         errors = {e for rs in runs.values() for r in rs for e in r.get("errors", [])}
         raise RuntimeError("no round completed on both servers: " + "; ".join(sorted(errors)[:3]))
     cpus = {name: sampler.usage for name, sampler in watch.items()}
     check_same_cpus(cpus)
     return {"request_rate": request_rate, "requests_per_round": len(rounds[0]),
-            "warmup_requests": len(warmup), "rounds": runs,
-            "kvserve_over_vllm": paired_ratios(runs, "kvserve", "vllm"),
-            "peers": {"vllm": vllm.build},
+            "warmup_requests": len(warmup), "rounds": runs, "peer": peer,
+            "kvserve_over_peer": paired_ratios(runs, "kvserve", peer),
+            "peers": {peer: other.build},
             "cpus": {name: usage.to_dict() for name, usage in cpus.items()}}
 
 
@@ -191,13 +215,19 @@ def cmd_serving(args) -> int:
     from kvserve.bench.bench_setup import _header, _wl_settings, write_result_json
     from kvserve.bench.reports import report
 
-    if not args.vllm_python:
-        raise SystemExit("kvserve bench serving needs --vllm-python VENV/bin/python")
-    model_dir = resolve_model_dir(args.model)
+    from kvserve.model.gguf import is_gguf, prepare_gguf
+
+    peer_binary = args.vllm_python if args.peer == "vllm" else args.llama_server
+    if not peer_binary:
+        raise SystemExit("kvserve bench serving needs " + (
+            "--vllm-python VENV/bin/python" if args.peer == "vllm" else
+            "--llama-server PATH (llama.cpp's server binary)"))
+    gguf = args.model is not None and is_gguf(args.model)
+    model_dir = Path(args.model) if gguf else resolve_model_dir(args.model)
     engine_args = engine_args_from(args)
     per_round = args.num_prompts
     args.num_prompts = WARMUP_REQUESTS + per_round * args.rounds  # fresh prompts a round
-    wl = workload_from_args(args, model_dir)
+    wl = workload_from_args(args, prepare_gguf(model_dir) if gguf else model_dir)
     reqs = wl.requests
     rounds = [reqs[WARMUP_REQUESTS + r * per_round:WARMUP_REQUESTS + (r + 1) * per_round]
               for r in range(args.rounds)]
@@ -206,19 +236,20 @@ def cmd_serving(args) -> int:
                                        "engine_args": engine_args, "rounds": args.rounds})
     try:
         result = run_serving_bench(model_dir, reqs[:WARMUP_REQUESTS], rounds, engine_args,
-                                   args.vllm_python, args.request_rate, args.vllm_kv_cache_gib)
+                                   peer_binary, args.request_rate, args.peer_kv_cache_gib,
+                                   peer=args.peer)
     except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"kvserve: error: {exc}") from None
     rows = []
-    for name in SERVERS:  # every server completed a round: run_serving_bench says so
+    for name in ("kvserve", args.peer):  # each completed a round: run_serving_bench says so
         completed = [r for r in result["rounds"][name] if not r["failed"]]
         rows.append((name, *(statistics.median(r[k] for r in completed) for k in (
             "ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "output_tok_s"))))
     print(report.format_table(["server", "TTFT median", "TTFT P99", "TPOT median",
                                "TPOT P99", "output tok/s"], rows))
-    print("each server's median of the rounds it completed; kvserve / vLLM, paired by round "
-          "(docs/statistics.md):")
-    for key, ratio in result["kvserve_over_vllm"].items():
+    print(f"each server's median of the rounds it completed; kvserve / {args.peer}, paired by "
+          "round (docs/statistics.md):")
+    for key, ratio in result["kvserve_over_peer"].items():
         print(f"  {key}: {describe_ratio(ratio)}")
     if args.json:
         write_result_json(args.json, info, model_dir, wl, engine_args, result)

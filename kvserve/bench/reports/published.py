@@ -43,7 +43,7 @@ class Result:
     def kind(self) -> str | None:
         if "rows" in self.data:
             return "compare"
-        if "kvserve_over_vllm" in self.data.get("result", {}):
+        if {"kvserve_over_peer", "kvserve_over_vllm"} & set(self.data.get("result", {})):
             return "serving"
         if "round_start_s" in self.data.get("result", {}):
             return "startup"
@@ -70,7 +70,7 @@ class Result:
 class MachineResults:
     machine: dict[str, Any]
     compare: Result | None = None
-    serving: Result | None = None
+    serving: dict[str, Result] = field(default_factory=dict)  # by model
     startup: dict[str, Result] = field(default_factory=dict)  # by model
     memory: Result | None = None
     moe: Result | None = None
@@ -85,9 +85,9 @@ class MachineResults:
 
     @property
     def results(self) -> list[Result]:
-        return [r for r in (self.compare, self.serving, self.memory, self.moe, self.sinks,
-                            self.lora, *self.startup.values(), *self.gguf_decode.values(),
-                            *self.others)
+        return [r for r in (self.compare, self.memory, self.moe, self.sinks, self.lora,
+                            *self.serving.values(), *self.startup.values(),
+                            *self.gguf_decode.values(), *self.others)
                 if r is not None]
 
 
@@ -122,7 +122,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
 
 
 KINDS = ("compare", "serving", "gguf_decode", "startup", "memory", "moe", "sinks", "lora")
-BY_MODEL = ("gguf_decode", "startup")  # the kinds kept a model each
+BY_MODEL = ("gguf_decode", "startup", "serving")  # the kinds kept a model each
 
 
 def _machine_title(m: dict[str, Any]) -> str:
@@ -201,14 +201,22 @@ def _compare_lines(res: Result, base: str) -> list[str]:
     return lines
 
 
-def _serving_lines(res: Result, base: str) -> list[str]:
+def _serving_lines(by_model: dict[str, Result], base: str) -> list[str]:
+    return [line for model in sorted(by_model)
+            for line in _serving_model_lines(by_model[model], base)]
+
+
+def _serving_model_lines(res: Result, base: str) -> list[str]:
     d = res.data["result"]
-    ratios = d["kvserve_over_vllm"]
-    version = d.get("peers", {}).get("vllm", {}).get("version") or ""
+    peer = d.get("peer", "vllm")  # results before llama-server's peer measured vLLM
+    ratios = d.get("kvserve_over_peer") or d["kvserve_over_vllm"]
+    version = d.get("peers", {}).get(peer, {}).get("version") or ""
+    name = (f"vLLM {version}'s" if peer == "vllm"
+            else f"llama.cpp's llama-server's (\"{version}\")")
     rounds = len(d["rounds"]["kvserve"])
-    return ["", f"Serving at {d['request_rate']:g} request/s ({d['requests_per_round']} "
-            f"requests a round, {rounds} rounds), kvserve's latency over vLLM {version}'s: "
-            f"P99 TPOT {_ratio(ratios.get('tpot_p99_ms'))}, median TPOT "
+    return ["", f"Serving {res.data.get('model')} at {d['request_rate']:g} request/s "
+            f"({d['requests_per_round']} requests a round, {rounds} rounds), kvserve's "
+            f"latency over {name}: P99 TPOT {_ratio(ratios.get('tpot_p99_ms'))}, median TPOT "
             f"{_ratio(ratios.get('tpot_median_ms'))}, P99 TTFT "
             f"{_ratio(ratios.get('ttft_p99_ms'))} (`bench serving`, "
             f"{_provenance(res, base)})."]

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.bench.experiments.serving import SERVERS, paired_ratios, run_serving_bench
+from kvserve.bench.experiments.serving import paired_ratios, run_serving_bench
 from kvserve.bench.workloads.definitions import BenchRequest
+from kvserve.bench.workloads.gguf_models import make_gguf_bench_model
+from kvserve.bench.workloads.models import BenchModelSpec
+from kvserve.default_model import default_model_dir
 from tests.bench.conftest import record_served
+from tests.format_tools import llama_cpp_source, llama_cpp_tool
 
 # vllm.entrypoints.openai.api_server: vLLM's flags, a kvserve server underneath
 FAKE_API_SERVER = '''
@@ -57,12 +61,14 @@ def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
     assert served == [("kvserve", 2), ("vllm", 2), ("kvserve", 4), ("vllm", 4), ("vllm", 4),
                       ("kvserve", 4)]
     assert sum("round" in line for line in lines) == 2
-    for name in SERVERS:
+    assert result["peer"] == "vllm"
+    for name in ("kvserve", "vllm"):
         assert len(result["rounds"][name]) == 2
         for r in result["rounds"][name]:
             assert r["completed"] == 4 and r["failed"] == 0 and r["tpot_p99_ms"] > 0
+            assert r["output_tokens"] == 4 * 8
         assert started[name].proc.poll() is not None  # both stopped, none left paused
-    tpot = result["kvserve_over_vllm"]["tpot_p99_ms"]
+    tpot = result["kvserve_over_peer"]["tpot_p99_ms"]
     by_round = [a["tpot_p99_ms"] / b["tpot_p99_ms"] for a, b in zip(
         result["rounds"]["kvserve"], result["rounds"]["vllm"])]
     assert tpot.per_round == pytest.approx(by_round) and tpot.rounds == 2
@@ -92,3 +98,28 @@ def test_tensor_parallel_is_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="without tensor parallelism"):
         run_serving_bench(tiny_model_dir, [], [[]], {"tensor_parallel_size": 2},
                           sys.executable, 1.0)
+
+
+@pytest.mark.slow
+def test_llama_server_is_measured_on_the_same_gguf_file(tmp_path: Path) -> None:
+    tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
+    binary = llama_cpp_tool(tree, "llama-server")
+    gguf = make_gguf_bench_model(BenchModelSpec(256, 2, 4, 2, 512, vocab_size=8320), "tiny",
+                                 "gguf-bf16", tmp_path / "tiny-bf16.gguf", default_model_dir())
+    warmup = [BenchRequest([3, 4, 5], 2)] * 2
+    rounds = [[BenchRequest([3 + i + 10 * r, 4, 5, 6], 8) for i in range(3)] for r in range(2)]
+    result = run_serving_bench(gguf, warmup, rounds, {"num_kv_blocks": 64}, str(binary), 4.0,
+                               kv_cache_gib=0.01, log=lambda line: None, peer="llama-server")
+    # 0.01 GiB of float16 K and V: 2 layers x 2 KV heads x 64 values x 2 x 2 bytes a token
+    assert result["peers"]["llama-server"]["kv_tokens"] == int(0.01 * 2**30) // 1024 // 8 * 8
+    for name in ("kvserve", "llama-server"):
+        for r in result["rounds"][name]:
+            # every request streamed its 8 tokens: llama-server honours ignore_eos too
+            assert r["completed"] == 3 and r["failed"] == 0 and r["output_tokens"] == 24
+    assert result["kvserve_over_peer"]["tpot_median_ms"].rounds == 2
+
+
+def test_llama_server_is_given_a_gguf_file(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="llama-server serves a GGUF file"):
+        run_serving_bench(tiny_model_dir, [], [[BenchRequest([3], 1)]], {}, "llama-server",
+                          1.0, peer="llama-server")
