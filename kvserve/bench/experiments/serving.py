@@ -28,8 +28,8 @@ from typing import Any, Callable, Sequence
 from kvserve.bench.instruments.cpu_sets import CpuSampler, check_same_cpus
 from kvserve.bench.instruments.paired import PairedRatio, describe_ratio, paired_ratio
 from kvserve.bench.peers.llama_server import LlamaServer
-from kvserve.bench.peers.server_process import SERVED_NAME, ServerProcess, free_port, \
-    server_flags, wait_healthy
+from kvserve.bench.peers.server_process import SERVED_NAME, PeerProcess, ServerProcess, \
+    free_port, server_flags, wait_healthy
 from kvserve.bench.peers.vllm_runner import _env, vllm_version
 from kvserve.bench.workloads.definitions import BenchRequest
 
@@ -37,7 +37,7 @@ PEERS = ("vllm", "llama-server")
 WARMUP_REQUESTS = 8
 
 
-class VllmServer:
+class VllmServer(PeerProcess):
     """vLLM's OpenAI server from ``python``'s venv, healthy once constructed, in its own
     process group (vLLM runs its engine in a child process)."""
 
@@ -62,16 +62,6 @@ class VllmServer:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:  # already gone: nothing to pause, resume or stop
             pass
-
-    def close(self) -> None:
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self._log.close()
 
 
 RATIO_KEYS = ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "itl_p99_ms")

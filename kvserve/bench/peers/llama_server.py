@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from pathlib import Path
 
 from kvserve.bench.peers.llamacpp import cmake_build_flags, tool_version
-from kvserve.bench.peers.server_process import SERVED_NAME, free_port, wait_healthy
+from kvserve.bench.peers.server_process import SERVED_NAME, PeerProcess, free_port, \
+    wait_healthy
 
 F16_BYTES = 2
 
@@ -31,7 +31,7 @@ def kv_tokens(model_dir: Path, kv_cache_gib: float) -> int:
     return int(kv_cache_gib * 2**30 // per_token)
 
 
-class LlamaServer:
+class LlamaServer(PeerProcess):
     """``binary`` (llama-server) serving ``gguf``, healthy once constructed."""
 
     def __init__(self, binary: str, gguf: Path, model_dir: Path, log_path: Path,
@@ -52,17 +52,3 @@ class LlamaServer:
              self.url.rsplit(":", 1)[1], *flags],
             stdout=self._log, stderr=subprocess.STDOUT)
         wait_healthy(self, "llama-server", log_path, start_timeout_s, 1.0)
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def close(self) -> None:
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SERVED_NAME = "bench"
 
@@ -54,6 +55,28 @@ def wait_healthy(server, what: str, log_path: Path, timeout_s: float, poll_s: fl
     except BaseException:
         server.close()
         raise
+
+
+class PeerProcess:
+    """A peer's server process (``proc``) writing to ``_log``: ``signal`` pauses, resumes
+    or stops it; ``close`` stops it, paused or not."""
+
+    proc: subprocess.Popen
+    _log: Any
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def close(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
 
 
 class ServerProcess:
