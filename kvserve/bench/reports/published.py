@@ -230,7 +230,7 @@ def _startup_lines(by_model: dict[str, Result], base: str) -> list[str]:
 def _startup_model_lines(res: Result, base: str) -> list[str]:
     d = res.data["result"]
     starts = {mode: sorted(s)[len(s) // 2] for mode, s in d["round_start_s"].items()}
-    return ["", f"Start-up ({res.data.get('model')}, `LLM()` to a ready engine): "
+    return ["", f"Start-up ({res.data.get('model')}, to a ready engine): "
             f"{starts['measured']:.1f} s measuring every kernel choice, "
             f"{starts['planned']:.1f} s with the saved tuning plan, "
             f"{_ratio(d.get('speedup'))}; {d['measured_starts_choosing_the_saved_plan']} of "
@@ -313,8 +313,8 @@ def _gguf_decode_model_lines(res: Result, base: str) -> list[str]:
                      f"| {median['llamacpp_tok_s']:.2f} | {_ratio(f['ratio'])} | "
                      f"{f['kvserve_vs_stream_floor']:.2f}x | "
                      f"{f['llamacpp_vs_stream_floor']:.2f}x |")
-    lines += ["", f"Random weights in the shape, written by `make-model --format gguf-...` "
-              f"(quantized by llama-quantize); llama.cpp: `llama-bench` tg{d['tokens']} "
+    lines += ["", f"Random weights (`make-model --format gguf-...`, quantized by "
+              f"llama-quantize); `llama-bench` tg{d['tokens']} "
               f"(\"{build.get('version') or 'unknown'}\", GGML_NATIVE="
               f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}); {d['rounds']} "
               f"rounds; floor: a step's weight bytes over the streaming read, "
