@@ -328,7 +328,7 @@ def _add_overlap(sub: Any) -> None:
 
 
 def _add_serving(sub: Any) -> None:
-    from kvserve.bench.experiments.serving import PEERS, cmd_serving
+    from kvserve.bench.experiments.serving import PEERS, WARMUP_REQUESTS, cmd_serving
     p = _add_rounds_bench(sub, "serving", cmd_serving,
                           "kvserve's server vs vLLM's or llama.cpp's OpenAI server at a "
                           "request rate, in alternating rounds",
@@ -336,6 +336,9 @@ def _add_serving(sub: Any) -> None:
                           "llama-server on a GGUF file) on loopback; stream the same "
                           "requests at the same Poisson rate to each in turn (the other "
                           "paused); report TTFT, TPOT and ITL.")
+    p.add_argument("--warmup-requests", type=int, default=WARMUP_REQUESTS,
+                   help=f"requests each server serves before the rounds (default "
+                        f"{WARMUP_REQUESTS})")
     p.add_argument("--peer", choices=PEERS, default="vllm",
                    help="the server kvserve's is measured against (default vllm)")
     p.add_argument("--vllm-python", default=None, help="python of a venv with vLLM's CPU build")

@@ -34,7 +34,7 @@ from kvserve.bench.peers.vllm_runner import _env, vllm_version
 from kvserve.bench.workloads.definitions import BenchRequest
 
 PEERS = ("vllm", "llama-server")
-WARMUP_REQUESTS = 8
+WARMUP_REQUESTS = 8  # the default; an 8B model on two cores takes minutes a request
 
 
 class VllmServer(PeerProcess):
@@ -216,16 +216,16 @@ def cmd_serving(args) -> int:
     model_dir = Path(args.model) if gguf else resolve_model_dir(args.model)
     engine_args = engine_args_from(args)
     per_round = args.num_prompts
-    args.num_prompts = WARMUP_REQUESTS + per_round * args.rounds  # fresh prompts a round
+    warm = args.warmup_requests
+    args.num_prompts = warm + per_round * args.rounds  # fresh prompts a round
     wl = workload_from_args(args, prepare_gguf(model_dir) if gguf else model_dir)
     reqs = wl.requests
-    rounds = [reqs[WARMUP_REQUESTS + r * per_round:WARMUP_REQUESTS + (r + 1) * per_round]
-              for r in range(args.rounds)]
+    rounds = [reqs[warm + r * per_round:warm + (r + 1) * per_round] for r in range(args.rounds)]
     info = _header("kvserve serving", {"model": model_dir.name, **_wl_settings(wl),
                                        "request_rate": args.request_rate,
                                        "engine_args": engine_args, "rounds": args.rounds})
     try:
-        result = run_serving_bench(model_dir, reqs[:WARMUP_REQUESTS], rounds, engine_args,
+        result = run_serving_bench(model_dir, reqs[:warm], rounds, engine_args,
                                    peer_binary, args.request_rate, args.peer_kv_cache_gib,
                                    peer=args.peer)
     except (ValueError, RuntimeError) as exc:

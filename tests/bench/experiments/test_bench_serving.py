@@ -123,3 +123,31 @@ def test_llama_server_is_given_a_gguf_file(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="llama-server serves a GGUF file"):
         run_serving_bench(tiny_model_dir, [], [[BenchRequest([3], 1)]], {}, "llama-server",
                           1.0, peer="llama-server")
+
+
+def test_the_command_serves_a_gguf_file_against_llama_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from kvserve.bench.experiments import serving
+    from kvserve.cli import main
+
+    gguf = make_gguf_bench_model(BenchModelSpec(256, 2, 4, 2, 512, vocab_size=8320), "tiny",
+                                 "gguf-bf16", tmp_path / "tiny-bf16.gguf", default_model_dir())
+    calls = []
+
+    def fake(model, warmup, rounds, engine_args, binary, rate, kv_gib, peer):
+        calls.append((model, len(warmup), [len(r) for r in rounds], binary, kv_gib, peer))
+        run = {"failed": 0, "ttft_median_ms": 1.0, "ttft_p99_ms": 2.0, "tpot_median_ms": 3.0,
+               "tpot_p99_ms": 4.0, "itl_p99_ms": 5.0, "output_tok_s": 6.0}
+        return {"rounds": {"kvserve": [run] * 2, peer: [run] * 2},
+                "kvserve_over_peer": paired_ratios({"kvserve": [run] * 2, peer: [run] * 2},
+                                                   "kvserve", peer)}
+    monkeypatch.setattr(serving, "run_serving_bench", lambda *a, peer: fake(*a, peer=peer))
+    assert main(["bench", "serving", "--model", str(gguf), "--peer", "llama-server",
+                 "--llama-server", "/bin/llama-server", "--workload", "mixed",
+                 "--num-prompts", "3", "--rounds", "2", "--warmup-requests", "1",
+                 "--peer-kv-cache-gib", "2"]) == 0
+    assert calls == [(gguf, 1, [3, 3], "/bin/llama-server", 2.0, "llama-server")]
+    printed = capsys.readouterr().out
+    assert "llama-server" in printed and "kvserve / llama-server" in printed
+    with pytest.raises(SystemExit, match="--llama-server PATH"):
+        main(["bench", "serving", "--model", str(gguf), "--peer", "llama-server"])
