@@ -336,6 +336,8 @@ def _add_serving(sub: Any) -> None:
                           "llama-server on a GGUF file) on loopback; stream the same "
                           "requests at the same Poisson rate to each in turn (the other "
                           "paused); report TTFT, TPOT and ITL.")
+    p.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="the longest a request may take, queueing included (default 300)")
     p.add_argument("--warmup-requests", type=int, default=WARMUP_REQUESTS,
                    help=f"requests each server serves before the rounds (default "
                         f"{WARMUP_REQUESTS})")

@@ -83,12 +83,14 @@ def serve_alternating(servers: dict[str, Any], pause: dict[str, Callable[[int], 
                       warmup: Sequence[BenchRequest], rounds: Sequence[Sequence[BenchRequest]],
                       request_rate: float, log_round: Callable[[int, dict], None],
                       stop_on_failure: bool = True,
-                      watch: dict[str, CpuSampler] | None = None) -> dict[str, list[dict]]:
+                      watch: dict[str, CpuSampler] | None = None,
+                      timeout_s: float = 300.0) -> dict[str, list[dict]]:
     """Warm each server up, then serve each round's requests on each server in turn,
     the others paused (``pause[name](signal)``), the order alternating by round; returns
     each server's summaries by round. A failed request raises, or with
     ``stop_on_failure=False`` is counted in its round's ``failed``, with the first
-    errors. ``watch``: a CpuSampler per server, entered while that server is measured."""
+    errors. ``watch``: a CpuSampler per server, entered while that server is measured;
+    ``timeout_s``: the longest a request may take, queueing included."""
     watch = watch or {}
     from kvserve.bench.instruments.serve import run_serve
 
@@ -102,14 +104,14 @@ def serve_alternating(servers: dict[str, Any], pause: dict[str, Callable[[int], 
     for name in names if warmup else ():
         resume_only(name)
         run_serve(warmup, base_url=servers[name].url, model=SERVED_NAME,
-                  request_rate=float("inf"))
+                  request_rate=float("inf"), timeout_s=timeout_s)
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for r, requests in enumerate(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             resume_only(name)
             with watch.get(name) or contextlib.nullcontext():
                 res = run_serve(requests, base_url=servers[name].url, model=SERVED_NAME,
-                                request_rate=request_rate, seed=r)
+                                request_rate=request_rate, seed=r, timeout_s=timeout_s)
             runs[name].append(_summary(res))
             if stop_on_failure and res.metrics.failed:
                 raise RuntimeError(f"{name}: {res.metrics.failed} requests failed: "
@@ -144,10 +146,11 @@ def start_peer(peer: str, model: Path, log_path: Path, kv_cache_gib: float,
 def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
                       rounds: Sequence[Sequence[BenchRequest]], engine_args: dict[str, Any],
                       peer_binary: str, request_rate: float, kv_cache_gib: float = 4.0,
-                      log: Callable[[str], None] = print, peer: str = "vllm"
-                      ) -> dict[str, Any]:
+                      log: Callable[[str], None] = print, peer: str = "vllm",
+                      timeout_s: float = 300.0) -> dict[str, Any]:
     """``rounds``: each round's requests (both servers serve the same ones); ``peer``
-    one of PEERS, started from ``peer_binary`` (see ``start_peer``)."""
+    one of PEERS, started from ``peer_binary`` (see ``start_peer``); ``timeout_s``: the
+    longest a request may take."""
     from kvserve.model.gguf import is_gguf
 
     if int(engine_args.get("tensor_parallel_size") or 1) > 1:
@@ -181,7 +184,7 @@ def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
             pause[peer] = other.signal
             watch = {name: CpuSampler(server.proc.pid) for name, server in servers.items()}
             runs = serve_alternating(servers, pause, warmup, rounds, request_rate, log_round,
-                                     stop_on_failure=False, watch=watch)
+                                     stop_on_failure=False, watch=watch, timeout_s=timeout_s)
         finally:
             for name, server in servers.items():
                 pause[name](signal.SIGCONT)
@@ -193,6 +196,7 @@ def run_serving_bench(model_dir: Path, warmup: Sequence[BenchRequest],
     cpus = {name: sampler.usage for name, sampler in watch.items()}
     check_same_cpus(cpus)
     return {"request_rate": request_rate, "requests_per_round": len(rounds[0]),
+            "request_timeout_s": timeout_s,
             "warmup_requests": len(warmup), "rounds": runs, "peer": peer,
             "kvserve_over_peer": paired_ratios(runs, "kvserve", peer),
             "peers": {peer: other.build},
@@ -227,7 +231,7 @@ def cmd_serving(args) -> int:
     try:
         result = run_serving_bench(model_dir, reqs[:warm], rounds, engine_args,
                                    peer_binary, args.request_rate, args.peer_kv_cache_gib,
-                                   peer=args.peer)
+                                   peer=args.peer, timeout_s=args.request_timeout)
     except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"kvserve: error: {exc}") from None
     rows = []

@@ -134,19 +134,20 @@ def test_the_command_serves_a_gguf_file_against_llama_server(
                                  "gguf-bf16", tmp_path / "tiny-bf16.gguf", default_model_dir())
     calls = []
 
-    def fake(model, warmup, rounds, engine_args, binary, rate, kv_gib, peer):
-        calls.append((model, len(warmup), [len(r) for r in rounds], binary, kv_gib, peer))
+    def fake(model, warmup, rounds, engine_args, binary, rate, kv_gib, peer, timeout_s):
+        calls.append((model, len(warmup), [len(r) for r in rounds], binary, kv_gib, peer,
+                      timeout_s))
         run = {"failed": 0, "ttft_median_ms": 1.0, "ttft_p99_ms": 2.0, "tpot_median_ms": 3.0,
                "tpot_p99_ms": 4.0, "itl_p99_ms": 5.0, "output_tok_s": 6.0}
         return {"rounds": {"kvserve": [run] * 2, peer: [run] * 2},
                 "kvserve_over_peer": paired_ratios({"kvserve": [run] * 2, peer: [run] * 2},
                                                    "kvserve", peer)}
-    monkeypatch.setattr(serving, "run_serving_bench", lambda *a, peer: fake(*a, peer=peer))
+    monkeypatch.setattr(serving, "run_serving_bench", lambda *a, **kw: fake(*a, **kw))
     assert main(["bench", "serving", "--model", str(gguf), "--peer", "llama-server",
                  "--llama-server", "/bin/llama-server", "--workload", "mixed",
                  "--num-prompts", "3", "--rounds", "2", "--warmup-requests", "1",
-                 "--peer-kv-cache-gib", "2"]) == 0
-    assert calls == [(gguf, 1, [3, 3], "/bin/llama-server", 2.0, "llama-server")]
+                 "--peer-kv-cache-gib", "2", "--request-timeout", "900"]) == 0
+    assert calls == [(gguf, 1, [3, 3], "/bin/llama-server", 2.0, "llama-server", 900.0)]
     printed = capsys.readouterr().out
     assert "llama-server" in printed and "kvserve / llama-server" in printed
     with pytest.raises(SystemExit, match="--llama-server PATH"):
