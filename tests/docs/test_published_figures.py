@@ -105,3 +105,38 @@ def test_a_machine_with_only_a_startup_run_is_in_the_docs_not_the_readme(tmp_pat
 def test_the_performance_doc_stays_a_reference_under_15_kb():
     size = len((REPO / "docs" / "performance.md").read_bytes())
     assert size < 15_000, f"docs/performance.md is {size} bytes: a reference, not a diary"
+
+
+def test_a_newer_machines_quantized_serving_joins_the_readme_below_the_headline(tmp_path):
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    (results / "mixed.json").write_text(json.dumps(_compare_json("b" * 40, "2026-12-04", 1.2)))
+    run = {"failed": 0, "ttft_median_ms": 2000.0, "tpot_median_ms": 900.0}
+    ratio = {"median": 0.8, "min": 0.7, "max": 0.9, "rounds": 2, "per_round": [0.7, 0.9]}
+    serving = {"machine": {"cpu_model": "AMD EPYC", "cpu_family": 23, "cpu_model_number": 1,
+                           "vector_isa": "avx2", "physical_cores": 2, "commit": "c" * 40,
+                           "tree_dirty": False, "date_utc": "2026-12-06"},
+               "model": "bench-8b-q4_k_m.gguf",
+               "result": {"request_rate": 1.0, "requests_per_round": 4, "peer": "llama-server",
+                          "rounds": {"kvserve": [run] * 2, "llama-server": [run] * 2},
+                          "kvserve_over_peer": {k: ratio for k in ("tpot_p99_ms",
+                                                                   "tpot_median_ms",
+                                                                   "ttft_p99_ms")},
+                          "peers": {"llama-server": {"version": "b1"}}}}
+    (results / "serving-8b.json").write_text(json.dumps(serving))
+    readme = published.readme_section(published.load_results(tmp_path))
+    assert "Serving bench-8b-q4_k_m.gguf" not in readme  # no gguf-decode table to join
+    decode = {"machine": serving["machine"], "model": "bench-8b",
+              "result": {"threads": 2, "tokens": 64, "rounds": 3, "stream_bandwidth_gbs": 20.0,
+                         "files": {"bench-8b-q4_k_m.gguf": {
+                             "file_bytes": 4.9e9, "kvserve_tok_s": [2.5], "llamacpp_tok_s": [2.0],
+                             "ratio": ratio, "kvserve_vs_stream_floor": 1.9,
+                             "llamacpp_vs_stream_floor": 2.3}}}}
+    (results / "decode-8b.json").write_text(json.dumps(decode))
+    readme = published.readme_section(published.load_results(tmp_path))
+    headline, quantized = readme.split("**AMD EPYC (CPU family 23")
+    assert "| vLLM 0.32.0 CPU |" in headline  # the compare machine stays the headline
+    assert "| bench-8b Q4_K_M | 4.90 GB | 2.50 | 2.00 | 0.80x (0.70–0.90) |" in quantized
+    assert ("Serving bench-8b-q4_k_m.gguf at 1 request/s (4 requests a round, 2 rounds), "
+            "kvserve's latency over llama.cpp's llama-server's (\"b1\"): P99 TPOT 0.80x") \
+        in quantized

@@ -296,44 +296,50 @@ _GGUF_TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "bf16": "BF16"}
 
 
 def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
-    return [line for model in sorted(by_model)
-            for line in _gguf_decode_model_lines(by_model[model], base)]
-
-
-def _gguf_decode_model_lines(res: Result, base: str) -> list[str]:
-    d = res.data["result"]
-    build = d.get("llamacpp_build") or {}
-    lines = ["", f"| {res.data.get('model')}, one stream, {d['threads']} threads | file | "
+    """One table for every model's files; one note a model on how it was measured."""
+    models = [by_model[m] for m in sorted(by_model)]
+    threads = {r.data["result"]["threads"] for r in models}
+    lines = ["", f"| one stream, {'/'.join(map(str, sorted(threads)))} threads | file | "
              "kvserve tok/s | llama.cpp tok/s | kvserve against it | kvserve / floor | "
              "llama.cpp / floor |", "|---|---|---|---|---|---|---|"]
-    for name, f in d["files"].items():
-        kind = _GGUF_TYPES.get(name.removesuffix(".gguf").rsplit("-", 1)[-1], name)
-        median = {k: sorted(f[k])[len(f[k]) // 2] for k in ("kvserve_tok_s", "llamacpp_tok_s")}
-        lines.append(f"| {kind} | {f['file_bytes'] / 1e9:.2f} GB | {median['kvserve_tok_s']:.2f} "
-                     f"| {median['llamacpp_tok_s']:.2f} | {_ratio(f['ratio'])} | "
-                     f"{f['kvserve_vs_stream_floor']:.2f}x | "
-                     f"{f['llamacpp_vs_stream_floor']:.2f}x |")
-    lines += ["", f"Random weights (`make-model --format gguf-...`, quantized by "
-              f"llama-quantize); `llama-bench` tg{d['tokens']} "
-              f"(\"{build.get('version') or 'unknown'}\", GGML_NATIVE="
-              f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}); {d['rounds']} "
-              f"rounds; floor: a step's weight bytes over the streaming read, "
-              f"{d['stream_bandwidth_gbs']:.1f} GB/s (`bench gguf-decode`, "
-              f"{_provenance(res, base)})."]
-    return lines
+    notes = []
+    for res in models:
+        d = res.data["result"]
+        for name, f in d["files"].items():
+            kind = _GGUF_TYPES.get(name.removesuffix(".gguf").rsplit("-", 1)[-1], name)
+            median = {k: sorted(f[k])[len(f[k]) // 2]
+                      for k in ("kvserve_tok_s", "llamacpp_tok_s")}
+            lines.append(f"| {res.data.get('model')} {kind} | {f['file_bytes'] / 1e9:.2f} GB "
+                         f"| {median['kvserve_tok_s']:.2f} | {median['llamacpp_tok_s']:.2f} | "
+                         f"{_ratio(f['ratio'])} | {f['kvserve_vs_stream_floor']:.2f}x | "
+                         f"{f['llamacpp_vs_stream_floor']:.2f}x |")
+        build = d.get("llamacpp_build") or {}
+        notes.append(f"{res.data.get('model')}: tg{d['tokens']}, {d['rounds']} rounds, "
+                     f"{d['stream_bandwidth_gbs']:.1f} GB/s, llama.cpp "
+                     f"\"{build.get('version') or 'unknown'}\" (GGML_NATIVE="
+                     f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}), "
+                     f"{_provenance(res, base)}")
+    return lines + ["", "Random weights (`make-model --format gguf-...`, quantized by "
+                    "llama-quantize); llama.cpp: `llama-bench` tgN; floor: a step's weight "
+                    "bytes over the streaming read (`bench gguf-decode`; " + "; ".join(notes)
+                    + ")."]
 
 
 def machine_sections(results: Iterable[Result], base: str = ".",
-                     kinds: tuple[str, ...] = KINDS) -> list[list[str]]:
-    """Each machine's lines of the ``kinds`` of results it has, the machine measured last
-    first; ``base``: the folder of the document the links are written from, relative to
-    the repository."""
+                     kinds: tuple[str, ...] = KINDS, needs: str | None = None
+                     ) -> list[list[str]]:
+    """Each machine's lines of the ``kinds`` of results it has (in that order), the
+    machine measured last first, only machines with a result of kind ``needs`` if given;
+    ``base``: the folder of the document the links are written from, relative to the
+    repository."""
     lines_of = {"compare": _compare_lines, "serving": _serving_lines,
                 "startup": _startup_lines, "memory": _memory_lines, "moe": _moe_lines,
                 "sinks": _sinks_lines, "lora": _lora_lines,
                 "gguf_decode": _gguf_decode_lines}
     out = []
     for group in _by_machine(results):
+        if needs is not None and not getattr(group, needs):
+            continue
         present = [k for k in kinds if getattr(group, k)
                    and lines_of[k](getattr(group, k), base)]
         if not present:
@@ -349,13 +355,17 @@ def machine_sections(results: Iterable[Result], base: str = ".",
 
 def readme_section(results: list[Result]) -> str:
     """The README's "## Performance" section (heading included): the headline table of
-    the machine measured last."""
-    sections = machine_sections(results, kinds=("compare", "serving"))
+    the machine that ran ``bench compare`` last, with its serving figures; then the
+    quantized sizes (and their serving) of the machine that measured them last."""
+    sections = machine_sections(results, kinds=("compare", "serving"), needs="compare")
     body = sections[0] if sections else ["No figures are published for the current code."]
-    quantized = machine_sections(results, kinds=("gguf_decode",))
-    if quantized:  # the quantized sizes, from the machine that measured them last
-        body = [*body, "", *(quantized[0][2:] if quantized[0][0] == body[0]
-                             else quantized[0])]
+    quantized = machine_sections(results, kinds=("gguf_decode", "serving"), needs="gguf_decode")
+    if quantized:
+        if quantized[0][0] == body[0]:  # the same machine: its serving is shown already
+            quantized = machine_sections(results, kinds=("gguf_decode",), needs="gguf_decode")
+            body = [*body, "", *quantized[0][2:]]
+        else:
+            body = [*body, "", *quantized[0]]
     return "\n".join(["## Performance", "",
                       "From `kvserve bench` at the commit named with each figure; "
                       + STATISTIC.format(stats="docs/statistics.md") + ". Other machines, "
