@@ -41,18 +41,23 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     else:
         name = args.name
     if args.format != "hf":
+        from kvserve.bench.workloads.compressed_models import make_compressed_bench_model
         from kvserve.bench.workloads.gguf_models import make_gguf_bench_model
         from kvserve.bench.workloads.models import BENCH_MODELS
         from kvserve.default_model import default_model_dir
 
         if args.no_tokenizer:
-            raise SystemExit("kvserve: error: a GGUF file carries its tokenizer: "
-                             "--no-tokenizer applies to --format hf only")
+            raise SystemExit(f"kvserve: error: --format {args.format} writes the tokenizer "
+                             "beside the weights: --no-tokenizer applies to --format hf only")
         spec = name if isinstance(name, BenchModelSpec) else BENCH_MODELS[name]
+        tokenizer_dir = Path(args.tokenizer_dir or default_model_dir())
         try:
-            out = make_gguf_bench_model(spec, args.name, args.format, Path(args.out),
-                                        Path(args.tokenizer_dir or default_model_dir()),
-                                        args.llama_quantize)
+            if args.format.startswith("ct-"):
+                out = make_compressed_bench_model(spec, args.name, args.format,
+                                                  Path(args.out), tokenizer_dir)
+            else:
+                out = make_gguf_bench_model(spec, args.name, args.format, Path(args.out),
+                                            tokenizer_dir, args.llama_quantize)
         except (ValueError, RuntimeError) as exc:
             raise SystemExit(f"kvserve: error: {exc}") from None
     else:
