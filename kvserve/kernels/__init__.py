@@ -63,6 +63,7 @@ class Kernels:
                         torch.bfloat16: bind(lib, "rotary_bf16")}
         self._quantize_rows = bind(lib, "quantize_rows_int8")
         self._rescale_int32 = bind(lib, "rescale_int32")
+        self._int8_matmul = bind(lib, "int8_matmul")
         self._lora_rows = bind(lib, "lora_rows")
         self._gguf_rows = bind(lib, "gguf_rows")
         self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
@@ -323,6 +324,17 @@ class Kernels:
                             bias=0 if bias is None else bias.data_ptr(), out=out.data_ptr(),
                             rows=acc.shape[0], cols=acc.shape[1])
         return out
+
+    def int8_matmul(self, x, w):
+        """int32 [M, N] = x [M, K] int8 @ w [N, K] int8 transposed, summed exactly
+        (``torch._int_mm(x, w.t())``'s values)."""
+        if not (x.dtype == w.dtype == torch.int8 and x.is_contiguous() and w.is_contiguous()
+                and x.dim() == w.dim() == 2 and x.shape[1] == w.shape[1]):
+            raise ValueError("int8_matmul takes contiguous int8 x [M, K] and w [N, K]")
+        acc = torch.empty((x.shape[0], w.shape[0]), dtype=torch.int32)
+        self._int8_matmul(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], w=w.data_ptr(),
+                          n=w.shape[0], acc=acc.data_ptr())
+        return acc
 
 
 @functools.cache

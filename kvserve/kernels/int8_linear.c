@@ -73,3 +73,46 @@ void rescale_int32(const int32_t *acc, const float *row_scale, const float *col_
         }
     }
 }
+
+/* acc[r, j] = sum_i x[r, i] * w[j, i] for r < m, j < n, exactly in int32 (x [m, k] and
+ * w [n, k] int8, any values): torch._int_mm's sums, for CPUs whose int8 GEMM it runs
+ * without VNNI through a slow path. Each weight row is read once for MAX_INT8_ROWS rows
+ * of x at a time; products are widened to int16 and summed in pairs (madd), so no
+ * intermediate saturates. Threads split the weight rows. */
+#define MAX_INT8_ROWS 4
+void int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int64_t n,
+                 int32_t *acc) {
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        const int8_t *wj = w + j * k;
+        for (int64_t r0 = 0; r0 < m; r0 += MAX_INT8_ROWS) {
+            const int64_t rows = m - r0 < MAX_INT8_ROWS ? m - r0 : MAX_INT8_ROWS;
+            int32_t sums[MAX_INT8_ROWS] = {0, 0, 0, 0};
+            int64_t i = 0;
+#ifdef __AVX2__
+            __m256i s[MAX_INT8_ROWS];
+            for (int64_t r = 0; r < rows; r++) s[r] = _mm256_setzero_si256();
+            for (; i + 16 <= k; i += 16) {
+                const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wj + i)));
+                for (int64_t r = 0; r < rows; r++) {
+                    const __m256i xv = _mm256_cvtepi8_epi16(
+                        _mm_loadu_si128((const __m128i *)(x + (r0 + r) * k + i)));
+                    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(wv, xv));
+                }
+            }
+            for (int64_t r = 0; r < rows; r++) {
+                __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s[r]),
+                                          _mm256_extracti128_si256(s[r], 1));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+                sums[r] = _mm_cvtsi128_si32(t);
+            }
+#endif
+            for (int64_t r = 0; r < rows; r++) {
+                const int8_t *xr = x + (r0 + r) * k;
+                for (int64_t t = i; t < k; t++) sums[r] += (int32_t)xr[t] * (int32_t)wj[t];
+                acc[(r0 + r) * n + j] = sums[r];
+            }
+        }
+    }
+}

@@ -3,9 +3,9 @@
 ``--quantization int8`` stores each linear weight as int8 with one scale per output
 channel (symmetric: w ~= q * scale, |q| <= 127) and, at run time, quantizes each
 token's activations the same way with that token's own scale. The matmul runs on
-int8 x int8 -> int32 (``torch._int_mm``: oneDNN's VNNI / AVX2 integer kernels), which on
-this class of CPU multiplies several times faster than float32 GEMM and reads a
-quarter of the weight bytes. The int32 sums are exact, so a token's output depends on
+int8 x int8 -> int32: ``torch._int_mm`` (oneDNN's kernels) on a CPU with VNNI, else the
+native ``int8_matmul`` (without VNNI torch's int8 GEMM takes a path about a hundred
+times slower); it reads a quarter of float32's weight bytes. The int32 sums are exact, so a token's output depends on
 that token alone: results do not change with batch composition, and are reproduced
 exactly by a reference that quantizes the same way (``int8_reference_linear``).
 
@@ -19,6 +19,7 @@ leave them): the head is a small share of the FLOPs and most sensitive to roundi
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -60,6 +61,7 @@ class Int8LinearMethod(LinearMethod):
         self.out_dtype = out_dtype
         self.divisor = divisor  # each token's scale: max|x| / divisor
         self.native = None  # kvserve.kernels.Kernels (quantize / rescale passes) when configured
+        self.sums = None  # kvserve.kernels.Kernels when its int8_matmul makes the int32 sums
 
     @classmethod
     def install(cls, layer: nn.Linear) -> Int8LinearMethod:
@@ -100,20 +102,40 @@ class Int8LinearMethod(LinearMethod):
         # the native rounding pass divides by 127
         self.native = (mode.kernels if self.out_dtype in (None, torch.float32)
                        and self.divisor == _QMAX else None)
+        # the int32 sums: torch._int_mm where the CPU has VNNI, else the native kernel
+        # (without VNNI torch's int8 GEMM takes a path ~100x slower at decode rows)
+        kernels = getattr(mode, "kernels", None)
+        self.sums = kernels if kernels is not None and not cpu_has_vnni() else None
         if self.out_dtype is None and layer.weight_scale.dtype != torch.float32:
             layer.weight_scale = layer.weight_scale.float()
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None and x.dtype == torch.float32:
             xq, x_scale = self.native.quantize_rows(x.contiguous())
-            acc = torch._int_mm(xq, layer.qweight.t())
+            acc = self._int32_sums(xq, layer.qweight)
             return self.native.rescale_int32(acc, x_scale, layer.weight_scale, layer.bias)
         xq, x_scale = quantize_rows(x, self.divisor)
-        acc = torch._int_mm(xq, layer.qweight.t())
+        acc = self._int32_sums(xq, layer.qweight)
         out = acc.float() * x_scale[:, None] * layer.weight_scale[None, :]
         if layer.bias is not None:
             out = out + layer.bias.float()
         return out.to(self.out_dtype or x.dtype)
+
+
+    def _int32_sums(self, xq: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+        if self.sums is not None and xq.device.type == "cpu":
+            return self.sums.int8_matmul(xq.contiguous(), qweight)
+        return torch._int_mm(xq, qweight.t())
+
+
+@functools.cache
+def cpu_has_vnni() -> bool:
+    """True when the CPU has int8 dot-product instructions (AVX512-VNNI, AVX-VNNI, AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 @functools.cache

@@ -164,3 +164,22 @@ def test_quantization_setting_is_validated():
     from kvserve.engine.engine_args import EngineArgs
     with pytest.raises(ValueError, match=r"quantization must be one of \['int8'\]"):
         EngineArgs(quantization="fp4")
+
+
+@pytest.mark.parametrize("vnni", [False, True])
+def test_the_int32_sums_come_from_torch_only_with_vnni(vnni, monkeypatch):
+    from kvserve.model import quantization
+    monkeypatch.setattr(quantization, "cpu_has_vnni", lambda: vnni)
+    torch.manual_seed(3)
+    dense = Linear(96, 40, bias=True)
+    layer = _int8(dense)
+    layer.configure(ExecutionMode(kernels=_native()))
+    assert (layer.method.sums is None) == vnni
+    calls = []
+    real = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape) or real(a, b))
+    x = torch.randn(5, 96)
+    got = layer(x)
+    assert bool(calls) == vnni  # without VNNI torch's int8 GEMM is never called
+    torch.testing.assert_close(got, int8_reference_linear(x, dense.weight, dense.bias),
+                               rtol=1e-5, atol=1e-5)
