@@ -8,6 +8,7 @@ a tuning plan measured over these kernels keys itself by it too.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -61,6 +62,25 @@ def missing_compiler_reason() -> str:
     named = os.environ.get("CC")
     looked = f"CC={named} not found" if named else "neither cc nor gcc on PATH"
     return f"{NO_COMPILER} ({looked})"
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_has_any(*flags: str) -> bool:
+    """Whether the CPU reports any of ``flags`` (/proc/cpuinfo's names; False where
+    there is none)."""
+    return not _cpu_flags().isdisjoint(flags)
 
 
 def cpu_identity() -> str:

@@ -18,6 +18,7 @@ from torch import nn
 from kvserve.model.compressed import (CompressedConfig, Int4LinearMethod, compressed_weights,
                                      read_compressed_config)
 from kvserve.model.compressed.scheme import stored_format as compressed_format
+from kvserve.kernels.build import cpu_has_any
 from kvserve.model.config import ArchConfig
 from kvserve.model.gguf import GGUF_MARKER, gguf_tensor_kinds, gguf_weights
 from kvserve.model.gguf.checkpoint import stored_format as gguf_format
@@ -34,11 +35,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def cpu_has_bf16() -> bool:
     """True when the CPU computes bf16 in hardware (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return cpu_has_any("avx512_bf16", "amx_bf16")
 
 
 def resolve_dtype(requested: str, model_config: ArchConfig, device: str = "cpu"

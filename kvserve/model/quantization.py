@@ -19,12 +19,12 @@ leave them): the head is a small share of the FLOPs and most sensitive to roundi
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from kvserve.config.validate import choice
+from kvserve.kernels.build import cpu_has_any
 from kvserve.model.layers import Linear
 from kvserve.model.linear_method import LinearMethod
 
@@ -128,14 +128,9 @@ class Int8LinearMethod(LinearMethod):
         return torch._int_mm(xq, qweight.t())
 
 
-@functools.cache
 def cpu_has_vnni() -> bool:
     """True when the CPU has int8 dot-product instructions (AVX512-VNNI, AVX-VNNI, AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+    return cpu_has_any("avx512_vnni", "avx_vnni", "amx_int8")
 
 
 @functools.cache
