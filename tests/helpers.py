@@ -179,6 +179,34 @@ def hf_logprobs(model_dir: str, prompt: list[int], continuation: list[int],
     return logits.float().log_softmax(-1)
 
 
+# nats, on a W8A8 checkpoint's greedy continuations: the median and the worst difference
+# from compressed-tensors' logprobs (wide random weights put logits in the tens, so one
+# activation code rounded the other way moves a logprob by a tenth of a nat)
+W8A8_TOLERANCE = {"median": 0.01, "worst": 0.25}
+
+
+@torch.inference_mode()
+def w8a8_logprob_differences(reference, llm, prompts: list[list[int]], max_new_tokens: int
+                             ) -> torch.Tensor:
+    """|kvserve's logprob - ``reference``'s| of each token of ``reference``'s greedy
+    continuations of ``prompts``, teacher-forced: both round each token's activations to
+    int8 alike; kvserve sums the int8 products exactly, compressed-tensors multiplies the
+    dequantized values in float, so they differ by float rounding only (a value on a
+    rounding boundary may round the other way, and a near-tie may break the other way)."""
+    from kvserve import SamplingParams
+    diffs = []
+    for prompt in prompts:
+        seq = reference.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, do_sample=False)[0]
+        theirs = reference(seq[None]).logits[0, :-1].float().log_softmax(-1)
+        out = llm.generate([{"prompt_token_ids": seq.tolist()}],
+                           SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))[0]
+        for i in range(len(prompt), len(seq)):
+            ours = out.prompt_logprobs[i][int(seq[i])].logprob
+            diffs.append(abs(ours - float(theirs[i - 1, seq[i]])))
+    return torch.tensor(diffs)
+
+
 def int8_reference_transform(model) -> None:
     """Give a transformers model kvserve's int8 arithmetic in every linear layer but the
     LM head (``--quantization int8``'s oracle)."""

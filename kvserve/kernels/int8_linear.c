@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "vec_math.h"
 
 /* q[r, :] = clamp(rint(x[r, :] / scale[r]), -127, 127), scale[r] = max|x[r, :]| / 127
@@ -77,11 +78,29 @@ void rescale_int32(const int32_t *acc, const float *row_scale, const float *col_
 /* acc[r, j] = sum_i x[r, i] * w[j, i] for r < m, j < n, exactly in int32 (x [m, k] and
  * w [n, k] int8, any values): torch._int_mm's sums, for CPUs whose int8 GEMM it runs
  * without VNNI through a slow path. Each weight row is read once for MAX_INT8_ROWS rows
- * of x at a time; products are widened to int16 and summed in pairs (madd), so no
- * intermediate saturates. Threads split the weight rows. */
+ * of x at a time. 32 products at a time as |w| (unsigned) times x carrying w's sign,
+ * summed in pairs to int16 (vpmaddubsw), then in int32: exact while |x| <= 127, so an
+ * activation of -128 is taken as -127 and each weight it met is subtracted once more
+ * (-128 * w = -127 * w - w). Threads split the weight rows. */
 #define MAX_INT8_ROWS 4
 void int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int64_t n,
                  int32_t *acc) {
+    /* x with -128 raised to -127, and each row's columns that held -128 */
+    int8_t *xc = malloc((size_t)(m * k));
+    int64_t *low_first = malloc((size_t)(m + 1) * sizeof(int64_t));
+    int64_t lows = 0;
+    for (int64_t t = 0; t < m * k; t++) lows += x[t] == -128;
+    int64_t *low_cols = malloc((size_t)(lows > 0 ? lows : 1) * sizeof(int64_t));
+    lows = 0;
+    for (int64_t r = 0; r < m; r++) {
+        low_first[r] = lows;
+        for (int64_t i = 0; i < k; i++) {
+            const int8_t v = x[r * k + i];
+            if (v == -128) low_cols[lows++] = i;
+            xc[r * k + i] = v == -128 ? -127 : v;
+        }
+    }
+    low_first[m] = lows;
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < n; j++) {
         const int8_t *wj = w + j * k;
@@ -90,14 +109,17 @@ void int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int64_t
             int32_t sums[MAX_INT8_ROWS] = {0, 0, 0, 0};
             int64_t i = 0;
 #ifdef __AVX2__
+            const __m256i ones = _mm256_set1_epi16(1);
             __m256i s[MAX_INT8_ROWS];
             for (int64_t r = 0; r < rows; r++) s[r] = _mm256_setzero_si256();
-            for (; i + 16 <= k; i += 16) {
-                const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wj + i)));
+            for (; i + 32 <= k; i += 32) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(wj + i));
+                const __m256i aw = _mm256_abs_epi8(wv);
                 for (int64_t r = 0; r < rows; r++) {
-                    const __m256i xv = _mm256_cvtepi8_epi16(
-                        _mm_loadu_si128((const __m128i *)(x + (r0 + r) * k + i)));
-                    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(wv, xv));
+                    const __m256i xv = _mm256_sign_epi8(
+                        _mm256_loadu_si256((const __m256i *)(xc + (r0 + r) * k + i)), wv);
+                    s[r] = _mm256_add_epi32(
+                        s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
                 }
             }
             for (int64_t r = 0; r < rows; r++) {
@@ -109,10 +131,15 @@ void int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int64_t
             }
 #endif
             for (int64_t r = 0; r < rows; r++) {
-                const int8_t *xr = x + (r0 + r) * k;
+                const int8_t *xr = xc + (r0 + r) * k;
                 for (int64_t t = i; t < k; t++) sums[r] += (int32_t)xr[t] * (int32_t)wj[t];
+                for (int64_t c = low_first[r0 + r]; c < low_first[r0 + r + 1]; c++)
+                    sums[r] -= wj[low_cols[c]];
                 acc[(r0 + r) * n + j] = sums[r];
             }
         }
     }
+    free(xc);
+    free(low_first);
+    free(low_cols);
 }

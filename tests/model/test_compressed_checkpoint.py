@@ -17,7 +17,7 @@ from kvserve import LLM, SamplingParams
 from kvserve.model.compressed import Int4LinearMethod
 from kvserve.model.quantization import Int8LinearMethod
 from tests.format_tools import compress_checkpoint, llmcompressor_python
-from tests.helpers import prompts_of_lengths
+from tests.helpers import W8A8_TOLERANCE, prompts_of_lengths, w8a8_logprob_differences
 
 pytestmark = pytest.mark.slow
 LENGTHS = [5, 17, 30, 9]  # prompts of more than 8 rows run the dequantized tiles
@@ -84,32 +84,11 @@ def test_greedy_tokens_equal_transformers_on_the_same_checkpoint(checkpoints, sc
         assert qkv.scales.shape == (qkv.out_features, qkv.in_features // 128)
 
 
-# nats, on the generated tokens' logprobs: the median, and the worst (the test model's
-# wide weights put its logits in the tens, so one activation code rounded the other way
-# moves a logprob by a tenth of a nat)
-W8A8_TOLERANCE = {"median": 0.01, "worst": 0.25}
-
-
-@torch.inference_mode()
 def test_w8a8_logprobs_stay_within_a_stated_tolerance_of_compressed_tensors(checkpoints):
-    """Both round each token to int8 alike (max|x| / 127.5); kvserve sums the int8
-    products exactly, compressed-tensors multiplies the dequantized values in float: the
-    logprobs of transformers' greedy continuations differ by float rounding only (a
-    value on a rounding boundary may round the other way)."""
-    diffs = []
     model_dir = checkpoints("W8A8")
-    reference = transformers_model(model_dir)
-    llm = LLM(model_dir, num_kv_blocks=64)
-    for prompt in prompts_of_lengths(LENGTHS):
-        seq = reference.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS,
-                                 do_sample=False)[0]
-        theirs = reference(seq[None]).logits[0, :-1].float().log_softmax(-1)
-        out = llm.generate([{"prompt_token_ids": seq.tolist()}],
-                           SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))[0]
-        for i in range(len(prompt), len(seq)):
-            ours = out.prompt_logprobs[i][int(seq[i])].logprob
-            diffs.append(abs(ours - float(theirs[i - 1, seq[i]])))
-    diffs = torch.tensor(diffs)
+    diffs = w8a8_logprob_differences(transformers_model(model_dir),
+                                     LLM(model_dir, num_kv_blocks=64),
+                                     prompts_of_lengths(LENGTHS), MAX_TOKENS)
     print(f"W8A8 logprob differences: median {diffs.median():.4f}, worst {diffs.max():.4f}")
     assert diffs.median() < W8A8_TOLERANCE["median"] and diffs.max() < W8A8_TOLERANCE["worst"]
 

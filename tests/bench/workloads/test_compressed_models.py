@@ -14,7 +14,7 @@ from kvserve.bench.workloads.compressed_models import int4_group_packed, \
 from kvserve.bench.workloads.models import BenchModelSpec
 from kvserve.default_model import default_model_dir
 from kvserve.model.compressed.scheme import Scheme, read_compressed_config
-from tests.helpers import prompts_of_lengths
+from tests.helpers import W8A8_TOLERANCE, prompts_of_lengths, w8a8_logprob_differences
 
 TINY = BenchModelSpec(256, 2, 4, 2, 512, vocab_size=8320)
 LENGTHS = [5, 17, 30]
@@ -38,9 +38,8 @@ def checkpoint(tmp_path_factory):
     return make
 
 
-@pytest.mark.parametrize("fmt, scheme", [("ct-w8a8", Scheme("w8a8")),
-                                         ("ct-w4a16", Scheme("w4a16", group=128))])
-def test_kvserve_and_transformers_read_the_checkpoint_alike(checkpoint, fmt, scheme):
+def written_and_read(checkpoint, fmt: str, scheme: Scheme):
+    """The checkpoint ``fmt``, checked as written; transformers' model of it and kvserve's."""
     from transformers import AutoModelForCausalLM
     out = checkpoint(fmt)
     config = read_compressed_config(out)
@@ -49,7 +48,11 @@ def test_kvserve_and_transformers_read_the_checkpoint_alike(checkpoint, fmt, sch
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     assert index["lm_head.weight"] == "model-00002.safetensors"
     reference = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    llm = LLM(str(out), num_kv_blocks=64)
+    return reference, LLM(str(out), num_kv_blocks=64)
+
+
+def test_kvserve_and_transformers_read_the_w4a16_checkpoint_alike(checkpoint):
+    reference, llm = written_and_read(checkpoint, "ct-w4a16", Scheme("w4a16", group=128))
     prompts = prompts_of_lengths(LENGTHS)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
@@ -57,6 +60,13 @@ def test_kvserve_and_transformers_read_the_checkpoint_alike(checkpoint, fmt, sch
         want = [reference.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False,
                                    min_new_tokens=8)[0, len(p):].tolist() for p in prompts]
     assert [o.outputs[0].token_ids for o in outs] == want
+
+
+def test_kvserve_and_transformers_read_the_w8a8_checkpoint_alike(checkpoint):
+    """int8 activations: logprobs within the stated tolerance, not greedy identity."""
+    reference, llm = written_and_read(checkpoint, "ct-w8a8", Scheme("w8a8"))
+    diffs = w8a8_logprob_differences(reference, llm, prompts_of_lengths(LENGTHS), 8)
+    assert diffs.median() < W8A8_TOLERANCE["median"] and diffs.max() < W8A8_TOLERANCE["worst"]
 
 
 def test_a_shape_not_in_whole_groups_is_refused(tmp_path):
