@@ -23,7 +23,7 @@ __all__ = ["add_bench_parser", "main"]
 
 
 def _add_make_model(sub: Any) -> None:
-    from kvserve.bench.workloads.compressed_models import CT_FORMATS
+    from kvserve.bench.workloads.compressed_models import SAFETENSORS_FORMATS
     from kvserve.bench.workloads.gguf_models import GGUF_FORMATS
     from kvserve.bench.workloads.models import BENCH_MODELS
 
@@ -32,11 +32,13 @@ def _add_make_model(sub: Any) -> None:
                                    "custom Llama shape, with the embedded model's tokenizer.")
     p.add_argument("name", choices=[*BENCH_MODELS, "custom"])
     p.add_argument("--out", required=True, help="output directory (a file for GGUF)")
-    p.add_argument("--format", default="hf", choices=["hf", *GGUF_FORMATS, *CT_FORMATS],
-                   help="hf: a float32 Hugging Face directory (default); gguf-*: one GGUF "
-                        "file written in bfloat16 without a float32 copy, quantized by "
-                        "llama-quantize for q8_0 and q4_k_m; ct-*: a compressed-tensors "
-                        "checkpoint (W8A8, or W4A16 in groups of 128), one tensor at a time")
+    p.add_argument("--format", default="hf", choices=["hf", *GGUF_FORMATS,
+                                                      *SAFETENSORS_FORMATS],
+                   help="hf: a float32 Hugging Face directory (default); hf-bf16: one in "
+                        "bfloat16; gguf-*: one GGUF file written in bfloat16 without a "
+                        "float32 copy, quantized by llama-quantize for q8_0 and q4_k_m; "
+                        "ct-*: a compressed-tensors checkpoint (W8A8, or W4A16 in groups of "
+                        "128); hf-bf16 and ct-* are written one tensor at a time")
     p.add_argument("--llama-quantize", default=None, metavar="PATH",
                    help="llama.cpp's llama-quantize binary (gguf-q8_0, gguf-q4_k_m)")
     p.add_argument("--tokenizer-dir", default=None,

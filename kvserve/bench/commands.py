@@ -41,7 +41,8 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     else:
         name = args.name
     if args.format != "hf":
-        from kvserve.bench.workloads.compressed_models import make_compressed_bench_model
+        from kvserve.bench.workloads.compressed_models import SAFETENSORS_FORMATS, \
+            make_compressed_bench_model
         from kvserve.bench.workloads.gguf_models import make_gguf_bench_model
         from kvserve.bench.workloads.models import BENCH_MODELS
         from kvserve.default_model import default_model_dir
@@ -52,7 +53,7 @@ def cmd_make_model(args: argparse.Namespace) -> int:
         spec = name if isinstance(name, BenchModelSpec) else BENCH_MODELS[name]
         tokenizer_dir = Path(args.tokenizer_dir or default_model_dir())
         try:
-            if args.format.startswith("ct-"):
+            if args.format in SAFETENSORS_FORMATS:
                 out = make_compressed_bench_model(spec, args.name, args.format,
                                                   Path(args.out), tokenizer_dir)
             else:

@@ -34,6 +34,9 @@ class ModelConfig:
     # a GGUF file's quantized layers on decode rows: int8 (activations rounded to int8 per
     # 32 values, integer products, as llama.cpp) or float (dequantize-then-multiply's sums)
     gguf_activations: str = "int8"
+    # a 16-bit checkpoint's weights kept in 16 bits, computed in float32 (dtype auto on a
+    # CPU without bf16 hardware: kvserve.model.loader.keeps_16bit_weights)
+    weights_16bit: bool = False
     tokenizer_dir: Path | None = None  # another tokenizer's directory (None: the model's)
 
     @property

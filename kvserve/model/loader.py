@@ -41,17 +41,30 @@ def cpu_has_bf16() -> bool:
 def resolve_dtype(requested: str, model_config: ArchConfig, device: str = "cpu"
                   ) -> torch.dtype:
     """``auto``: on a GPU, float16 for a float16 checkpoint and bfloat16 for any other;
-    on the CPU, the checkpoint's dtype if this CPU runs it fast, else float32."""
+    on the CPU, the checkpoint's dtype if this CPU runs it fast, else float32 (see
+    ``keeps_16bit_weights``)."""
     if requested != "auto":
         return _DTYPES[requested]
     wanted = _DTYPES.get(model_config.torch_dtype.replace("torch.", ""), torch.float32)
     if device == "cuda":
         return torch.float16 if wanted == torch.float16 else torch.bfloat16
     if wanted in (torch.bfloat16, torch.float16) and not cpu_has_bf16():
-        logger.info("checkpoint dtype %s has no hardware support on this CPU: using float32",
-                    model_config.torch_dtype)
+        logger.info("checkpoint dtype %s has no hardware support on this CPU: computing in "
+                    "float32 on its 16-bit weights", model_config.torch_dtype)
         return torch.float32
     return wanted
+
+
+def keeps_16bit_weights(requested: str, model_config: ArchConfig, device: str = "cpu",
+                        quantization: str | None = None) -> bool:
+    """Whether a 16-bit checkpoint's weights stay 16-bit, computed in float32: ``auto`` on
+    a CPU without bf16 hardware. Decoding reads every weight each step, so two bytes a
+    weight halve its time and the memory; the kernels widen them in registers (an
+    explicit ``float32`` widens them all at load instead; ``--quantization`` quantizes
+    float32 weights)."""
+    return (requested == "auto" and device == "cpu" and quantization is None
+            and model_config.torch_dtype.replace("torch.", "") in ("bfloat16", "float16")
+            and resolve_dtype(requested, model_config, device) == torch.float32)
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -94,11 +107,14 @@ def stored_format(model_dir: Path, gguf_activations: str) -> str | None:
 
 def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dtype,
                 quantization: str | None = None, tp=None,
-                device: torch.device | str = "cpu", gguf_activations: str = "int8"
-                ) -> nn.Module:
+                device: torch.device | str = "cpu", gguf_activations: str = "int8",
+                weights_16bit: bool = False) -> nn.Module:
     """The checkpoint's model in ``dtype``, its linear layers quantized if asked; with
     ``tp`` (a TensorParallelGroup), this rank's share of it; its weights read straight
-    into ``device``'s memory. ``gguf_activations``: ModelConfig.gguf_activations."""
+    into ``device``'s memory. ``gguf_activations``: ModelConfig.gguf_activations.
+    ``weights_16bit`` (ModelConfig.weights_16bit): the linear layers and the token
+    embedding the checkpoint stores in bfloat16 or float16 keep those bytes, as a GGUF
+    file's BF16/F16 rows (the same layout), computed on by the same kernels."""
     model_dir = Path(model_dir)
     cls = MODELS[model_config.architecture]
     with torch.device("meta"):
@@ -122,15 +138,19 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
                              " is not supported with it")
         files = weight_files(model_dir)
         quantized = _install_compressed_methods(model, compressed, files)
+        kept = _install_16bit_methods(model, files, quantized) if weights_16bit else {}
         model = model.to_empty(device=device)
         rename = getattr(model, "checkpoint_name", lambda n: n)
-        _load_weights(model, compressed_weights(
+        weights = compressed_weights(
             iter_weights(files), compressed,
-            lambda module: checkpoint_target(model, rename(f"{module}.weight"))[0] in quantized),
-            quantized)
+            lambda module: checkpoint_target(model, rename(f"{module}.weight"))[0] in quantized)
+        _load_weights(model, _as_16bit_rows(model, weights, kept), {**quantized, **kept})
     else:
+        files = weight_files(model_dir)
+        use_16bit = weights_16bit and tp is None and quantization is None
+        kept = _install_16bit_methods(model, files) if use_16bit else {}
         model = model.to_empty(device=device)
-        _load_weights(model, iter_weights(weight_files(model_dir)))
+        _load_weights(model, _as_16bit_rows(model, iter_weights(files), kept), kept)
     if hasattr(model, "make_rotaries"):  # buffers are not in checkpoints: made for real
         model.make_rotaries()
     if hasattr(model, "after_load"):  # what the model computes once from its weights
@@ -181,6 +201,49 @@ def _install_block_methods(model: nn.Module, kinds: dict[str, str]
             GGUFLinearMethod.install(layer, rows)
             loaders[target] = functools.partial(layer.method.load, layer)
     return loaders
+
+
+_16BIT_KINDS = {"BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _install_16bit_methods(model: nn.Module, files: list[Path], taken: dict | None = None
+                           ) -> dict[str, Callable[[int | None, object], None]]:
+    """The linear layers and token embedding whose checkpoint tensors are stored in
+    bfloat16 or float16 (and not already ``taken`` by another method) computed on those
+    16-bit rows, as a GGUF file's BF16/F16 tensors are. Returns what loads them."""
+    transposed = tuple(getattr(model, "transposed_params", ()))
+    kinds: dict[str, str] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                if (piece.get_dtype() in _16BIT_KINDS and len(piece.get_shape()) == 2
+                        and not name.endswith(transposed)):
+                    kinds[name] = piece.get_dtype()
+    rename = getattr(model, "checkpoint_name", lambda n: n)
+    taken = taken or {}
+    kinds = {n: k for n, k in kinds.items()
+             if checkpoint_target(model, rename(n))[0] not in taken}
+    return _install_block_methods(model, kinds)
+
+
+def _as_16bit_rows(model: nn.Module, weights: Iterator[tuple[str, object, Path]],
+                   kept: dict[str, Callable]) -> Iterator[tuple[str, object, Path]]:
+    """The checkpoint's tensors, those loading into ``kept`` layers as 16-bit rows
+    (BlockWeight of kind BF16/F16: the tensor's own bytes); a tied LM head's own copy
+    is dropped where the head computes on the embedding's rows."""
+    rename = getattr(model, "checkpoint_name", lambda n: n)
+    tied = model.config.tie_word_embeddings and "model.embed_tokens.weight" in kept
+    for name, tensor, path in weights:
+        target = checkpoint_target(model, rename(name))[0]
+        if tied and target == "lm_head.weight":
+            continue
+        if target in kept and isinstance(tensor, torch.Tensor):
+            kind = next((k for k, d in _16BIT_KINDS.items() if d == tensor.dtype), None)
+            if kind is not None:
+                rows = tensor.contiguous()
+                tensor = BlockWeight(kind, rows.view(torch.uint8), rows.shape[1])
+        yield name, tensor, path
 
 
 def _install_compressed_methods(model: nn.Module, config: CompressedConfig, files: list[Path]

@@ -12,7 +12,7 @@ from kvserve.model.compressed import read_compressed_config
 from kvserve.model.gguf import is_gguf, prepare_gguf
 from kvserve.model.registry import read_arch_config
 from kvserve.model.generation_config import sampling_defaults
-from kvserve.model.loader import resolve_dtype
+from kvserve.model.loader import keeps_16bit_weights, resolve_dtype
 from kvserve.model.quantization import check_quantization
 
 
@@ -106,6 +106,7 @@ def create_model_config(model: str | None, *, dtype: str, max_model_len: int | N
                              "tokenizer.json")
     return ModelConfig(model_dir, arch, resolve_dtype(dtype, arch, device), wanted,
                        quantization, gguf_activations=gguf_activations,
+                       weights_16bit=keeps_16bit_weights(dtype, arch, device, quantization),
                        tokenizer_dir=tokenizer_dir, seed=seed,
                        generation_config=generation_config, runner=runner,
                        sampling_defaults=sampling_defaults(generation_config, model_dir))

@@ -68,7 +68,7 @@ class CPUWorker(Worker):
         start = time.perf_counter()
         self.model = model if model is not None else load_model(
             model_cfg.model_dir, model_cfg.arch, model_cfg.dtype, model_cfg.quantization, tp,
-            gguf_activations=model_cfg.gguf_activations)
+            gguf_activations=model_cfg.gguf_activations, weights_16bit=model_cfg.weights_16bit)
         self.mode = ExecutionMode(kernels=self.kernels, packed_linear=worker_cfg.native_kernels,
                                   linear_min_rows=worker_cfg.linear_min_rows or 1)
         configure_layers(self.model, self.mode)

@@ -83,13 +83,14 @@ def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return tensor.zero_()
 
 
-def _tensors(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:
-    """(owner, attribute, tensor) for every distinct contiguous tensor of the model:
-    parameters, buffers and packed linear weights held as plain tensors (a tied weight
-    once), but not the dense weight of a layer packed in panels (the panels have a
-    buffer of their own). oneDNN's packed float32 weights are its own opaque tensors,
-    which stay in its memory."""
-    found, seen = [], set()
+def _tensors(model: nn.Module) -> list[tuple[list[tuple[object, str]], torch.Tensor]]:
+    """(owners, tensor) for every distinct contiguous tensor of the model, each owner an
+    (object, attribute) holding it: parameters, buffers and packed linear weights held as
+    plain tensors (a tied weight once, with every holder: a tied LM head's buffer is the
+    token embedding's), but not the dense weight of a layer packed in panels (the panels
+    have a buffer of their own). oneDNN's packed float32 weights are its own opaque
+    tensors, which stay in its memory."""
+    found: dict[int, tuple[list[tuple[object, str]], torch.Tensor]] = {}
     for module in model.modules():
         slots = [(module, name, t) for name, t in
                  [*module._parameters.items(), *module._buffers.items()]]
@@ -102,11 +103,8 @@ def _tensors(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:
                 continue
             if name == "weight" and getattr(method, "panel_weight", None) is not None:
                 continue  # the panels hold it; left out, it can be let go on its own
-            key = t.data_ptr()
-            if key not in seen:
-                seen.add(key)
-                found.append((owner, name, t))
-    return found
+            found.setdefault(t.data_ptr(), ([], t))[0].append((owner, name))
+    return list(found.values())
 
 
 def aligned_size(n: int) -> int:
@@ -123,18 +121,19 @@ def move_to_huge_pages(model: nn.Module) -> int:
     tensors = _tensors(model)
     if not tensors or getattr(model, "_huge_page_buffer", None) is not None:
         return 0
-    buffer = HugePageBuffer(sum(aligned_size(t.numel() * t.element_size()) for *_, t in tensors))
+    buffer = HugePageBuffer(sum(aligned_size(t.numel() * t.element_size()) for _, t in tensors))
     moved = 0
     while tensors:  # each old tensor let go once copied: peak memory is one tensor more
-        owner, name, t = tensors.pop(0)
+        owners, t = tensors.pop(0)
         copy = buffer.take(tuple(t.shape), t.dtype)
         copy.copy_(t)
-        if isinstance(owner, nn.Module) and name in owner._parameters:
-            owner._parameters[name].data = copy
-        elif isinstance(owner, nn.Module) and name in owner._buffers:
-            owner._buffers[name] = copy
-        else:
-            setattr(owner, name, copy)
+        for owner, name in owners:
+            if isinstance(owner, nn.Module) and name in owner._parameters:
+                owner._parameters[name].data = copy
+            elif isinstance(owner, nn.Module) and name in owner._buffers:
+                owner._buffers[name] = copy
+            else:
+                setattr(owner, name, copy)
         moved += t.numel() * t.element_size()
     model._huge_page_buffer = buffer
     return moved

@@ -114,6 +114,20 @@ def test_moving_keeps_the_model_and_its_ties(model_dirs):
     assert move_to_huge_pages(model) == 0  # already there: nothing copied again
 
 
+def test_a_buffer_two_modules_hold_is_moved_once_for_both(model_dirs, tmp_path):
+    """A tied head over 16-bit rows holds the token embedding's buffer (not a Parameter):
+    both hold the one copy afterwards, the old memory let go."""
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(model_dirs("llama3-tied"), dtype=torch.bfloat16
+                                         ).save_pretrained(tmp_path)
+    model = load_model(tmp_path, read_arch_config(tmp_path), torch.float32, weights_16bit=True)
+    rows = model.model.embed_tokens.gguf_blocks
+    assert model.lm_head.gguf_part0 is rows
+    move_to_huge_pages(model)
+    assert model.lm_head.gguf_part0 is model.model.embed_tokens.gguf_blocks
+    assert model.lm_head.gguf_part0.data_ptr() != rows.data_ptr()
+
+
 def test_no_huge_pages_keeps_torch_allocations(llama_dir):
     worker = LLM(llama_dir, huge_pages=False, num_threads=1).engine.worker
     assert not worker.huge_pages

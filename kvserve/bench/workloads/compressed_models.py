@@ -1,6 +1,7 @@
 """Bench models written straight as compressed-tensors checkpoints (``kvserve bench
 make-model NAME --format ct-w8a8|ct-w4a16``): the form llmcompressor saves and vLLM's CPU
-build loads, at sizes whose float32 copy would not fit.
+build loads, at sizes whose float32 copy would not fit; and, written the same way, as a
+plain bfloat16 checkpoint (``--format hf-bf16``, every weight in bfloat16).
 
 Each linear weight is drawn (normal, std 0.02) in float32 one tensor at a time, quantized
 as compressed-tensors stores its schemes, and written to its layer's safetensors shard;
@@ -30,6 +31,7 @@ from kvserve.bench.workloads.models import TOKENIZER_FILES, BenchModelSpec, _hf_
     _special_ids_from_tokenizer_dir
 
 CT_FORMATS = ("ct-w8a8", "ct-w4a16")
+SAFETENSORS_FORMATS = ("hf-bf16", *CT_FORMATS)  # what make_compressed_bench_model writes
 GROUP_SIZE = 128
 _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -92,6 +94,8 @@ def _linear_shapes(spec: BenchModelSpec) -> dict[str, tuple[int, int]]:
 
 
 def _quantized(fmt: str, name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    if fmt == "hf-bf16":
+        return {f"{name}.weight": w.to(torch.bfloat16)}
     if fmt == "ct-w8a8":
         codes, scale = int8_channel(w)
         return {f"{name}.weight": codes, f"{name}.weight_scale": scale.to(torch.bfloat16)}
@@ -107,11 +111,12 @@ def _bfloat16(shape: tuple[int, int], seed: int) -> torch.Tensor:
 def make_compressed_bench_model(spec: BenchModelSpec, name: str, fmt: str, out: Path,
                                 tokenizer_dir: Path, seed: int = 0, progress: bool = True
                                 ) -> Path:
-    """The bench model ``spec`` as a compressed-tensors checkpoint in ``out``."""
+    """The bench model ``spec`` as a compressed-tensors checkpoint in ``out`` (``fmt`` one
+    of CT_FORMATS), or as a bfloat16 one (hf-bf16)."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    config_quant = quantization_config(fmt)
+    config_quant = None if fmt == "hf-bf16" else quantization_config(fmt)
     if spec.architecture != "llama":
         raise ValueError(f"compressed-tensors bench models are Llamas; {name} is "
                          f"{spec.architecture}")
@@ -120,8 +125,9 @@ def make_compressed_bench_model(spec: BenchModelSpec, name: str, fmt: str, out: 
     tokenizer_dir = Path(tokenizer_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = _hf_config(spec, _special_ids_from_tokenizer_dir(tokenizer_dir)).to_dict()
-    config.update(architectures=["LlamaForCausalLM"], dtype="bfloat16",
-                  quantization_config=config_quant)
+    config.update(architectures=["LlamaForCausalLM"], dtype="bfloat16")
+    if config_quant is not None:
+        config.update(quantization_config=config_quant)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     gen = torch.Generator().manual_seed(seed)
     shapes = _linear_shapes(spec)

@@ -51,8 +51,7 @@ def written_and_read(checkpoint, fmt: str, scheme: Scheme):
     return reference, LLM(str(out), num_kv_blocks=64)
 
 
-def test_kvserve_and_transformers_read_the_w4a16_checkpoint_alike(checkpoint):
-    reference, llm = written_and_read(checkpoint, "ct-w4a16", Scheme("w4a16", group=128))
+def assert_greedy_tokens_equal(reference, llm) -> None:
     prompts = prompts_of_lengths(LENGTHS)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
@@ -60,6 +59,11 @@ def test_kvserve_and_transformers_read_the_w4a16_checkpoint_alike(checkpoint):
         want = [reference.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False,
                                    min_new_tokens=8)[0, len(p):].tolist() for p in prompts]
     assert [o.outputs[0].token_ids for o in outs] == want
+
+
+def test_kvserve_and_transformers_read_the_w4a16_checkpoint_alike(checkpoint):
+    reference, llm = written_and_read(checkpoint, "ct-w4a16", Scheme("w4a16", group=128))
+    assert_greedy_tokens_equal(reference, llm)
 
 
 def test_kvserve_and_transformers_read_the_w8a8_checkpoint_alike(checkpoint):
@@ -75,3 +79,19 @@ def test_a_shape_not_in_whole_groups_is_refused(tmp_path):
                                     "odd", "ct-w4a16", tmp_path / "odd", default_model_dir())
     with pytest.raises(ValueError, match="one of ct-w8a8, ct-w4a16"):
         make_compressed_bench_model(TINY, "tiny", "ct-fp8", tmp_path / "x", default_model_dir())
+
+
+def test_a_bfloat16_checkpoint_is_written_one_tensor_at_a_time(checkpoint, monkeypatch):
+    """hf-bf16: every weight bfloat16, no quantization_config; kvserve (keeping the
+    16-bit weights, as on a CPU without bf16 hardware) and transformers in float32 agree."""
+    from transformers import AutoModelForCausalLM
+    from safetensors import safe_open
+    out = checkpoint("hf-bf16")
+    assert read_compressed_config(out) is None
+    with safe_open(str(out / "model-00000.safetensors"), framework="pt") as f:
+        assert {f.get_slice(n).get_dtype() for n in f.keys()} == {"BF16"}
+    monkeypatch.setattr("kvserve.model.loader.cpu_has_bf16", lambda: False)
+    llm = LLM(str(out), num_kv_blocks=64)
+    assert llm.engine.config.model.weights_16bit
+    reference = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert_greedy_tokens_equal(reference, llm)
