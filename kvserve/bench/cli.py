@@ -107,6 +107,9 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--vllm-python", default=None, help="python of a venv with vLLM's CPU build")
     p.add_argument("--vllm-kv-cache-gib", type=float, default=4.0,
                    help="VLLM_CPU_KVCACHE_SPACE (GiB)")
+    p.add_argument("--vllm-dtype", default="float32",
+                   choices=["float32", "bfloat16", "float16", "auto"],
+                   help="vLLM's dtype (default float32)")
     p.add_argument("--llamacpp-python", default=None,
                    help="python of a venv with llama-cpp-python")
     p.add_argument("--llamacpp-gguf", default=None, help="the model as an f32 GGUF")

@@ -253,7 +253,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     info = _header("kvserve bench compare", {
         "model": model_dir.name, **_wl_settings(wl), "engine_args": engine_args,
         "against": ",".join(against), "hf_batch_size": args.hf_batch_size, "hf_sweep": sweep,
-        "hf_threads": args.hf_threads, "repeats": args.repeats,
+        "hf_threads": args.hf_threads, "vllm_dtype": args.vllm_dtype, "repeats": args.repeats,
         "variants": {label: settings for label, settings in variants}})
     roof, remeasure = None, None
     if args.roofline_json:
@@ -272,8 +272,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                       source="after the runs")
     try:
         out = run_compare(model_dir, wl.requests, against, engine_args, args.hf_batch_size, sweep,
-                          args.hf_threads, args.vllm_python, args.vllm_kv_cache_gib, roof,
-                          remeasure, args.repeats, variants=variants)
+                          args.hf_threads, args.vllm_python, args.vllm_kv_cache_gib,
+                          args.vllm_dtype, roof, remeasure, args.repeats, variants=variants)
     except TypeError as exc:  # an engine argument the engine does not know
         if "engine argument" not in str(exc):
             raise

@@ -100,7 +100,8 @@ class SamplingParams:
         self.max_tokens = max_tokens
 class LLM:
     def __init__(self, model, dtype, seed, **kw):
-        assert dtype == "float32"
+        import os
+        assert dtype == os.environ.get("FAKE_VLLM_DTYPE", "float32")
         self.resets = 0
     def reset_prefix_cache(self):
         self.resets += 1
@@ -134,6 +135,10 @@ def test_vllm_runner_with_fake_vllm(tmp_path: Path, tiny_model_dir: Path,
     assert len(rates) == 3 and res.useful_tok_s == sorted(rates)[1]
     assert res.useful_output_tokens in (5, 3, 1)
     assert res.engine_args["kv_cache_gib"] == 1
+    monkeypatch.setenv("FAKE_VLLM_DTYPE", "bfloat16")  # bench compare --vllm-dtype
+    res, _ = vllm_runner.run_vllm_throughput(sys.executable, tiny_model_dir, reqs,
+                                             kv_cache_gib=1, engine_args={"dtype": "bfloat16"})
+    assert res.useful_output_tokens == 5
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     assert not vllm_runner.vllm_importable(sys.executable)
 

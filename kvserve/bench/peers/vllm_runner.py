@@ -2,7 +2,7 @@
 
 vLLM lives in its own venv (it pins its own torch), so the runner script is written
 to a temporary directory at run time and started as ``python -m`` there. It loads the
-same model in float32, warms up, says it is ready, and then times one ``generate`` over
+same model in float32 (or the ``dtype`` its engine arguments name), warms up, says it is ready, and then times one ``generate`` over
 the same token-id prompts (greedy, ``ignore_eos``; the prefix cache emptied first) for
 every ``run`` line it reads on stdin, printing each result as a JSON line behind a
 marker. The model stays loaded between runs, so that ``bench compare`` can alternate
@@ -48,7 +48,7 @@ def main():
     except ImportError:
         TokensPrompt = dict
     t0 = time.perf_counter()
-    llm = LLM(model=spec["model"], dtype="float32", seed=0, **spec["engine_args"])
+    llm = LLM(model=spec["model"], seed=0, **{"dtype": "float32", **spec["engine_args"]})
     load_s = time.perf_counter() - t0
     prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
