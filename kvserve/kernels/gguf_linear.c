@@ -201,7 +201,8 @@ static void row_q8_0(const float *x, int64_t m, int64_t k, const uint8_t *w, flo
 }
 
 /* BF16 or F16 rows in registers: 8 weights widened to float32 at a time (bfloat16's
- * bits shifted up; half precision by F16C), four sums in flight for one row. */
+ * bits shifted up; half precision by F16C), four sums in flight for one row, two a row
+ * for two. */
 static inline __m256 widen16(const uint8_t *p, int bf16) {
     const __m128i h = _mm_loadu_si128((const __m128i *)p);
     return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
@@ -220,6 +221,20 @@ static void row_16bit(int bf16, const float *x, int64_t m, int64_t k, const uint
             a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), widen16(w + 48, bf16), a3);
         }
         sums[0] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        return;
+    }
+    if (m == 2) { /* two sums in flight a row: one a row would wait on each FMA */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+        const float *y = x + k;
+        for (int64_t i = 0; i < k; i += 16, w += 32) {
+            const __m256 w0 = widen16(w, bf16), w1 = widen16(w + 16, bf16);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w0, a0);
+            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(y + i), w0, b0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), w1, a1);
+            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(y + i + 8), w1, b1);
+        }
+        sums[0] = hsum(_mm256_add_ps(a0, a1));
+        sums[1] = hsum(_mm256_add_ps(b0, b1));
         return;
     }
     __m256 acc[MAX_ROWS];
