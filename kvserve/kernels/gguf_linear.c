@@ -202,7 +202,7 @@ static void row_q8_0(const float *x, int64_t m, int64_t k, const uint8_t *w, flo
 
 /* BF16 or F16 rows in registers: 8 weights widened to float32 at a time (bfloat16's
  * bits shifted up; half precision by F16C), four sums in flight for one row, two a row
- * for two. */
+ * for more. */
 static inline __m256 widen16(const uint8_t *p, int bf16) {
     const __m128i h = _mm_loadu_si128((const __m128i *)p);
     return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
@@ -237,14 +237,30 @@ static void row_16bit(int bf16, const float *x, int64_t m, int64_t k, const uint
         sums[1] = hsum(_mm256_add_ps(b0, b1));
         return;
     }
-    __m256 acc[MAX_ROWS];
-    for (int64_t r = 0; r < m; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k; i += 8, w += 16) {
-        const __m256 wv = widen16(w, bf16);
-        for (int64_t r = 0; r < m; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * k + i), wv, acc[r]);
+    /* three or more: four rows at a time, two sums in flight a row, all in registers (a
+     * short last block repeats its last row; the weight row is in cache after the first) */
+    for (int64_t r0 = 0; r0 < m; r0 += 4) {
+        const float *x0 = x + r0 * k, *x1 = x + (r0 + 1 < m ? r0 + 1 : m - 1) * k,
+                    *x2 = x + (r0 + 2 < m ? r0 + 2 : m - 1) * k,
+                    *x3 = x + (r0 + 3 < m ? r0 + 3 : m - 1) * k;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0,
+               d1 = a0;
+        const uint8_t *wp = w;
+        for (int64_t i = 0; i < k; i += 16, wp += 32) {
+            const __m256 w0 = widen16(wp, bf16), w1 = widen16(wp + 16, bf16);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + i), w0, a0);
+            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + i), w0, b0);
+            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(x2 + i), w0, c0);
+            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(x3 + i), w0, d0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + i + 8), w1, a1);
+            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + i + 8), w1, b1);
+            c1 = _mm256_fmadd_ps(_mm256_loadu_ps(x2 + i + 8), w1, c1);
+            d1 = _mm256_fmadd_ps(_mm256_loadu_ps(x3 + i + 8), w1, d1);
+        }
+        const float block[4] = {hsum(_mm256_add_ps(a0, a1)), hsum(_mm256_add_ps(b0, b1)),
+                                hsum(_mm256_add_ps(c0, c1)), hsum(_mm256_add_ps(d0, d1))};
+        for (int64_t t = 0; t < 4 && r0 + t < m; t++) sums[r0 + t] = block[t];
     }
-    for (int64_t r = 0; r < m; r++) sums[r] = hsum(acc[r]);
 }
 
 /* Q4_K in registers: sub-block s contributes d*sc_s * (codes . x) - dmin*m_s * sum(x);
