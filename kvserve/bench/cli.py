@@ -415,7 +415,7 @@ def _add_replicas(sub: Any) -> None:
 def _add_report(sub: Any) -> None:
     p = sub.add_parser("report", help="the published figures, from docs/results/",
                        description="Print the README's Performance section and "
-                                   "docs/performance.md's Current figures, generated from "
+                                   "docs/figures.md's Current figures, generated from "
                                    "the results JSON under docs/results/.")
     p.add_argument("--root", default=None,
                    help="the repository (default: the checkout kvserve runs from)")

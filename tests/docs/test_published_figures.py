@@ -9,10 +9,10 @@ from kvserve.bench.reports import published
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_readme_and_performance_doc_are_what_the_generator_prints():
+def test_readme_and_figures_doc_are_what_the_generator_prints():
     results = published.load_results(REPO)
     readme = (REPO / "README.md").read_text()
-    perf = (REPO / "docs" / "performance.md").read_text()
+    perf = (REPO / "docs" / "figures.md").read_text()
     assert published.section_of(readme, "## Performance") == published.readme_section(results)
     assert published.section_of(perf, "## Current figures") == \
         published.performance_section(results)
@@ -58,10 +58,10 @@ def test_the_newest_run_of_a_machine_is_the_readme_table(tmp_path):
     assert "[new.json](results/new.json)" in published.performance_section(loaded)
     # the generated sections replace the old ones in place, the rest untouched
     (tmp_path / "README.md").write_text("# x\n\n## Performance\n\nold\n")
-    (tmp_path / "docs" / "performance.md").write_text(
+    (tmp_path / "docs" / "figures.md").write_text(
         "# p\n\n## Current figures\n\nold\n\n## How\n\nkept\n")
     published.write_sections(tmp_path)
-    perf = (tmp_path / "docs" / "performance.md").read_text()
+    perf = (tmp_path / "docs" / "figures.md").read_text()
     assert perf.endswith("\n## How\n\nkept\n") and "old" not in perf
     assert published.cited_results(tmp_path) == {Path("docs/results/new.json")}
 
@@ -100,6 +100,20 @@ def test_a_machine_with_only_a_startup_run_is_in_the_docs_not_the_readme(tmp_pat
     perf = published.performance_section(published.load_results(tmp_path))
     assert "Start-up (bench-100m," in perf and "Start-up (bench-8b-q4_k_m.gguf," in perf
     assert "the GGUF file's conversion before its first start 43.2 s" in perf
+
+
+def test_a_machines_compares_of_two_models_stand_together(tmp_path):
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    (results / "f32.json").write_text(json.dumps(_compare_json("a" * 40, "2026-12-04", 1.2)))
+    bf16 = _compare_json("b" * 40, "2026-12-05", 3.0)
+    bf16["model"] = "bench-1b-bf16"
+    bf16["peers"]["vllm-cpu"]["engine_args"] = {"dtype": "bfloat16"}
+    (results / "bf16.json").write_text(json.dumps(bf16))
+    readme = published.readme_section(published.load_results(tmp_path))
+    assert "| system (bench-100m, `mixed`, 128 requests, float32) |" in readme
+    assert "| system (bench-1b-bf16, `mixed`, 128 requests, kvserve in float32) |" in readme
+    assert "| vLLM 0.32.0 CPU, bfloat16 | 250.0 | 3.00x (2.95–3.05) | 60.0 % |" in readme
 
 
 def test_the_performance_doc_stays_a_reference_under_15_kb():

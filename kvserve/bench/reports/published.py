@@ -1,4 +1,4 @@
-"""The figures the README and docs/performance.md publish, generated from results JSON.
+"""The figures the README and docs/figures.md publish, generated from results JSON.
 
 ``kvserve bench report`` reads every JSON under ``docs/results/``, groups them by the
 machine that wrote them (CPU name, family, model, vector ISA, cores) and prints, for each
@@ -12,7 +12,7 @@ mixture-of-experts decode against a dense model of its size, and ``bench sinks``
 perplexity past the training context with and without attention sinks, and ``bench
 lora``'s decode steps over four adapters against the base alone. The README's
 "Performance" section is the headline table of the machine measured last;
-docs/performance.md's "Current figures" holds every machine's figures. A test checks that both are exactly what this
+docs/figures.md's "Current figures" holds every machine's figures. A test checks that both are exactly what this
 module prints from the files, so no figure is typed by hand. ``--write`` puts them there.
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Result:
 @dataclass
 class MachineResults:
     machine: dict[str, Any]
-    compare: Result | None = None
+    compare: dict[str, Result] = field(default_factory=dict)  # by model
     serving: dict[str, Result] = field(default_factory=dict)  # by model
     startup: dict[str, Result] = field(default_factory=dict)  # by model
     memory: Result | None = None
@@ -86,8 +86,8 @@ class MachineResults:
 
     @property
     def results(self) -> list[Result]:
-        return [r for r in (self.compare, self.memory, self.moe, self.sinks, self.lora,
-                            *self.serving.values(), *self.startup.values(),
+        return [r for r in (self.memory, self.moe, self.sinks, self.lora,
+                            *self.compare.values(), *self.serving.values(), *self.startup.values(),
                             *self.gguf_decode.values(), *self.others)
                 if r is not None]
 
@@ -123,7 +123,7 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
 
 
 KINDS = ("compare", "serving", "gguf_decode", "startup", "memory", "moe", "sinks", "lora")
-BY_MODEL = ("gguf_decode", "startup", "serving")  # the kinds kept a model each
+BY_MODEL = ("compare", "gguf_decode", "startup", "serving")  # the kinds kept a model each
 
 
 def machine_sections(results: Iterable[Result], base: str = ".",
@@ -166,13 +166,14 @@ def readme_section(results: list[Result]) -> str:
             body = [*body, "", *quantized[0]]
     return "\n".join(["## Performance", "",
                       "From `kvserve bench` at the commit named with each figure; "
-                      + STATISTIC.format(stats="docs/statistics.md") + ". Other machines, "
-                      "methods, design: [docs/performance.md](docs/performance.md).", "",
+                      + STATISTIC.format(stats="docs/statistics.md") + ". Other machines: "
+                      "[docs/figures.md](docs/figures.md); methods, design: "
+                      "[docs/performance.md](docs/performance.md).", "",
                       *body]) + "\n"
 
 
 def performance_section(results: list[Result]) -> str:
-    """docs/performance.md's "## Current figures" section (heading included)."""
+    """docs/figures.md's "## Current figures" section (heading included)."""
     sections = machine_sections(results, base="docs")
     body: list[str] = []
     for lines in sections:
@@ -210,7 +211,7 @@ def write_sections(root: Path) -> list[Path]:
     results = load_results(root)
     changed = []
     for rel, heading, section in (("README.md", "## Performance", readme_section(results)),
-                                  ("docs/performance.md", "## Current figures",
+                                  ("docs/figures.md", "## Current figures",
                                    performance_section(results))):
         path = root / rel
         text = path.read_text()
