@@ -332,8 +332,9 @@ class Kernels:
                 and x.dim() == w.dim() == 2 and x.shape[1] == w.shape[1]):
             raise ValueError("int8_matmul takes contiguous int8 x [M, K] and w [N, K]")
         acc = torch.empty((x.shape[0], w.shape[0]), dtype=torch.int32)
-        self._int8_matmul(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], w=w.data_ptr(),
-                          n=w.shape[0], acc=acc.data_ptr())
+        if self._int8_matmul(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], w=w.data_ptr(),
+                             n=w.shape[0], acc=acc.data_ptr()):
+            raise MemoryError("int8_matmul: no memory for the activations' -128 columns")
         return acc
 
 

@@ -83,24 +83,32 @@ void rescale_int32(const int32_t *acc, const float *row_scale, const float *col_
  * activation of -128 is taken as -127 and each weight it met is subtracted once more
  * (-128 * w = -127 * w - w). Threads split the weight rows. */
 #define MAX_INT8_ROWS 4
-void int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int64_t n,
-                 int32_t *acc) {
-    /* x with -128 raised to -127, and each row's columns that held -128 */
-    int8_t *xc = malloc((size_t)(m * k));
-    int64_t *low_first = malloc((size_t)(m + 1) * sizeof(int64_t));
+int64_t int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int64_t n,
+                    int32_t *acc) {
+    /* each row's columns that held -128, and (only where there are any) x with them
+     * raised to -127 */
     int64_t lows = 0;
     for (int64_t t = 0; t < m * k; t++) lows += x[t] == -128;
+    int64_t *low_first = malloc((size_t)(m + 1) * sizeof(int64_t));
     int64_t *low_cols = malloc((size_t)(lows > 0 ? lows : 1) * sizeof(int64_t));
+    int8_t *raised = lows > 0 ? malloc((size_t)(m * k)) : NULL;
+    if (!low_first || !low_cols || (lows > 0 && !raised)) {
+        free(low_first);
+        free(low_cols);
+        free(raised);
+        return -1;
+    }
     lows = 0;
     for (int64_t r = 0; r < m; r++) {
         low_first[r] = lows;
         for (int64_t i = 0; i < k; i++) {
             const int8_t v = x[r * k + i];
             if (v == -128) low_cols[lows++] = i;
-            xc[r * k + i] = v == -128 ? -127 : v;
+            if (raised) raised[r * k + i] = v == -128 ? -127 : v;
         }
     }
     low_first[m] = lows;
+    const int8_t *xc = raised ? raised : x;
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < n; j++) {
         const int8_t *wj = w + j * k;
@@ -139,7 +147,8 @@ void int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int64_t
             }
         }
     }
-    free(xc);
+    free(raised);
     free(low_first);
     free(low_cols);
+    return 0;
 }
