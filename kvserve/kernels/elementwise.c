@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "step_parts.h"
 #include "vec_math.h"
 
 /* o = weight * (x * 1/sqrt(mean(x^2) + eps)) for one row of dim. */
@@ -21,18 +22,24 @@ static inline void rms_norm_row(const float *xr, const float *weight, float *o, 
     for (int64_t i = 0; i < dim; i++) o[i] = weight[i] * (xr[i] * inv);
 }
 
+void rms_norm_part(const float *x, const float *weight, float *out, int64_t rows,
+                   int64_t dim, float eps) {
+#pragma omp for schedule(static) nowait
+    for (int64_t r = 0; r < rows; r++) rms_norm_row(x + r * dim, weight, out + r * dim, dim, eps);
+}
+
 void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
               float eps) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) rms_norm_row(x + r * dim, weight, out + r * dim, dim, eps);
+#pragma omp parallel
+    rms_norm_part(x, weight, out, rows, dim, eps);
 }
 
 /* residual += x, then out = RMSNorm(residual), row by row: the residual add and the next
  * norm in one pass over rows still in cache (as separate ops, each read the activation a
  * GEMM had just left in the other core's cache). The same sums as add, then rms_norm. */
-void add_rms_norm(const float *x, float *residual, const float *weight, float *out,
-                  int64_t rows, int64_t dim, float eps) {
-#pragma omp parallel for schedule(static)
+void add_rms_norm_part(const float *x, float *residual, const float *weight, float *out,
+                       int64_t rows, int64_t dim, float eps) {
+#pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < rows; r++) {
         float *res = residual + r * dim;
         const float *xr = x + r * dim;
@@ -42,10 +49,16 @@ void add_rms_norm(const float *x, float *residual, const float *weight, float *o
     }
 }
 
+void add_rms_norm(const float *x, float *residual, const float *weight, float *out,
+                  int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel
+    add_rms_norm_part(x, residual, weight, out, rows, dim, eps);
+}
+
 /* out[r, i] = silu(gate) * up with gate_up[r] = [gate (inter) | up (inter)];
  * silu(g) = g / (1 + e^-g), as torch computes it. */
-void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t inter) {
-#pragma omp parallel for schedule(static)
+void silu_mul_part(const float *gate_up, float *out, int64_t rows, int64_t inter) {
+#pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gate_up + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;
@@ -70,14 +83,19 @@ void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t inter) {
     }
 }
 
+void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t inter) {
+#pragma omp parallel
+    silu_mul_part(gate_up, out, rows, inter);
+}
+
 /* Rotate-half rotary embedding, in place, on the q and k heads of each row of a fused
  * qkv activation: row t holds num_q then num_k heads of head_dim from its start,
  * rows are row_stride floats apart. cos/sin: [positions, head_dim] tables. */
-void rotary(float *qkv, int64_t row_stride, int64_t rows, const int64_t *positions,
-            const float *cos_table, const float *sin_table, int64_t num_q, int64_t num_k,
-            int64_t head_dim) {
+void rotary_part(float *qkv, int64_t row_stride, int64_t rows, const int64_t *positions,
+                 const float *cos_table, const float *sin_table, int64_t num_q,
+                 int64_t num_k, int64_t head_dim) {
     const int64_t half = head_dim / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < rows; t++) {
         const float *c = cos_table + positions[t] * head_dim;
         const float *s = sin_table + positions[t] * head_dim;
@@ -91,6 +109,14 @@ void rotary(float *qkv, int64_t row_stride, int64_t rows, const int64_t *positio
             }
         }
     }
+}
+
+void rotary(float *qkv, int64_t row_stride, int64_t rows, const int64_t *positions,
+            const float *cos_table, const float *sin_table, int64_t num_q, int64_t num_k,
+            int64_t head_dim) {
+#pragma omp parallel
+    rotary_part(qkv, row_stride, rows, positions, cos_table, sin_table, num_q, num_k,
+                head_dim);
 }
 
 /* The same three for bfloat16 activations (a bf16 model), computed in float32 and

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <omp.h>
+#include "step_parts.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -298,27 +299,30 @@ static inline __attribute__((always_inline)) void gemv_tile(
 }
 
 /* x [m, k] contiguous, m of 1-8; panels, bias and y as for gemm_panels */
-void gemv_panels(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
-                 const float *bias, float *y) {
+void gemv_panels_part(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+                      const float *bias, float *y) {
     const int64_t num_panels = n / GEMM_NR;
-#pragma omp parallel
-    {
-        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t first = num_panels * t / threads, last = num_panels * (t + 1) / threads;
-        for (int64_t p = first; p < last; p++) {
-            const float *b = panels + p * k * GEMM_NR, *pb = bias ? bias + p * GEMM_NR : 0;
-            for (int64_t r0 = 0; r0 < m; r0 += GEMM_MR) {
-                const float *xr = x + r0 * k;
-                float *yr = y + r0 * n + p * GEMM_NR;
-                switch (m - r0 < GEMM_MR ? m - r0 : GEMM_MR) {
-                case 6: gemv_tile(xr, k, b, yr, n, 6, pb); break;
-                case 5: gemv_tile(xr, k, b, yr, n, 5, pb); break;
-                case 4: gemv_tile(xr, k, b, yr, n, 4, pb); break;
-                case 3: gemv_tile(xr, k, b, yr, n, 3, pb); break;
-                case 2: gemv_tile(xr, k, b, yr, n, 2, pb); break;
-                default: gemv_tile(xr, k, b, yr, n, 1, pb);
-                }
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t first = num_panels * t / threads, last = num_panels * (t + 1) / threads;
+    for (int64_t p = first; p < last; p++) {
+        const float *b = panels + p * k * GEMM_NR, *pb = bias ? bias + p * GEMM_NR : 0;
+        for (int64_t r0 = 0; r0 < m; r0 += GEMM_MR) {
+            const float *xr = x + r0 * k;
+            float *yr = y + r0 * n + p * GEMM_NR;
+            switch (m - r0 < GEMM_MR ? m - r0 : GEMM_MR) {
+            case 6: gemv_tile(xr, k, b, yr, n, 6, pb); break;
+            case 5: gemv_tile(xr, k, b, yr, n, 5, pb); break;
+            case 4: gemv_tile(xr, k, b, yr, n, 4, pb); break;
+            case 3: gemv_tile(xr, k, b, yr, n, 3, pb); break;
+            case 2: gemv_tile(xr, k, b, yr, n, 2, pb); break;
+            default: gemv_tile(xr, k, b, yr, n, 1, pb);
             }
         }
     }
+}
+
+void gemv_panels(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+                 const float *bias, float *y) {
+#pragma omp parallel
+    gemv_panels_part(x, m, k, panels, n, bias, y);
 }

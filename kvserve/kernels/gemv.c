@@ -10,6 +10,7 @@
  * Whether this beats oneDNN's packed GEMM on a layer is measured at start
  * (worker/small_gemm.py, worker/captured_step.py). */
 #include <stdint.h>
+#include "step_parts.h"
 #include "vec_math.h"
 
 #define MAX_ROWS 8
@@ -88,7 +89,7 @@ static inline int64_t tile_width(int64_t m) {
 static void row_group(const float *xr, int64_t m, int64_t k, const float *w, int64_t n,
                       const float *bias, float *yr) {
     const int64_t wt = tile_width(m), tiles = (n + wt - 1) / wt;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t n0 = t * wt, nt = n - n0 < wt ? n - n0 : wt;
         switch (m) {
@@ -99,14 +100,14 @@ static void row_group(const float *xr, int64_t m, int64_t k, const float *w, int
 }
 #endif
 
-void gemv_rows(const float *x, int64_t m, int64_t k, const float *w, int64_t n,
-               const float *bias, float *y) {
+void gemv_rows_part(const float *x, int64_t m, int64_t k, const float *w, int64_t n,
+                    const float *bias, float *y) {
 #ifdef __AVX2__
     for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS)
         row_group(x + r0 * k, m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS, k, w, n, bias,
                   y + r0 * n);
 #else
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t j = 0; j < n; j++)
         for (int64_t r = 0; r < m; r++) {
             float s = 0.f;
@@ -114,4 +115,10 @@ void gemv_rows(const float *x, int64_t m, int64_t k, const float *w, int64_t n,
             y[r * n + j] = bias ? s + bias[j] : s;
         }
 #endif
+}
+
+void gemv_rows(const float *x, int64_t m, int64_t k, const float *w, int64_t n,
+               const float *bias, float *y) {
+#pragma omp parallel
+    gemv_rows_part(x, m, k, w, n, bias, y);
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "step_parts.h"
 #include "vec_math.h"
 
 #define MAX_ROWS 8
@@ -624,6 +625,77 @@ static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
 }
 #endif
 
+/* What x becomes before the products with fmt's rows (step_parts.h): rounded to int8
+ * where asked and this build has the integer kernel, with its 32-value sums for Q4_K in
+ * float registers (up to 16384 values a row: the sums of a call live on its stack). */
+int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k) {
+#ifdef __AVX2__
+    if (int8_activations && fmt == Q8_0) return GGUF_ACT_Q8_0;
+    if (int8_activations && (fmt == Q4_K || fmt == Q6_K)) return GGUF_ACT_Q8_K;
+#endif
+    (void)int8_activations;
+    return fmt == Q4_K && k / 32 <= 512 ? GGUF_ACT_XSUM : GGUF_ACT_FLOAT;
+}
+
+/* The rows of x [m, k] prepared as kind into a, the threads splitting the blocks. */
+void gguf_prepare_part(const float *x, int64_t m, int64_t k, int64_t kind,
+                       const gguf_activations *a) {
+    if (kind == GGUF_ACT_XSUM) {
+#pragma omp for schedule(static) nowait
+        for (int64_t g = 0; g < m * (k / 32); g++) {
+            float s = 0.f;
+            for (int t = 0; t < 32; t++) s += x[32 * g + t];
+            a->xsum[g] = s;
+        }
+    }
+#ifdef __AVX2__
+    else if (kind == GGUF_ACT_Q8_0) {
+#pragma omp for schedule(static) nowait
+        for (int64_t b = 0; b < m * (k / 32); b++)
+            quantize_blocks_q8(x + 32 * b, 1, a->xq + 32 * b, a->xd + b);
+    } else if (kind == GGUF_ACT_Q8_K) {
+#pragma omp for schedule(static) nowait
+        for (int64_t b = 0; b < m * (k / 256); b++)
+            quantize_blocks_q8_k(x + 256 * b, 1, a->xq + 256 * b, a->xd + b, a->bsums + 16 * b);
+    }
+#endif
+}
+
+/* y[r * y_stride + j] = x[r, :] . dequantized w[j, :] for r < m, j < n, from x prepared
+ * as kind (gguf_prepare_part), the threads splitting the weight rows. */
+void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int64_t m,
+                    int64_t k, const uint8_t *w, int64_t n, int64_t fmt, float *y,
+                    int64_t y_stride) {
+    const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
+#pragma omp for schedule(static) nowait
+    for (int64_t j = 0; j < n; j++) {
+        float sums[MAX_ROWS];
+        const uint8_t *wr = w + j * row_bytes;
+#ifdef __AVX2__
+        if (kind == GGUF_ACT_Q8_0 && m == 1)
+            sums[0] = row_q8_0_q8_1(a->xq, a->xd, k, wr);
+        else if (kind == GGUF_ACT_Q8_0)
+            row_q8_0_q8(a->xq, a->xd, m, k, wr, sums);
+        else if (kind == GGUF_ACT_Q8_K && m == 1)
+            sums[0] = fmt == Q4_K ? row_q4_k_q8k_1(a->xq, a->xd, a->bsums, k, wr)
+                                  : row_q6_k_q8k_1(a->xq, a->xd, a->bsums, k, wr);
+        else if (kind == GGUF_ACT_Q8_K && fmt == Q4_K)
+            row_q4_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
+        else if (kind == GGUF_ACT_Q8_K)
+            row_q6_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
+        else if (fmt == Q8_0)
+            row_q8_0(x, m, k, wr, sums);
+        else if (fmt == BF16 || fmt == F16)
+            row_16bit(fmt == BF16, x, m, k, wr, sums);
+        else if (kind == GGUF_ACT_XSUM)
+            row_q4_k(x, a->xsum, m, k, wr, sums);
+        else
+#endif
+            row_buffered((int)fmt, x, m, k, wr, sums);
+        for (int64_t r = 0; r < m; r++) y[r * y_stride + j] = sums[r];
+    }
+}
+
 /* As gguf_rows, with x rounded to int8 and the products summed in integers, as llama.cpp
  * computes them: Q8_0 against x in blocks of 32 with one scale each (its Q8_0), Q4_K and
  * Q6_K against x in blocks of 256 (its Q8_K), with AVX2. Returns 1 where it does not apply
@@ -631,49 +703,24 @@ static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
  * the rounded rows. */
 int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
                        int64_t fmt, float *y, int64_t y_stride) {
-#ifdef __AVX2__
-    if ((fmt != Q8_0 && fmt != Q4_K && fmt != Q6_K) || k % BLOCK_VALUES[fmt] || m < 1 ||
-        m > MAX_ROWS)
-        return 1;
-    const int64_t per = fmt == Q8_0 ? 32 : 256, nb = k / per;
-    const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
-    int8_t *xq = malloc((size_t)(m * k));
-    float *xd = malloc(sizeof(float) * (size_t)(m * nb));
-    int16_t *bsums = malloc(sizeof(int16_t) * (size_t)(m * k / 16));
-    if (!xq || !xd || !bsums) {
-        free(xq);
-        free(xd);
-        free(bsums);
-        return -1;
+    if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS) return 1;
+    const int64_t kind = gguf_activation_kind(fmt, 1, k);
+    if (kind != GGUF_ACT_Q8_0 && kind != GGUF_ACT_Q8_K) return 1;
+    gguf_activations a = {malloc((size_t)(m * k)), malloc(sizeof(float) * (size_t)(m * k / 32)),
+                          malloc(sizeof(int16_t) * (size_t)(m * k / 16)), NULL};
+    if (a.xq && a.xd && a.bsums) {
+#pragma omp parallel
+        {
+            gguf_prepare_part(x, m, k, kind, &a);
+#pragma omp barrier
+            gguf_rows_part(x, kind, &a, m, k, w, n, fmt, y, y_stride);
+        }
     }
-    if (fmt == Q8_0)
-        quantize_blocks_q8(x, m * nb, xq, xd);
-    else
-        quantize_blocks_q8_k(x, m * nb, xq, xd, bsums);
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; j++) {
-        float sums[MAX_ROWS];
-        const uint8_t *wr = w + j * row_bytes;
-        if (m == 1)
-            sums[0] = fmt == Q8_0   ? row_q8_0_q8_1(xq, xd, k, wr)
-                      : fmt == Q4_K ? row_q4_k_q8k_1(xq, xd, bsums, k, wr)
-                                    : row_q6_k_q8k_1(xq, xd, bsums, k, wr);
-        else if (fmt == Q8_0)
-            row_q8_0_q8(xq, xd, m, k, wr, sums);
-        else if (fmt == Q4_K)
-            row_q4_k_q8k(xq, xd, bsums, m, k, wr, sums);
-        else
-            row_q6_k_q8k(xq, xd, bsums, m, k, wr, sums);
-        for (int64_t r = 0; r < m; r++) y[r * y_stride + j] = sums[r];
-    }
-    free(xq);
-    free(xd);
-    free(bsums);
-    return 0;
-#else
-    (void)x; (void)m; (void)k; (void)w; (void)n; (void)fmt; (void)y; (void)y_stride;
-    return 1;
-#endif
+    const int64_t status = a.xq && a.xd && a.bsums ? 0 : -1;
+    free(a.xq);
+    free(a.xd);
+    free(a.bsums);
+    return status;
 }
 
 /* y[r * y_stride + j] = x[r, :] . dequantized w[j, :] for r < m, j < n; w holds n rows
@@ -682,44 +729,31 @@ int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, i
 int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
                   int64_t fmt, float *y, int64_t y_stride) {
     if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS) return -1;
-    const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
     float xsum[MAX_ROWS * 512];
-    const int64_t groups = k / 32;
-    const int use_xsum = fmt == Q4_K && groups <= 512;
-    if (use_xsum)
-        for (int64_t r = 0; r < m; r++)
-            for (int64_t g = 0; g < groups; g++) {
-                float s = 0.f;
-                for (int t = 0; t < 32; t++) s += x[r * k + 32 * g + t];
-                xsum[r * groups + g] = s;
-            }
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; j++) {
-        float sums[MAX_ROWS];
-        const uint8_t *wr = w + j * row_bytes;
-#ifdef __AVX2__
-        if (fmt == Q8_0)
-            row_q8_0(x, m, k, wr, sums);
-        else if (fmt == BF16 || fmt == F16)
-            row_16bit(fmt == BF16, x, m, k, wr, sums);
-        else if (use_xsum)
-            row_q4_k(x, xsum, m, k, wr, sums);
-        else
-#endif
-            row_buffered((int)fmt, x, m, k, wr, sums);
-        for (int64_t r = 0; r < m; r++) y[r * y_stride + j] = sums[r];
+    const gguf_activations a = {NULL, NULL, NULL, xsum};
+    const int64_t kind = gguf_activation_kind(fmt, 0, k);
+#pragma omp parallel
+    {
+        gguf_prepare_part(x, m, k, kind, &a);
+#pragma omp barrier
+        gguf_rows_part(x, kind, &a, m, k, w, n, fmt, y, y_stride);
     }
     return 0;
 }
 
 /* The floats of n rows of fmt blocks (k values each) into out [n, k]: the tiles the
  * many-row GEMMs multiply, a few rows of the weight at a time. */
-int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
-    if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt]) return -1;
+void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
     const int64_t bv = BLOCK_VALUES[fmt], bb = BLOCK_BYTES[fmt], per_row = k / bv;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t j = 0; j < n; j++)
         for (int64_t b = 0; b < per_row; b++)
             decode_block((int)fmt, w + (j * per_row + b) * bb, out + j * k + b * bv);
+}
+
+int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
+    if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt]) return -1;
+#pragma omp parallel
+    gguf_dequantize_part(w, n, k, fmt, out);
     return 0;
 }

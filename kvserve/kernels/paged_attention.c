@@ -38,6 +38,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "step_parts.h"
 #include "vec_math.h"
 
 #ifdef __AVX2__

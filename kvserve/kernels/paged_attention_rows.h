@@ -249,12 +249,13 @@ static void KV_NAME(attend_row_generic)(
     }
 }
 
-void KV_NAME(paged_attention_rows)(const float *q, int64_t q_stride, const KV_T *k_pool,
-                                   const KV_T *v_pool,
-                                   const int64_t *tables, int64_t table_stride,
-                                   const int64_t *seq_lens, float *out, int64_t num_seqs,
-                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                   int64_t block_size, float scale, int64_t window) {
+void KV_NAME(paged_attention_rows_part)(const float *q, int64_t q_stride,
+                                        const KV_T *k_pool, const KV_T *v_pool,
+                                        const int64_t *tables, int64_t table_stride,
+                                        const int64_t *seq_lens, float *out,
+                                        int64_t num_seqs, int64_t num_heads,
+                                        int64_t num_kv_heads, int64_t head_dim,
+                                        int64_t block_size, float scale, int64_t window) {
     int vector = 0, row_vector = 0; /* the prompt tiles' head dims; the one-row path's */
 #if defined(__AVX2__) && KV_VECTOR
     vector = (head_dim == 64 || head_dim == 128) && block_size % 8 == 0;
@@ -263,8 +264,8 @@ void KV_NAME(paged_attention_rows)(const float *q, int64_t q_stride, const KV_T 
     int64_t num_groups = 0;
     int64_t *starts = row_groups(tables, table_stride, seq_lens, num_seqs, block_size, window,
                                  vector ? rows_per_group(num_heads / num_kv_heads) : 1,
-                                 &num_groups);
-#pragma omp parallel for schedule(dynamic, 1)
+                                 &num_groups); /* each thread its own copy */
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t gi = 0; gi < num_groups; gi++) {
         const int64_t s = starts[gi], rows = starts[gi + 1] - s;
         const int64_t len = seq_lens[s];
@@ -305,17 +306,27 @@ void KV_NAME(paged_attention_rows)(const float *q, int64_t q_stride, const KV_T 
     free(starts);
 }
 
+void KV_NAME(paged_attention_rows)(const float *q, int64_t q_stride, const KV_T *k_pool,
+                                   const KV_T *v_pool,
+                                   const int64_t *tables, int64_t table_stride,
+                                   const int64_t *seq_lens, float *out, int64_t num_seqs,
+                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                   int64_t block_size, float scale, int64_t window) {
+#pragma omp parallel
+    KV_NAME(paged_attention_rows_part)(q, q_stride, k_pool, v_pool, tables, table_stride,
+                                       seq_lens, out, num_seqs, num_heads, num_kv_heads,
+                                       head_dim, block_size, scale, window);
+}
+
 /* Write n tokens' K and V (rows of KVH * D elements of the pool's type, k_stride and
  * v_stride elements apart) into their slots: each key scattered down its block's [D][bs]
  * run, each value row copied whole. */
-void KV_NAME(write_kv)(const KV_T *k, const KV_T *v, int64_t k_stride, int64_t v_stride,
-                       const int64_t *slots, int64_t n, KV_T *k_pool, KV_T *v_pool,
-                       int64_t num_kv_heads, int64_t head_dim, int64_t block_size) {
+void KV_NAME(write_kv_part)(const KV_T *k, const KV_T *v, int64_t k_stride,
+                            int64_t v_stride, const int64_t *slots, int64_t n, KV_T *k_pool,
+                            KV_T *v_pool, int64_t num_kv_heads, int64_t head_dim,
+                            int64_t block_size) {
     const int64_t run = head_dim * block_size;
-    /* rows write distinct slots; in two halves, they share at most one block's lines.
-     * A key row is a cache line per dim, cold in a decode step: split from 16 rows on,
-     * where the threads beat one thread clearly */
-#pragma omp parallel for schedule(static) if (n >= 16)
+#pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < n; r++) {
         const int64_t block = slots[r] / block_size, off = slots[r] % block_size;
         for (int64_t g = 0; g < num_kv_heads; g++) {
@@ -326,4 +337,16 @@ void KV_NAME(write_kv)(const KV_T *k, const KV_T *v, int64_t k_stride, int64_t v
                    v + r * v_stride + g * head_dim, sizeof(KV_T) * (size_t)head_dim);
         }
     }
+}
+
+/* Rows write distinct slots; in two halves, they share at most one block's lines. A key
+ * row is a cache line per dim, cold in a decode step: a call of its own splits from 16
+ * rows on, where the threads beat one thread clearly (within a captured step, whose
+ * threads are already running, the rows are split whatever their number). */
+void KV_NAME(write_kv)(const KV_T *k, const KV_T *v, int64_t k_stride, int64_t v_stride,
+                       const int64_t *slots, int64_t n, KV_T *k_pool, KV_T *v_pool,
+                       int64_t num_kv_heads, int64_t head_dim, int64_t block_size) {
+#pragma omp parallel if (n >= 16)
+    KV_NAME(write_kv_part)(k, v, k_stride, v_stride, slots, n, k_pool, v_pool, num_kv_heads,
+                           head_dim, block_size);
 }
