@@ -397,13 +397,14 @@ static void quantize_blocks_q8_k(const float *x, int64_t count, int8_t *xq, floa
 /* A K format's 8 scales and 8 mins (6 bits each, packed in 12 bytes) as 16 int16:
  * the scales, then the mins */
 static inline __m256i k4_scales_mins(const uint8_t *q) {
-    uint32_t packed[3], sm[4];
+    uint32_t packed[3];
     memcpy(packed, q, 12);
-    sm[0] = packed[0] & 0x3f3f3f3f;
-    sm[2] = packed[1] & 0x3f3f3f3f;
-    sm[1] = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 6) & 0x03030303) << 4;
-    sm[3] = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 6) & 0x03030303) << 4;
-    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+    /* put together in registers: four 32-bit stores read back as one 128-bit load would
+     * wait for the stores to retire, at every super-block */
+    const uint32_t sm0 = packed[0] & 0x3f3f3f3f, sm2 = packed[1] & 0x3f3f3f3f;
+    const uint32_t sm1 = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 6) & 0x03030303) << 4;
+    const uint32_t sm3 = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 6) & 0x03030303) << 4;
+    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)sm3, (int)sm2, (int)sm1, (int)sm0));
 }
 
 /* Q4_K against Q8_K rows: each 32-value sub-block's integer products scaled by its 6-bit
@@ -584,6 +585,59 @@ static float row_q4_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
     return hsum(acc) - _mm_cvtss_f32(acc_m);
 }
 
+/* Two Q4_K rows against one Q8_K row: each activation load and 16-sum serves both, and
+ * the two rows' chains run side by side. Each row's sums are row_q4_k_q8k_1's. */
+static void row_q4_k_q8k_pair(const int8_t *xq, const float *xd, const int16_t *bsums,
+                              int64_t k, const uint8_t *w0, const uint8_t *w1, float *out) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 min0 = _mm_setzero_ps(), min1 = _mm_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    for (int64_t i = 0; i < k / 256; i++, w0 += 144, w1 += 144, xq += 256, bsums += 16) {
+        for (int line = 0; line < 144; line += 64) {
+            _mm_prefetch((const char *)(w0 + PREFETCH_BYTES + line), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w1 + PREFETCH_BYTES + line), _MM_HINT_T0);
+        }
+        const __m256i sc_mn0 = k4_scales_mins(w0 + 4), sc_mn1 = k4_scales_mins(w1 + 4);
+        const __m256i scales0 = _mm256_permute2x128_si256(sc_mn0, sc_mn0, 0x00);
+        const __m256i scales1 = _mm256_permute2x128_si256(sc_mn1, sc_mn1, 0x00);
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)bsums);
+        const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+                                              _mm256_extracti128_si256(bs, 1));
+        const __m128i summ0 = _mm_madd_epi16(_mm256_extracti128_si256(sc_mn0, 1), sums32);
+        const __m128i summ1 = _mm_madd_epi16(_mm256_extracti128_si256(sc_mn1, 1), sums32);
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0;
+        for (int c = 0; c < 4; c++) {
+            const __m256i xlo = _mm256_loadu_si256((const __m256i *)(xq + 64 * c));
+            const __m256i xhi = _mm256_loadu_si256((const __m256i *)(xq + 64 * c + 32));
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(w0 + 16 + 32 * c));
+            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(w1 + 16 + 32 * c));
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(k4_scale(scales0, 2 * c),
+                 _mm256_maddubs_epi16(_mm256_and_si256(q0, low4), xlo)));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(k4_scale(scales0, 2 * c + 1),
+                 _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q0, 4), low4), xhi)));
+            b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(k4_scale(scales1, 2 * c),
+                 _mm256_maddubs_epi16(_mm256_and_si256(q1, low4), xlo)));
+            b1 = _mm256_add_epi32(b1, _mm256_madd_epi16(k4_scale(scales1, 2 * c + 1),
+                 _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q1, 4), low4), xhi)));
+        }
+        const float dx = xd[i];
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w0) * dx),
+                               _mm256_cvtepi32_ps(_mm256_add_epi32(a0, a1)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w1) * dx),
+                               _mm256_cvtepi32_ps(_mm256_add_epi32(b0, b1)), acc1);
+        min0 = _mm_fmadd_ps(_mm_set1_ps(half_to_float(w0 + 2) * dx), _mm_cvtepi32_ps(summ0),
+                            min0);
+        min1 = _mm_fmadd_ps(_mm_set1_ps(half_to_float(w1 + 2) * dx), _mm_cvtepi32_ps(summ1),
+                            min1);
+    }
+    min0 = _mm_add_ps(min0, _mm_movehl_ps(min0, min0));
+    min0 = _mm_add_ss(min0, _mm_movehdup_ps(min0));
+    min1 = _mm_add_ps(min1, _mm_movehl_ps(min1, min1));
+    min1 = _mm_add_ss(min1, _mm_movehdup_ps(min1));
+    out[0] = hsum(acc0) - _mm_cvtss_f32(min0);
+    out[1] = hsum(acc1) - _mm_cvtss_f32(min1);
+}
+
 static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bsums,
                             int64_t k, const uint8_t *w) {
     __m256 acc = _mm256_setzero_ps(), acc_off = _mm256_setzero_ps();
@@ -667,6 +721,24 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
                     int64_t k, const uint8_t *w, int64_t n, int64_t fmt, float *y,
                     int64_t y_stride) {
     const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
+#ifdef __AVX2__
+    if (kind == GGUF_ACT_Q8_K && fmt == Q4_K && m == 1) { /* weight rows two at a time */
+#pragma omp for schedule(static) nowait
+        for (int64_t pair = 0; pair < (n + 1) / 2; pair++) {
+            const int64_t j = 2 * pair;
+            const uint8_t *wr = w + j * row_bytes;
+            if (j + 1 < n) {
+                float two[2];
+                row_q4_k_q8k_pair(a->xq, a->xd, a->bsums, k, wr, wr + row_bytes, two);
+                y[j] = two[0];
+                y[j + 1] = two[1];
+            } else {
+                y[j] = row_q4_k_q8k_1(a->xq, a->xd, a->bsums, k, wr);
+            }
+        }
+        return;
+    }
+#endif
 #pragma omp for schedule(static) nowait
     for (int64_t j = 0; j < n; j++) {
         float sums[MAX_ROWS];
