@@ -35,6 +35,7 @@
  * coming from memory.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

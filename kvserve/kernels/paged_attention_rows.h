@@ -92,9 +92,9 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_rows_avx2)(
 static inline __attribute__((always_inline)) void KV_NAME(row_scores16)(
         const float *qs, const KV_T *k_pool, const int64_t *table, float *scores,
         int64_t first, int64_t len, int64_t pf_len, int64_t num_heads, int64_t num_kv_heads,
-        int64_t block_size, __m512 vscale, const int64_t D) {
+        int64_t block_elems, int64_t block_size, __m512 vscale, const int64_t D) {
     const int64_t group = num_heads / num_kv_heads, n = len - first;
-    const int64_t run = D * block_size, block_elems = num_kv_heads * run;
+    const int64_t run = D * block_size;
     float tile[KV_SCORE_TILE * 16 * KV_SCORE_CHUNKS];
     float *out[KV_SCORE_TILE];
     const float *qv[KV_SCORE_TILE];
@@ -145,10 +145,10 @@ static inline __attribute__((always_inline)) void KV_NAME(row_scores16)(
 static inline __attribute__((always_inline)) void KV_NAME(attend_row_avx2)(
         const float *qs, const KV_T *k_pool, const KV_T *v_pool, const int64_t *table,
         float *os, float *scores, int64_t first, int64_t len, int64_t pf_len,
-        int64_t num_heads, int64_t num_kv_heads, int64_t block_size, float scale,
-        const int64_t D) {
+        int64_t num_heads, int64_t num_kv_heads, int64_t block_elems, int64_t block_size,
+        float scale, const int64_t D) {
     const int64_t group = num_heads / num_kv_heads, n = len - first;
-    const int64_t run = D * block_size, block_elems = num_kv_heads * run;
+    const int64_t run = D * block_size;
     const int nt = block_size % 16 == 0 ? 16 : 8;
     const __m256 vscale = _mm256_set1_ps(scale);
     float tile[KV_SCORE_TILE * 16];
@@ -158,7 +158,7 @@ static inline __attribute__((always_inline)) void KV_NAME(attend_row_avx2)(
 #ifdef __AVX512F__
     if (nt == 16) {
         KV_NAME(row_scores16)(qs, k_pool, table, scores, first, len, pf_len, num_heads,
-                              num_kv_heads, block_size, _mm512_set1_ps(scale), D);
+                              num_kv_heads, block_elems, block_size, _mm512_set1_ps(scale), D);
         goto values;
     }
 #endif
@@ -222,9 +222,10 @@ values:
 static void KV_NAME(attend_row_generic)(
         const float *qs, const KV_T *k_pool, const KV_T *v_pool, const int64_t *table,
         float *os, float *scores, int64_t first, int64_t len, int64_t num_heads,
-        int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale) {
+        int64_t num_kv_heads, int64_t block_elems, int64_t head_dim, int64_t block_size,
+        float scale) {
     const int64_t group = num_heads / num_kv_heads, n = len - first;
-    const int64_t run = head_dim * block_size, block_elems = num_kv_heads * run;
+    const int64_t run = head_dim * block_size;
     for (int64_t t = first; t < len; t++) {
         const KV_T *k = k_pool + table[t / block_size] * block_elems + t % block_size;
         for (int64_t h = 0; h < num_heads; h++) {
@@ -265,13 +266,25 @@ void KV_NAME(paged_attention_rows_part)(const float *q, int64_t q_stride,
     int64_t *starts = row_groups(tables, table_stride, seq_lens, num_seqs, block_size, window,
                                  vector ? rows_per_group(num_heads / num_kv_heads) : 1,
                                  &num_groups); /* each thread its own copy */
+    /* Fewer groups than threads (one stream's decode row): a row's kv heads are split
+     * into slices that the threads take apart, each head's sums unchanged. */
+    const int64_t threads = omp_get_num_threads();
+    const int64_t slices = num_groups >= threads ? 1
+                           : num_kv_heads < threads ? num_kv_heads : threads;
+    const int64_t block_elems = num_kv_heads * head_dim * block_size;
+    const int64_t group = num_heads / num_kv_heads;
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t gi = 0; gi < num_groups; gi++) {
+    for (int64_t item = 0; item < num_groups * slices; item++) {
+        const int64_t gi = item / slices, slice = item % slices;
         const int64_t s = starts[gi], rows = starts[gi + 1] - s;
         const int64_t len = seq_lens[s];
         const int64_t *table = tables + s * table_stride;
-        const float *qs = q + s * q_stride;
-        float *os = out + s * num_heads * head_dim;
+        if (rows > 1 && slice > 0) continue; /* a prompt chunk's rows: whole, in slice 0 */
+        const int64_t g0 = rows > 1 ? 0 : num_kv_heads * slice / slices;
+        const int64_t g1 = rows > 1 ? num_kv_heads : num_kv_heads * (slice + 1) / slices;
+        const int64_t heads = (g1 - g0) * group, kv_offset = g0 * head_dim * block_size;
+        const float *qs = q + s * q_stride + g0 * group * head_dim;
+        float *os = out + (s * num_heads + g0 * group) * head_dim;
 #if defined(__AVX2__) && KV_VECTOR
         if (rows > 1) { /* first == 0: row_groups leaves rows cut by a window alone */
             const int64_t stride = (len + rows - 1 + 15) / 16 * 16;
@@ -285,7 +298,7 @@ void KV_NAME(paged_attention_rows_part)(const float *q, int64_t q_stride,
 #endif
         const int64_t first = (window > 0 && len > window) ? len - window : 0;
         const int64_t n = len - first;
-        float *scores = malloc(sizeof(float) * (size_t)(num_heads * n)); /* [H, n] */
+        float *scores = malloc(sizeof(float) * (size_t)(heads * n)); /* [heads, n] */
         /* A row after the first of a prompt chunk finds its keys in cache, put there by
          * the row before it: prefetching them again only costs. */
         const int continues =
@@ -293,14 +306,16 @@ void KV_NAME(paged_attention_rows_part)(const float *q, int64_t q_stride,
         const int64_t pf_len = continues ? 0 : len;
 #if defined(__AVX2__) && KV_VECTOR
         if (row_vector) {
-            KV_WITH_ROW_DIM(KV_NAME(attend_row_avx2), qs, k_pool, v_pool, table, os, scores,
-                        first, len, pf_len, num_heads, num_kv_heads, block_size, scale);
+            KV_WITH_ROW_DIM(KV_NAME(attend_row_avx2), qs, k_pool + kv_offset,
+                            v_pool + kv_offset, table, os, scores, first, len, pf_len, heads,
+                            g1 - g0, block_elems, block_size, scale);
             free(scores);
             continue;
         }
 #endif
-        KV_NAME(attend_row_generic)(qs, k_pool, v_pool, table, os, scores, first, len,
-                                    num_heads, num_kv_heads, head_dim, block_size, scale);
+        KV_NAME(attend_row_generic)(qs, k_pool + kv_offset, v_pool + kv_offset, table, os,
+                                    scores, first, len, heads, g1 - g0, block_elems, head_dim,
+                                    block_size, scale);
         free(scores);
     }
     free(starts);
