@@ -44,16 +44,28 @@ def decode_weight_bytes(path: Path) -> dict[str, Any]:
     return {"decode_bytes": total, "bytes_by_format": formats}
 
 
-def kvserve_decode_rate(llm, tokens: int, prompt: Sequence[int]) -> float:
-    """Tokens per second of one request's decode steps after its first token."""
+def context_prompt(bos: int, depth: int, vocab: int) -> list[int]:
+    """A prompt of ``depth`` tokens after ``bos``: the context the timed steps attend to
+    (ids counted up through the vocabulary; their values do not change a step's work)."""
+    return [bos] + [(bos + 1 + i) % vocab for i in range(depth)]
+
+
+def kvserve_decode_rate(llm, tokens: int, prompt: Sequence[int],
+                        reset_prefix_cache: bool = True) -> float:
+    """Tokens per second of one request's decode steps after its first token (the
+    prompt's steps, however many chunks it takes, are not timed). With the prefix cache
+    kept, a prompt computed before is found there instead of computed again."""
     from kvserve import SamplingParams
 
     engine = llm.engine
-    engine.reset_prefix_cache()
+    if reset_prefix_cache:
+        engine.reset_prefix_cache()
     params = SamplingParams(temperature=0.0, max_tokens=tokens + 1, ignore_eos=True)
-    engine.add_request(f"gguf-decode-{time.monotonic_ns()}",
-                       {"prompt_token_ids": list(prompt)}, params)
-    engine.step()  # the prompt, and the first token
+    request_id = f"gguf-decode-{time.monotonic_ns()}"
+    engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
+    while not any(o.request_id == request_id and o.outputs[0].token_ids
+                  for o in engine.step()):
+        pass  # the prompt, and the first token
     start, steps = time.perf_counter(), 0
     while engine.has_unfinished_requests():
         engine.step()
@@ -62,7 +74,8 @@ def kvserve_decode_rate(llm, tokens: int, prompt: Sequence[int]) -> float:
 
 
 def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens: int,
-                    threads: int, engine_args: dict[str, Any], log=print) -> dict[str, Any]:
+                    threads: int, engine_args: dict[str, Any], depth: int = 0,
+                    log=print) -> dict[str, Any]:
     from kvserve.bench.instruments.roofline import measure_stream_bandwidth
     from kvserve.bench.instruments.throughput import load_llm
     from kvserve.bench.peers.llamacpp import run_llama_bench
@@ -75,14 +88,17 @@ def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens
         floor_ms = 1000 * read["decode_bytes"] / (bandwidth * 1e9)
         llm, load_s = load_llm(str(path), engine_args)
         try:
-            prompt = [llm.engine.tokenizer.bos_token_id or 0]
-            kvserve_decode_rate(llm, 16, prompt)  # warm
+            prompt = context_prompt(llm.engine.tokenizer.bos_token_id or 0, depth,
+                                    llm.engine.vocab_size)
+            kvserve_decode_rate(llm, 16, prompt)  # warm (and a deep context computed once)
             ours, theirs = [], []
             watch = {"kvserve": CpuSampler(), "llama-bench": None}
             for r in range(rounds):
                 with watch["kvserve"]:
-                    ours.append(kvserve_decode_rate(llm, tokens, prompt))
-                bench = run_llama_bench(llama_bench, path, threads, tokens, repetitions=1)
+                    ours.append(kvserve_decode_rate(llm, tokens, prompt,
+                                                    reset_prefix_cache=depth == 0))
+                bench = run_llama_bench(llama_bench, path, threads, tokens, repetitions=1,
+                                        depth=depth)
                 watch["llama-bench"] = bench.pop("cpus")
                 build = {k: bench[k] for k in ("version", "build_commit", "build_number",
                                                "build_flags", "cpu_info")}
@@ -106,7 +122,7 @@ def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens
         log(f"{path.name}: kvserve / llama.cpp {describe_ratio(ratio)}; steps "
             f"{step['kvserve']:.1f} / {step['llamacpp']:.1f} ms against a floor of "
             f"{floor_ms:.1f} ms")
-    return {"tokens": tokens, "rounds": rounds, "threads": threads,
+    return {"tokens": tokens, "depth": depth, "rounds": rounds, "threads": threads,
             "engine_args": engine_args, "stream_bandwidth_gbs": bandwidth,
             "llamacpp_build": build, "files": results, "cpus": cpus}
 
@@ -125,10 +141,11 @@ def cmd_gguf_decode(args: argparse.Namespace) -> int:
     engine_args = engine_args_from(args)
     threads = args.threads or engine_args.get("num_threads") or physical_cores()
     info = _header("kvserve gguf-decode", {"files": [f.name for f in files],
-                                           "tokens": args.tokens, "rounds": args.rounds,
+                                           "tokens": args.tokens, "depth": args.depth,
+                                           "rounds": args.rounds,
                                            "threads": threads, "engine_args": engine_args})
     res = run_gguf_decode(files, args.llama_bench, args.rounds, args.tokens, threads,
-                          engine_args)
+                          engine_args, depth=args.depth)
     print(report.format_table(
         ["file", "kvserve tok/s", "llama.cpp tok/s", "kvserve / llama.cpp",
          "kvserve vs floor", "llama.cpp vs floor"],
@@ -155,6 +172,9 @@ def add_gguf_decode_parser(sub: Any) -> None:
                    help="llama.cpp's llama-bench binary")
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
                    help=f"tokens generated a round (default {DEFAULT_TOKENS})")
+    p.add_argument("--depth", type=int, default=0,
+                   help="context tokens before the timed steps, as llama-bench's -d: the "
+                        "steps then attend to them (default 0)")
     p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--threads", type=int, default=None,
                    help="llama.cpp threads (default: kvserve's, the physical cores)")

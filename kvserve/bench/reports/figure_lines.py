@@ -196,7 +196,8 @@ _GGUF_TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "bf16": "BF16"}
 
 def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
     """One table for every model's files; one note a model on how it was measured."""
-    models = [by_model[m] for m in sorted(by_model)]
+    models = sorted(by_model.values(), key=lambda r: (r.data.get("model") or "",
+                                                      r.data["result"].get("depth", 0)))
     threads = {r.data["result"]["threads"] for r in models}
     lines = ["", f"| one stream, {'/'.join(map(str, sorted(threads)))} threads | file | "
              "kvserve tok/s | llama.cpp tok/s | kvserve against it | kvserve / floor | "
@@ -204,23 +205,27 @@ def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
     notes = []
     for res in models:
         d = res.data["result"]
+        depth = f" after {d['depth']} tokens" if d.get("depth") else ""
         for name, f in d["files"].items():
             kind = _GGUF_TYPES.get(name.removesuffix(".gguf").rsplit("-", 1)[-1], name)
             median = {k: sorted(f[k])[len(f[k]) // 2]
                       for k in ("kvserve_tok_s", "llamacpp_tok_s")}
-            lines.append(f"| {res.data.get('model')} {kind} | {f['file_bytes'] / 1e9:.2f} GB "
+            lines.append(f"| {res.data.get('model')} {kind}{depth} | "
+                         f"{f['file_bytes'] / 1e9:.2f} GB "
                          f"| {median['kvserve_tok_s']:.2f} | {median['llamacpp_tok_s']:.2f} | "
                          f"{_ratio(f['ratio'])} | {f['kvserve_vs_stream_floor']:.2f}x | "
                          f"{f['llamacpp_vs_stream_floor']:.2f}x |")
         build = d.get("llamacpp_build") or {}
-        notes.append(f"{res.data.get('model')}: tg{d['tokens']}, {d['rounds']} rounds, "
+        at = f" @ d{d['depth']}" if d.get("depth") else ""
+        notes.append(f"{res.data.get('model')}: tg{d['tokens']}{at}, {d['rounds']} rounds, "
                      f"{d['stream_bandwidth_gbs']:.1f} GB/s, llama.cpp "
                      f"\"{build.get('version') or 'unknown'}\" (GGML_NATIVE="
                      f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}), "
                      f"{_provenance(res, base)}")
     return lines + ["", "Random weights (`make-model --format gguf-...`, quantized by "
                     "llama-quantize); llama.cpp: `llama-bench` tgN; floor: a step's weight "
-                    "bytes over the streaming read (`bench gguf-decode`; " + "; ".join(notes)
+                    "bytes over the streaming read (after a context, a step also reads its K/V, "
+                    "which the floor leaves out) (`bench gguf-decode`; " + "; ".join(notes)
                     + ")."]
 
 

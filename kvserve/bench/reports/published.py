@@ -37,6 +37,15 @@ class Result:
     data: dict[str, Any]
 
     @property
+    def model_key(self) -> str | None:
+        """The model, and a decode bench's context depth where it has one: results kept
+        a model each keep each depth apart."""
+        depth = self.data.get("result", {}).get("depth") if isinstance(
+            self.data.get("result"), dict) else None
+        model = self.data.get("model")
+        return f"{model} @ {depth}" if depth else model
+
+    @property
     def machine(self) -> dict[str, Any]:
         return self.data.get("machine", {})
 
@@ -108,10 +117,10 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
         group = groups.setdefault(res.machine_key, MachineResults(res.machine))
         if res.kind in BY_MODEL:
             by_model = getattr(group, res.kind)
-            older = by_model.get(res.data.get("model"))
+            older = by_model.get(res.model_key)
             if older is not None:
                 group.others.append(older)
-            by_model[res.data.get("model")] = res
+            by_model[res.model_key] = res
         elif res.kind in KINDS:
             older = getattr(group, res.kind)
             if older is not None:

@@ -8,10 +8,30 @@ from pathlib import Path
 import pytest
 
 from kvserve.bench.cli import main
+from kvserve.bench.experiments.gguf_decode import context_prompt, kvserve_decode_rate
 from kvserve.bench.workloads.gguf_models import make_gguf_bench_model
 from kvserve.bench.workloads.models import BenchModelSpec
 from kvserve.default_model import default_model_dir
 from tests.format_tools import llama_cpp_source, llama_cpp_tool
+
+
+def test_only_the_decode_steps_after_a_deep_context_are_timed(llama_dir):
+    """A prompt longer than a step's chunk takes several steps before its first token;
+    the rate counts the steps after it, and a second round finds the context cached."""
+    from kvserve import LLM
+
+    llm = LLM(llama_dir, block_size=4, max_num_batched_tokens=32)
+    engine, steps = llm.engine, []
+    step = engine.step
+    engine.step = lambda: steps.append(1) or step()
+    prompt = context_prompt(1, 100, engine.vocab_size)
+    assert len(prompt) == 101
+    assert kvserve_decode_rate(llm, 8, prompt) > 0
+    assert len(steps) == 4 + 8  # chunks of 32, 32, 32 and 5 tokens, then 8 decode steps
+    steps.clear()
+    assert kvserve_decode_rate(llm, 8, prompt, reset_prefix_cache=False) > 0
+    assert len(steps) == 1 + 8  # the context from the prefix cache: one step to the token
+    assert not engine.has_unfinished_requests()
 
 
 @pytest.mark.slow
@@ -36,3 +56,18 @@ def test_both_systems_decode_the_same_file_on_the_same_cores(tmp_path):
     assert cpus["kvserve"]["ran_on"] and cpus["llama-bench"]["allowed"] == \
         cpus["kvserve"]["allowed"]
     assert res["llamacpp_build"]["build_commit"]
+
+
+@pytest.mark.slow
+def test_a_context_depth_is_given_to_both_systems(tmp_path):
+    tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
+    spec = BenchModelSpec(256, 2, 4, 2, 704)
+    gguf = make_gguf_bench_model(spec, "tiny", "gguf-q8_0", tmp_path / "tiny-q8_0.gguf",
+                                 default_model_dir(), llama_cpp_tool(tree, "llama-quantize"))
+    out = tmp_path / "decode.json"
+    assert main(["bench", "gguf-decode", str(gguf), "--llama-bench",
+                 str(llama_cpp_tool(tree, "llama-bench")), "--rounds", "1", "--tokens", "16",
+                 "--depth", "64", "--num-kv-blocks", "32", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["result"]
+    assert res["depth"] == 64
+    assert res["files"]["tiny-q8_0.gguf"]["llamacpp_tok_s"][0] > 0

@@ -73,6 +73,19 @@ def test_llama_bench_is_run_and_read(tmp_path):
     assert "-n 128 -t 2" in out["command"] and "cpus" in out
 
 
+def test_llama_bench_at_a_depth_reads_that_record(tmp_path):
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\ncat <<'JSON'\n[{\"n_prompt\": 0, \"n_gen\": 16, \"n_depth\": 0, "
+                    "\"avg_ts\": 80.5, \"stddev_ts\": 1.5, \"n_threads\": 2}, {\"n_prompt\": 0, "
+                    "\"n_gen\": 16, \"n_depth\": 512, \"avg_ts\": 60.0, \"stddev_ts\": 1.0, "
+                    "\"n_threads\": 2}]\nJSON\n")
+    fake.chmod(0o755)
+    out = llamacpp.run_llama_bench(str(fake), tmp_path / "m.gguf", threads=2, tokens=16,
+                                   depth=512)
+    assert out["tg_tok_s"] == 60.0 and out["n_depth"] == 512
+    assert out["command"].endswith("-d 512")
+
+
 def test_llama_bench_and_the_runner_must_agree_or_say_why():
     bench = {"tg_tok_s": 100.0}
     near = llamacpp.llama_bench_check(bench, [{"decode_tok_s": 95.0}, {"decode_tok_s": 97.0}])
