@@ -34,18 +34,27 @@ def test_only_the_decode_steps_after_a_deep_context_are_timed(llama_dir):
     assert not engine.has_unfinished_requests()
 
 
-@pytest.mark.slow
-def test_both_systems_decode_the_same_file_on_the_same_cores(tmp_path):
+# big enough that each system runs long enough for its threads to be seen on every core
+SEEN_ON_BOTH_CORES = BenchModelSpec(1024, 4, 8, 4, 2816)
+
+
+def _gguf_decode(tmp_path, spec: BenchModelSpec, *options: str) -> dict:
+    """``bench gguf-decode`` on a Q8_0 file of ``spec`` made by llama-quantize, against
+    llama-bench built from the same source; its JSON's result."""
     tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
-    # big enough that each system runs long enough for its threads to be seen
-    spec = BenchModelSpec(1024, 4, 8, 4, 2816)
     gguf = make_gguf_bench_model(spec, "tiny", "gguf-q8_0", tmp_path / "tiny-q8_0.gguf",
                                  default_model_dir(), llama_cpp_tool(tree, "llama-quantize"))
     out = tmp_path / "decode.json"
     assert main(["bench", "gguf-decode", str(gguf), "--llama-bench",
-                 str(llama_cpp_tool(tree, "llama-bench")), "--rounds", "2", "--tokens", "128",
-                 "--num-kv-blocks", "32", "--json", str(out)]) == 0
-    res = json.loads(out.read_text())["result"]
+                 str(llama_cpp_tool(tree, "llama-bench")), *options, "--num-kv-blocks", "32",
+                 "--json", str(out)]) == 0
+    return json.loads(out.read_text())["result"]
+
+
+@pytest.mark.slow
+def test_both_systems_decode_the_same_file_on_the_same_cores(tmp_path):
+    res = _gguf_decode(tmp_path, SEEN_ON_BOTH_CORES, "--rounds", "2",
+                       "--tokens", "128")
     row = res["files"]["tiny-q8_0.gguf"]
     assert len(row["kvserve_tok_s"]) == len(row["llamacpp_tok_s"]) == 2
     assert all(rate > 0 for rate in row["kvserve_tok_s"] + row["llamacpp_tok_s"])
@@ -60,14 +69,7 @@ def test_both_systems_decode_the_same_file_on_the_same_cores(tmp_path):
 
 @pytest.mark.slow
 def test_a_context_depth_is_given_to_both_systems(tmp_path):
-    tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
-    spec = BenchModelSpec(256, 2, 4, 2, 704)
-    gguf = make_gguf_bench_model(spec, "tiny", "gguf-q8_0", tmp_path / "tiny-q8_0.gguf",
-                                 default_model_dir(), llama_cpp_tool(tree, "llama-quantize"))
-    out = tmp_path / "decode.json"
-    assert main(["bench", "gguf-decode", str(gguf), "--llama-bench",
-                 str(llama_cpp_tool(tree, "llama-bench")), "--rounds", "1", "--tokens", "16",
-                 "--depth", "64", "--num-kv-blocks", "32", "--json", str(out)]) == 0
-    res = json.loads(out.read_text())["result"]
+    res = _gguf_decode(tmp_path, SEEN_ON_BOTH_CORES, "--rounds", "1", "--tokens", "128",
+                       "--depth", "64")
     assert res["depth"] == 64
     assert res["files"]["tiny-q8_0.gguf"]["llamacpp_tok_s"][0] > 0
