@@ -643,6 +643,8 @@ static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
     __m256 acc = _mm256_setzero_ps(), acc_off = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < k / 256; i++, w += 210, xq += 256, bsums += 16) {
+        for (int line = 0; line < 210; line += 64)
+            _mm_prefetch((const char *)(w + PREFETCH_BYTES + line), _MM_HINT_T0);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
         const float dd = half_to_float(w + 208) * xd[i];
         __m256i sumi0 = _mm256_setzero_si256(), sumi1 = _mm256_setzero_si256();
