@@ -750,9 +750,8 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
             sums[0] = row_q8_0_q8_1(a->xq, a->xd, k, wr);
         else if (kind == GGUF_ACT_Q8_0)
             row_q8_0_q8(a->xq, a->xd, m, k, wr, sums);
-        else if (kind == GGUF_ACT_Q8_K && m == 1)
-            sums[0] = fmt == Q4_K ? row_q4_k_q8k_1(a->xq, a->xd, a->bsums, k, wr)
-                                  : row_q6_k_q8k_1(a->xq, a->xd, a->bsums, k, wr);
+        else if (kind == GGUF_ACT_Q8_K && m == 1) /* Q6_K: Q4_K's single rows are above */
+            sums[0] = row_q6_k_q8k_1(a->xq, a->xd, a->bsums, k, wr);
         else if (kind == GGUF_ACT_Q8_K && fmt == Q4_K)
             row_q4_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
         else if (kind == GGUF_ACT_Q8_K)
