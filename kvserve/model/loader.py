@@ -249,13 +249,14 @@ def _as_16bit_rows(model: nn.Module, weights: Iterator[tuple[str, object, Path]]
 def _install_compressed_methods(model: nn.Module, config: CompressedConfig, files: list[Path]
                                 ) -> dict[str, Callable[[int | None, object], None]]:
     """Give each linear layer the checkpoint stores quantized (the layers with a
-    ``weight_scale``) its scheme's linear method, before any float weight is allocated.
-    Returns, by checkpoint target, what loads the layer's rows there."""
+    ``weight_scale``, or GPTQ and AWQ's ``qweight``) its scheme's linear method, before any
+    float weight is allocated. Returns, by checkpoint target, what loads the layer's rows there."""
     rename = getattr(model, "checkpoint_name", lambda n: n)
     modules = set()
     for path in files:
         with safe_open(str(path), framework="pt") as f:
-            modules.update(n.rpartition(".")[0] for n in f.keys() if n.endswith(".weight_scale"))
+            modules.update(n.rpartition(".")[0] for n in f.keys()
+                           if n.endswith("." + config.marker))
     loaders: dict[str, Callable[[int | None, object], None]] = {}
     schemes = {}
     for module in sorted(modules):
@@ -280,7 +281,7 @@ def _install_compressed_methods(model: nn.Module, config: CompressedConfig, file
                                  "instructions?)")
             method = Int8LinearMethod.install_empty(layer)
         else:
-            method = Int4LinearMethod.install(layer, scheme.group)
+            method = Int4LinearMethod.install(layer, scheme.group, scheme.act_order)
         loaders[target] = functools.partial(_load_rows, method, layer, sizes)
     return loaders
 

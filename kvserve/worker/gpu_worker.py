@@ -58,7 +58,7 @@ class CUDAWorker(Worker):
         """``device``: the torch device to run on (default: the current CUDA device)."""
         model_cfg, cache = config.model, config.cache
         for setting, on in (("quantization", model_cfg.quantization is not None),
-                            ("a compressed-tensors checkpoint",
+                            ("a quantized checkpoint (compressed-tensors, GPTQ, AWQ)",
                              read_compressed_config(model_cfg.model_dir) is not None),
                             ("tensor_parallel_size > 1",
                              config.parallel.tensor_parallel_size > 1)):

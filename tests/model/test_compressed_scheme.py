@@ -27,6 +27,11 @@ W8A8 = {
         "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
                               "dynamic": True, "symmetric": True},
         "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}}}}
+# as GPTQModel and AutoAWQ write them
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": True, "sym": True,
+        "checkpoint_format": "gptq", "pack_dtype": "int32", "lm_head": False}
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+       "version": "gemm", "modules_to_not_convert": None}
 
 
 def write(tmp_path, quantization_config):
@@ -64,7 +69,8 @@ WEIGHTS = ("config_groups", "group_0", "weights")
 
 
 @pytest.mark.parametrize("config, message", [
-    (changed(W4A16_ASYM, ("quant_method",), "gptq"), "quant_method 'gptq' is not supported"),
+    (changed(W4A16_ASYM, ("quant_method",), "bitsandbytes"),
+     "quant_method 'bitsandbytes' is not supported"),
     (changed(W4A16_ASYM, (*WEIGHTS, "actorder"), "group"), "actorder 'group'"),
     (changed(W4A16_ASYM, (*WEIGHTS, "group_size"), 48), "group_size 48"),
     (changed(W4A16_ASYM, (*WEIGHTS, "num_bits"), 8), "pack-quantized weights of 8 bits"),
@@ -80,3 +86,36 @@ def test_what_it_cannot_compute_is_refused_naming_what_it_can(tmp_path, config, 
     with pytest.raises(ValueError, match=message) as e:
         read_compressed_config(write(tmp_path, config))
     assert "supported" in str(e.value)
+
+
+@pytest.mark.parametrize("config, message", [
+    (changed(GPTQ, ("bits",), 8), "gptq quantization_config: bits 8"),
+    (changed(GPTQ, ("group_size",), 48), "group_size 48"),
+    (changed(GPTQ, ("checkpoint_format",), "marlin"), "checkpoint_format 'marlin'"),
+    (changed(GPTQ, ("dynamic",), {"-:.*mlp": {}}), "dynamic"),
+    (changed(GPTQ, ("lm_head",), True), "lm_head True"),
+    (changed(AWQ, ("version",), "gemv"), "awq quantization_config: version 'gemv'"),
+    (changed(AWQ, ("zero_point",), False), "zero_point false"),
+])
+def test_gptq_and_awq_it_cannot_compute_are_refused(tmp_path, config, message):
+    with pytest.raises(ValueError, match=message) as e:
+        read_compressed_config(write(tmp_path, config))
+    assert "supported" in str(e.value)
+
+
+def test_gptq_and_awq_schemes(tmp_path):
+    gptq = read_compressed_config(write(tmp_path, GPTQ))
+    assert gptq.scheme_for("model.layers.0.mlp.up_proj") == Scheme("w4a16", 64, True, True)
+    assert gptq.scheme_for("lm_head") is None
+    assert gptq.zeros_stored_minus_one and gptq.marker == "qweight"
+    assert gptq.describe() == "GPTQ W4A16"
+    v2 = read_compressed_config(write(tmp_path, changed(GPTQ, ("checkpoint_format",),
+                                                        "gptq_v2")))
+    assert not v2.zeros_stored_minus_one
+    channel = read_compressed_config(write(tmp_path, changed(GPTQ, ("group_size",), -1)))
+    assert channel.scheme_for("model.layers.0.mlp.up_proj").group is None
+    awq = read_compressed_config(write(tmp_path, changed(AWQ, ("modules_to_not_convert",),
+                                                         ["mlp.gate"])))
+    assert awq.scheme_for("model.layers.1.self_attn.o_proj") == Scheme("w4a16", 64, False)
+    assert awq.scheme_for("model.layers.1.mlp.gate_proj") is None  # a name that contains it
+    assert not awq.zeros_stored_minus_one and awq.describe() == "AWQ W4A16"

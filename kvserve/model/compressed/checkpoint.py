@@ -1,4 +1,4 @@
-"""A compressed-tensors checkpoint's quantized layers, read into the kernels' layouts.
+"""A quantized checkpoint's layers, read into the kernels' layouts.
 
 Each quantized layer's tensors (``weight`` + ``weight_scale`` for W8A8; ``weight_packed``,
 ``weight_scale``, ``weight_shape``, and ``weight_zero_point`` where the scheme has one,
@@ -6,7 +6,8 @@ for W4A16) are gathered and yielded as one value under the layer's
 ``.weight`` name: an :class:`Int8Weight`, or an :class:`Int4Weight` with the codes
 unpacked from int32 words (eight 4-bit values a word, the first in the low bits, each
 stored plus 8) and repacked for the kernel, the zero points likewise (packed eight
-output rows a word).
+output rows a word). GPTQ and AWQ layers (``qweight``, ``qzeros``, ``scales`` and GPTQ's
+``g_idx``) are read by :mod:`kvserve.model.compressed.gptq_awq`.
 """
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from typing import Callable, Iterator
 
 import torch
 
-from kvserve.model.compressed.linear import Int4Weight, pack_codes
+from kvserve.model.compressed.gptq_awq import PARTS, awq_weight, gptq_weight
+from kvserve.model.compressed.linear import Int4Weight, pack_codes, unpack_words
 from kvserve.model.compressed.scheme import CompressedConfig, Scheme
 
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 _OFFSET = 8  # a signed 4-bit value v is stored as the code v + 8
 
 
@@ -33,7 +34,9 @@ class Int8Weight:
         return self.qweight.shape[0]
 
 
-def _required(scheme: Scheme) -> set[str]:
+def _required(config: CompressedConfig, scheme: Scheme) -> set[str]:
+    if config.format != "compressed-tensors":
+        return PARTS[config.format]
     if scheme.kind == "w8a8":
         return {"weight", "weight_scale"}
     needed = {"weight_packed", "weight_scale", "weight_shape"}
@@ -42,14 +45,9 @@ def _required(scheme: Scheme) -> set[str]:
     return needed
 
 
-def _unpack_words(words: torch.Tensor) -> torch.Tensor:
-    """int32 [..., n] -> [..., 8n] 4-bit codes (0..15), the low bits first."""
-    return ((words.to(torch.int32)[..., None] >> _SHIFTS) & 0xF).flatten(-2)
-
-
 def _int4_weight(module: str, scheme: Scheme, parts: dict[str, torch.Tensor]) -> Int4Weight:
     rows, cols = (int(n) for n in parts["weight_shape"].tolist())
-    codes = _unpack_words(parts["weight_packed"])[:, :cols]
+    codes = unpack_words(parts["weight_packed"])[:, :cols]
     scales = parts["weight_scale"].float().reshape(rows, -1).contiguous()
     groups = scales.shape[1]
     if codes.shape[0] != rows or cols % groups:
@@ -62,7 +60,7 @@ def _int4_weight(module: str, scheme: Scheme, parts: dict[str, torch.Tensor]) ->
         if zp.shape[0] == rows:  # not packed: the signed values
             zeros = (zp.to(torch.int32) + _OFFSET).to(torch.int8)
         else:  # packed eight output rows a word, down the columns
-            zeros = _unpack_words(zp.to(torch.int32).t().contiguous())[:, :rows].t()
+            zeros = unpack_words(zp.to(torch.int32).t().contiguous())[:, :rows].t()
             zeros = zeros.to(torch.int8).contiguous()
         if zeros.shape != (rows, groups):
             raise ValueError(f"{module}: weight_zero_point {tuple(zp.shape)} does not give "
@@ -80,14 +78,18 @@ def compressed_weights(weights: Iterator[tuple[str, torch.Tensor, object]],
     for name, tensor, source in weights:
         module, _, attr = name.rpartition(".")
         scheme = config.scheme_for(module) if is_linear(module) else None
-        if scheme is None or attr not in _required(scheme):
+        if scheme is None or attr not in _required(config, scheme):
             yield name, tensor, source
             continue
         parts = pending.setdefault(module, {})
         parts[attr] = tensor
-        if _required(scheme) <= parts.keys():
+        if _required(config, scheme) <= parts.keys():
             del pending[module]
-            if scheme.kind == "w8a8":
+            if config.format == "gptq":
+                value = gptq_weight(module, scheme, parts, config.zeros_stored_minus_one)
+            elif config.format == "awq":
+                value = awq_weight(module, scheme, parts)
+            elif scheme.kind == "w8a8":
                 if parts["weight"].dtype != torch.int8:
                     raise ValueError(f"{module}.weight is {parts['weight'].dtype}, not int8")
                 value = Int8Weight(parts["weight"], parts["weight_scale"].float().reshape(-1))
@@ -96,7 +98,7 @@ def compressed_weights(weights: Iterator[tuple[str, torch.Tensor, object]],
             yield f"{module}.weight", value, source
     if pending:
         module, parts = next(iter(pending.items()))
-        missing = sorted(_required(config.scheme_for(module)) - parts.keys())
+        missing = sorted(_required(config, config.scheme_for(module)) - parts.keys())
         raise ValueError(f"checkpoint is missing {', '.join(missing)} of {module}"
                          + (f" (and parts of {len(pending) - 1} more layers)"
                             if len(pending) > 1 else ""))
