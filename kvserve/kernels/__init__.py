@@ -68,6 +68,7 @@ class Kernels:
         self._gguf_rows = bind(lib, "gguf_rows")
         self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
         self._gguf_dequantize = bind(lib, "gguf_dequantize")
+        self._gguf_repack_q4_k_x4 = bind(lib, "gguf_repack_q4_k_x4")
         self._int4_rows = bind(lib, "int4_rows")
         self._int4_dequantize = bind(lib, "int4_dequantize")
         self._bind_threads = bind(lib, "bind_omp_threads")
@@ -267,6 +268,24 @@ class Kernels:
             raise ValueError(f"gguf_dequantize: format {fmt}, K={k} is not whole blocks "
                              "of a known format, or the blocks are not contiguous uint8")
         return out
+
+    def gguf_repack_q4_k_x4(self, blocks, k: int, unpack: bool = False):
+        """Q4_K rows (uint8 [N, k/256 * 144]) as Q4_K_X4's runs of four rows (uint8
+        [N, k/256 * 148], ``gguf_q4_k_x4.h``), or back with ``unpack``; None where this
+        build has no kernel for Q4_K_X4 (the rows stay Q4_K)."""
+        width = k // 256 * (148 if unpack else 144)
+        if not (blocks.dtype == torch.uint8 and blocks.is_contiguous() and blocks.dim() == 2
+                and blocks.shape[1] == width):
+            raise ValueError(f"gguf_repack_q4_k_x4 takes contiguous uint8 rows of {width} "
+                             f"bytes for K={k}; got {blocks.dtype} {tuple(blocks.shape)}")
+        out = torch.empty((blocks.shape[0], k // 256 * (144 if unpack else 148)),
+                          dtype=torch.uint8)
+        status = self._gguf_repack_q4_k_x4(src=blocks.data_ptr(), n=blocks.shape[0], k=k,
+                                           dst=out.data_ptr(), unpack=int(unpack))
+        if status < 0:
+            raise ValueError(f"gguf_repack_q4_k_x4: {blocks.shape[0]} rows of K={k} are not "
+                             "whole runs of four rows of whole blocks (K at most 16384)")
+        return None if status else out
 
     def int4_rows(self, x, codes, scales, zeros, group: int, out) -> None:
         """out [M, N] (rows of any stride, columns contiguous) = x [M, K] (float32,

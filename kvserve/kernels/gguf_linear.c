@@ -16,7 +16,9 @@
  *   has its own loops, kept in registers. The weight rows are prefetched ahead.
  *
  * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K, 5 BF16, 6 F16 (the 16-bit floats, kept as
- * stored: two bytes a weight read, widened in registers). Output columns j land at
+ * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4 (Q4_K four rows
+ * interleaved, gguf_q4_k_x4.h: a single row's products in registers, the other ways
+ * through each run of four rows unpacked to Q4_K in a buffer). Output columns j land at
  * y[r * y_stride + j], so the parts of a fused layer write their own columns.
  */
 #include <math.h>
@@ -31,11 +33,11 @@
 #define PREFETCH_BYTES 1024
 #endif
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, BF16 = 5, F16 = 6 };
+enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, BF16 = 5, F16 = 6, Q4_K_X4 = 7 };
 
 /* BF16 and F16 rows are taken 32 values at a time, as a block */
-static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32};
-static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64};
+static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256};
+static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148};
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
@@ -73,6 +75,15 @@ static inline void scale_min_k4(int s, const uint8_t *q, float *sc, float *mn) {
         *sc = (float)((q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4));
         *mn = (float)((q[s + 4] >> 4) | ((q[s] >> 6) << 4));
     }
+}
+
+#include "gguf_q4_k_x4.h"
+
+/* fmt is known and k whole blocks of it; for Q4_K_X4, n whole runs of four rows of at
+ * most X4_MAX_K values */
+static inline int valid_layout(int64_t fmt, int64_t k, int64_t n) {
+    return fmt >= 0 && fmt <= Q4_K_X4 && k % BLOCK_VALUES[fmt] == 0 &&
+           (fmt != Q4_K_X4 || (n % 4 == 0 && k <= X4_MAX_K));
 }
 
 /* One block of format fmt as floats. */
@@ -687,10 +698,10 @@ static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
 int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k) {
 #ifdef __AVX2__
     if (int8_activations && fmt == Q8_0) return GGUF_ACT_Q8_0;
-    if (int8_activations && (fmt == Q4_K || fmt == Q6_K)) return GGUF_ACT_Q8_K;
+    if (int8_activations && (fmt == Q4_K || fmt == Q4_K_X4 || fmt == Q6_K)) return GGUF_ACT_Q8_K;
 #endif
     (void)int8_activations;
-    return fmt == Q4_K && k / 32 <= 512 ? GGUF_ACT_XSUM : GGUF_ACT_FLOAT;
+    return (fmt == Q4_K || fmt == Q4_K_X4) && k / 32 <= 512 ? GGUF_ACT_XSUM : GGUF_ACT_FLOAT;
 }
 
 /* The rows of x [m, k] prepared as kind into a, the threads splitting the blocks. */
@@ -717,11 +728,67 @@ void gguf_prepare_part(const float *x, int64_t m, int64_t k, int64_t kind,
 #endif
 }
 
+/* sums[r] = x[r, :] . dequantized wr for r < m: one weight row of fmt (not Q4_K_X4) */
+static void one_row(const float *x, int64_t kind, const gguf_activations *a, int64_t m,
+                    int64_t k, const uint8_t *wr, int64_t fmt, float *sums) {
+#ifdef __AVX2__
+    if (kind == GGUF_ACT_Q8_0 && m == 1)
+        sums[0] = row_q8_0_q8_1(a->xq, a->xd, k, wr);
+    else if (kind == GGUF_ACT_Q8_0)
+        row_q8_0_q8(a->xq, a->xd, m, k, wr, sums);
+    else if (kind == GGUF_ACT_Q8_K && m == 1) /* Q6_K: Q4_K's single rows are in pairs */
+        sums[0] = row_q6_k_q8k_1(a->xq, a->xd, a->bsums, k, wr);
+    else if (kind == GGUF_ACT_Q8_K && fmt == Q4_K)
+        row_q4_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
+    else if (kind == GGUF_ACT_Q8_K)
+        row_q6_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
+    else if (fmt == Q8_0)
+        row_q8_0(x, m, k, wr, sums);
+    else if (fmt == BF16 || fmt == F16)
+        row_16bit(fmt == BF16, x, m, k, wr, sums);
+    else if (kind == GGUF_ACT_XSUM)
+        row_q4_k(x, a->xsum, m, k, wr, sums);
+    else
+#endif
+        row_buffered((int)fmt, x, m, k, wr, sums);
+}
+
+/* Q4_K_X4's runs of four rows: a single Q8_K row in registers (AVX2), any other x
+ * through each run unpacked to four Q4_K rows on the stack (k <= X4_MAX_K). */
+static void q4_k_x4_rows_part(const float *x, int64_t kind, const gguf_activations *a,
+                              int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y,
+                              int64_t y_stride) {
+    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[Q4_K_X4];
+#ifdef __AVX2__
+    if (kind == GGUF_ACT_Q8_K && m == 1) {
+#pragma omp for schedule(static) nowait
+        for (int64_t run = 0; run < n / 4; run++)
+            row_q4_k_x4_q8k(a->xq, a->xd, a->bsums, k, w + run * run_bytes, y + 4 * run);
+        return;
+    }
+#endif
+    const int64_t row_bytes = k / 256 * BLOCK_BYTES[Q4_K];
+    uint8_t rows[4 * X4_MAX_K / 256 * 144];
+#pragma omp for schedule(static) nowait
+    for (int64_t run = 0; run < n / 4; run++) {
+        q4_k_x4_unpack(w + run * run_bytes, k, rows, row_bytes);
+        for (int r = 0; r < 4; r++) {
+            float sums[MAX_ROWS];
+            one_row(x, kind, a, m, k, rows + r * row_bytes, Q4_K, sums);
+            for (int64_t i = 0; i < m; i++) y[i * y_stride + 4 * run + r] = sums[i];
+        }
+    }
+}
+
 /* y[r * y_stride + j] = x[r, :] . dequantized w[j, :] for r < m, j < n, from x prepared
  * as kind (gguf_prepare_part), the threads splitting the weight rows. */
 void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int64_t m,
                     int64_t k, const uint8_t *w, int64_t n, int64_t fmt, float *y,
                     int64_t y_stride) {
+    if (fmt == Q4_K_X4) {
+        q4_k_x4_rows_part(x, kind, a, m, k, w, n, y, y_stride);
+        return;
+    }
     const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
 #ifdef __AVX2__
     if (kind == GGUF_ACT_Q8_K && fmt == Q4_K && m == 1) { /* weight rows two at a time */
@@ -744,27 +811,7 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
 #pragma omp for schedule(static) nowait
     for (int64_t j = 0; j < n; j++) {
         float sums[MAX_ROWS];
-        const uint8_t *wr = w + j * row_bytes;
-#ifdef __AVX2__
-        if (kind == GGUF_ACT_Q8_0 && m == 1)
-            sums[0] = row_q8_0_q8_1(a->xq, a->xd, k, wr);
-        else if (kind == GGUF_ACT_Q8_0)
-            row_q8_0_q8(a->xq, a->xd, m, k, wr, sums);
-        else if (kind == GGUF_ACT_Q8_K && m == 1) /* Q6_K: Q4_K's single rows are above */
-            sums[0] = row_q6_k_q8k_1(a->xq, a->xd, a->bsums, k, wr);
-        else if (kind == GGUF_ACT_Q8_K && fmt == Q4_K)
-            row_q4_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
-        else if (kind == GGUF_ACT_Q8_K)
-            row_q6_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
-        else if (fmt == Q8_0)
-            row_q8_0(x, m, k, wr, sums);
-        else if (fmt == BF16 || fmt == F16)
-            row_16bit(fmt == BF16, x, m, k, wr, sums);
-        else if (kind == GGUF_ACT_XSUM)
-            row_q4_k(x, a->xsum, m, k, wr, sums);
-        else
-#endif
-            row_buffered((int)fmt, x, m, k, wr, sums);
+        one_row(x, kind, a, m, k, w + j * row_bytes, fmt, sums);
         for (int64_t r = 0; r < m; r++) y[r * y_stride + j] = sums[r];
     }
 }
@@ -776,7 +823,7 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
  * the rounded rows. */
 int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
                        int64_t fmt, float *y, int64_t y_stride) {
-    if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS) return 1;
+    if (!valid_layout(fmt, k, n) || m < 1 || m > MAX_ROWS) return 1;
     const int64_t kind = gguf_activation_kind(fmt, 1, k);
     if (kind != GGUF_ACT_Q8_0 && kind != GGUF_ACT_Q8_K) return 1;
     gguf_activations a = {malloc((size_t)(m * k)), malloc(sizeof(float) * (size_t)(m * k / 32)),
@@ -801,7 +848,7 @@ int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, i
  * whole blocks, or more than MAX_ROWS rows. */
 int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
                   int64_t fmt, float *y, int64_t y_stride) {
-    if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt] || m < 1 || m > MAX_ROWS) return -1;
+    if (!valid_layout(fmt, k, n) || m < 1 || m > MAX_ROWS) return -1;
     float xsum[MAX_ROWS * 512];
     const gguf_activations a = {NULL, NULL, NULL, xsum};
     const int64_t kind = gguf_activation_kind(fmt, 0, k);
@@ -817,6 +864,17 @@ int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_
 /* The floats of n rows of fmt blocks (k values each) into out [n, k]: the tiles the
  * many-row GEMMs multiply, a few rows of the weight at a time. */
 void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
+    if (fmt == Q4_K_X4) {
+        const int64_t row_bytes = k / 256 * BLOCK_BYTES[Q4_K];
+        uint8_t rows[4 * X4_MAX_K / 256 * 144];
+#pragma omp for schedule(static) nowait
+        for (int64_t run = 0; run < n / 4; run++) {
+            q4_k_x4_unpack(w + run * 4 * (k / 256) * BLOCK_BYTES[Q4_K_X4], k, rows, row_bytes);
+            for (int64_t b = 0; b < 4 * (k / 256); b++)
+                decode_block(Q4_K, rows + b * BLOCK_BYTES[Q4_K], out + 4 * run * k + b * 256);
+        }
+        return;
+    }
     const int64_t bv = BLOCK_VALUES[fmt], bb = BLOCK_BYTES[fmt], per_row = k / bv;
 #pragma omp for schedule(static) nowait
     for (int64_t j = 0; j < n; j++)
@@ -825,8 +883,30 @@ void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, f
 }
 
 int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
-    if (fmt < 0 || fmt > F16 || k % BLOCK_VALUES[fmt]) return -1;
+    if (!valid_layout(fmt, k, n)) return -1;
 #pragma omp parallel
     gguf_dequantize_part(w, n, k, fmt, out);
+    return 0;
+}
+
+/* n rows of Q4_K blocks (k values each) into Q4_K_X4's runs of four (dst: 148 / 144 as
+ * many bytes as src); back again with unpack (dst: 144 / 148). Returns 0; 1 where this
+ * build has no kernel for the layout (no AVX2: keep Q4_K); -1 for n not whole runs, k
+ * not whole blocks or over X4_MAX_K. */
+int64_t gguf_repack_q4_k_x4(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst,
+                            int64_t unpack) {
+    if (n % 4 || k % 256 || n < 0 || k > X4_MAX_K) return -1;
+#ifndef __AVX2__
+    if (!unpack) return 1;
+#endif
+    const int64_t row_bytes = k / 256 * BLOCK_BYTES[Q4_K];
+    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[Q4_K_X4];
+#pragma omp parallel for schedule(static)
+    for (int64_t run = 0; run < n / 4; run++) {
+        if (unpack)
+            q4_k_x4_unpack(src + run * run_bytes, k, dst + run * 4 * row_bytes, row_bytes);
+        else
+            q4_k_x4_pack(src + run * 4 * row_bytes, row_bytes, k, dst + run * run_bytes);
+    }
     return 0;
 }

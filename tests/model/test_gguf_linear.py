@@ -64,3 +64,32 @@ def test_permuted_rows_move_whole_rows():
     weight = BlockWeight("Q4_K", blocks, 512)
     order = torch.tensor([3, 1, 0, 2, 7, 6, 5, 4])
     assert torch.equal(weight.permute_rows(order).dequantize(), weight.dequantize()[order])
+
+
+def test_q4_k_parts_run_as_four_row_runs_with_the_kernels_and_go_back_without():
+    from kvserve.kernels import load_kernels
+    from kvserve.model.execution import ExecutionMode
+    kernels = load_kernels()
+    if not kernels.available:
+        pytest.fail(f"the native kernels did not build: {kernels.reason}")
+    layer, dense = fused_layer(bias=False)
+    file_bytes = layer.gguf_part0.clone()
+    layer.configure(ExecutionMode(kernels=kernels))
+    assert layer.method.kinds[0] == "Q4_K_X4" and layer.gguf_part0.shape == (64, 2 * 148)
+    assert layer.method.kinds[1:] == ["Q6_K", "float", "Q8_0"]
+    layer.configure(ExecutionMode(kernels=None))
+    assert layer.method.kinds[0] == "Q4_K" and torch.equal(layer.gguf_part0, file_bytes)
+    assert_layer_computes(layer, dense, 2, native=False)
+
+
+def test_blocks_an_embedding_shares_keep_the_files_layout():
+    from kvserve.kernels import load_kernels
+    from kvserve.model.execution import ExecutionMode
+    with torch.device("meta"):
+        head = Linear(K, 8, bias=False)
+    method = GGUFLinearMethod.install(head, [8])
+    head.to_empty(device="cpu")
+    blocks = torch.from_numpy(random_blocks("Q4_K", 8 * K // 256, seed=1)).reshape(8, -1)
+    method.load(head, None, BlockWeight("Q4_K", blocks, K, shared=True))
+    head.configure(ExecutionMode(kernels=load_kernels()))
+    assert method.kinds == ["Q4_K"] and head.gguf_part0 is blocks

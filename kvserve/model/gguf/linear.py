@@ -10,6 +10,12 @@ decodes each block in registers and uses it for every row
 ``TILE_ROWS`` weight rows at a time to float32 and multiplies them with torch's GEMM,
 so the float copy is one tile, reused across all of the step's rows. A part the file
 stores in F32 (llama.cpp keeps small tensors so) is a float buffer, multiplied as is.
+
+With the native kernels, a Q4_K part is rearranged once, when the layer is configured,
+into runs of four rows (``Q4_K_X4``, ``kvserve/kernels/gguf_q4_k_x4.h``: the same bytes
+but for the scales, one byte each), so that a single decode row is multiplied with four
+weight rows per instruction; it goes back to Q4_K if configured without them. A part
+whose blocks an embedding shares (a tied LM head) keeps the file's layout.
 """
 from __future__ import annotations
 
@@ -23,7 +29,9 @@ from kvserve.model.gguf.quants import KEPT, dequantize
 from kvserve.model.linear_method import LinearMethod
 
 # the native kernels' codes for the block formats (kvserve/kernels/gguf_linear.c)
-FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "BF16": 5, "F16": 6}
+FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "BF16": 5, "F16": 6,
+                "Q4_K_X4": 7}
+X4_MAX_COLS = 16384  # the longest rows Q4_K_X4 takes
 NATIVE_MAX_ROWS = 8
 TILE_ROWS = 256
 
@@ -35,6 +43,7 @@ class BlockWeight:
     kind: str
     blocks: torch.Tensor
     cols: int
+    shared: bool = False  # an embedding computes on the same blocks
 
     @property
     def rows(self) -> int:
@@ -56,6 +65,8 @@ class GGUFLinearMethod(LinearMethod):
     def __init__(self, shard_rows: list[int]) -> None:
         self.shard_rows = list(shard_rows)
         self.kinds: list[str | None] = [None] * len(shard_rows)
+        self.shared = [False] * len(shard_rows)
+        self.repacked_by = None  # the kernels that made the Q4_K_X4 parts
         self.native = None  # kvserve.kernels.Kernels, when configured with them
         # decode rows rounded to int8 per 32 values and multiplied in integers, as
         # llama.cpp does (Q8_0 and Q4_K parts, AVX2); False: in float, which equals
@@ -79,6 +90,7 @@ class GGUFLinearMethod(LinearMethod):
         rows, cols = self.shard_rows[index], layer.in_features
         if isinstance(weight, BlockWeight):
             got, kind, data = (weight.rows, weight.cols), weight.kind, weight.blocks
+            self.shared[index] = weight.shared
         else:
             got, kind, data = tuple(weight.shape), "float", weight.detach().float().contiguous()
         if got != (rows, cols):
@@ -98,6 +110,25 @@ class GGUFLinearMethod(LinearMethod):
     def configure(self, layer: nn.Linear, mode) -> None:
         kernels = getattr(mode, "kernels", None)
         self.native = kernels if kernels is not None and kernels.available else None
+        self._relayout(layer)
+
+    def _relayout(self, layer: nn.Linear) -> None:
+        """Q4_K parts as Q4_K_X4 with the native kernels (where they have the layout), and
+        back without them."""
+        cols = layer.in_features
+        for i, (kind, rows) in enumerate(zip(self.kinds, self.shard_rows)):
+            data = getattr(layer, f"gguf_part{i}")
+            if (kind == "Q4_K" and self.native is not None and data.device.type == "cpu"
+                    and not self.shared[i] and rows % 4 == 0 and cols <= X4_MAX_COLS):
+                repacked = self.native.gguf_repack_q4_k_x4(data, cols)
+                if repacked is not None:
+                    self.repacked_by = self.native
+                    layer.register_buffer(f"gguf_part{i}", repacked)
+                    self.kinds[i] = "Q4_K_X4"
+            elif kind == "Q4_K_X4" and self.native is None:
+                layer.register_buffer(f"gguf_part{i}", self.repacked_by.gguf_repack_q4_k_x4(
+                    data, cols, unpack=True))
+                self.kinds[i] = "Q4_K"
 
     def parts(self, layer: nn.Linear):
         """(first output column, rows, kind, buffer) of each part."""

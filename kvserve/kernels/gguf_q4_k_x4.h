@@ -1,0 +1,122 @@
+/* Q4_K rows four at a time (format Q4_K_X4): kvserve's own layout of a GGUF Q4_K tensor,
+ * made once at load (gguf_repack_q4_k_x4) so that one decode row's products serve four
+ * weight rows per instruction. Included by gguf_linear.c.
+ *
+ * Each run of four rows is k / 256 groups of X4_GROUP_BYTES, one a super-block of 256
+ * values of each of the four rows r = 0..3:
+ *   0   d[4], dmin[4]    the rows' float16 super-block scales, as the file has them
+ *   16  scales[4][8]     each row's 6-bit sub-block scales, a byte each
+ *   48  mins             each row's 6-bit sub-block mins, a byte each: sub-blocks 0-3 of
+ *                        rows 0..3, then sub-blocks 4-7 of rows 0..3
+ *   80  qs               for chunk c = 0..3 (the file's 32 bytes of sub-blocks 2c and
+ *                        2c + 1: low and high nibbles), for eighth u = 0..3, bytes
+ *                        8u..8u+7 of rows 0, 1, 2, 3: one 32-byte load
+ * Nothing is lost: unpacking gives back the file's bytes. 592 bytes hold what four rows
+ * kept in 576: a row is BLOCK_BYTES[Q4_K_X4] = 148 bytes a super-block.
+ *
+ * Against a Q8_K row: each 32-byte load of weights meets 8 activation bytes broadcast
+ * to all four rows; the 16-bit pair sums of a sub-block add up in 16 bits (at most
+ * 4 x 2 x 15 x 127) before one multiply by the four rows' scales. */
+#define X4_GROUP_BYTES 592
+#define X4_MAX_K 16384 /* the longest rows the layout takes: unpacked runs go on the stack */
+
+/* Four rows of standard Q4_K blocks (row_bytes apart, k values each) into the layout. */
+static void q4_k_x4_pack(const uint8_t *rows, int64_t row_bytes, int64_t k, uint8_t *out) {
+    for (int64_t i = 0; i < k / 256; i++, out += X4_GROUP_BYTES) {
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = rows + r * row_bytes + i * 144;
+            memcpy(out + 2 * r, b, 2);
+            memcpy(out + 8 + 2 * r, b + 2, 2);
+            for (int s = 0; s < 8; s++) {
+                float sc, mn;
+                scale_min_k4(s, b + 4, &sc, &mn);
+                out[16 + 8 * r + s] = (uint8_t)sc;
+                out[48 + 16 * (s / 4) + 4 * r + s % 4] = (uint8_t)mn;
+            }
+            for (int c = 0; c < 4; c++)
+                for (int u = 0; u < 4; u++)
+                    memcpy(out + 80 + 32 * (4 * c + u) + 8 * r, b + 16 + 32 * c + 8 * u, 8);
+        }
+    }
+}
+
+/* q4_k_x4_pack's inverse: one run of four rows back into standard Q4_K rows. */
+static void q4_k_x4_unpack(const uint8_t *g, int64_t k, uint8_t *rows, int64_t row_bytes) {
+    for (int64_t i = 0; i < k / 256; i++, g += X4_GROUP_BYTES) {
+        for (int r = 0; r < 4; r++) {
+            uint8_t *b = rows + r * row_bytes + i * 144, *q = b + 4;
+            memcpy(b, g + 2 * r, 2);
+            memcpy(b + 2, g + 8 + 2 * r, 2);
+            const uint8_t *sc = g + 16 + 8 * r;
+            uint8_t mn[8];
+            for (int s = 0; s < 8; s++) mn[s] = g[48 + 16 * (s / 4) + 4 * r + s % 4];
+            for (int s = 0; s < 4; s++) {
+                q[s] = (uint8_t)(sc[s] | (sc[s + 4] >> 4) << 6);
+                q[s + 4] = (uint8_t)(mn[s] | (mn[s + 4] >> 4) << 6);
+                q[s + 8] = (uint8_t)((sc[s + 4] & 0xF) | (mn[s + 4] & 0xF) << 4);
+            }
+            for (int c = 0; c < 4; c++)
+                for (int u = 0; u < 4; u++)
+                    memcpy(b + 16 + 32 * c + 8 * u, g + 80 + 32 * (4 * c + u) + 8 * r, 8);
+        }
+    }
+}
+
+#ifdef __AVX2__
+/* The four rows of a run against one Q8_K row (k values): out[0..3]. The sums run in
+ * lanes r0 r0 r1 r1 | r2 r2 r3 r3; each row's pair is added at the end. */
+static void row_q4_k_x4_q8k(const int8_t *xq, const float *xd, const int16_t *bsums,
+                            int64_t k, const uint8_t *g, float *out) {
+    __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    const __m256i d_lanes = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    const __m256i dmin_lanes = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    for (int64_t i = 0; i < k / 256; i++, g += X4_GROUP_BYTES, xq += 256, bsums += 16) {
+        for (int line = 0; line < X4_GROUP_BYTES; line += 64)
+            _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
+        const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g)),
+                                       _mm256_set1_ps(xd[i]));
+        const __m256i scales = _mm256_loadu_si256((const __m256i *)(g + 16));
+        /* the 32-value sums of x: sub-blocks 0-3 in every quarter, then 4-7 */
+        const __m128i sums = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                            _mm_loadu_si128((const __m128i *)(bsums + 8)));
+        const __m256i mins = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 48))),
+                              _mm256_broadcastq_epi64(sums)),
+            _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 64))),
+                              _mm256_broadcastq_epi64(_mm_unpackhi_epi64(sums, sums))));
+        __m256i isum = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            /* sub-block s's scale of rows 0, 1 (2, 3 in the upper half) as 16-bit lanes */
+            const short lo0 = (short)(0x8000 | (2 * c)), lo1 = (short)(0x8000 | (8 + 2 * c));
+            const short hi0 = (short)(lo0 + 1), hi1 = (short)(lo1 + 1);
+            const __m256i scale_lo = _mm256_shuffle_epi8(scales, _mm256_setr_epi16(
+                lo0, lo0, lo0, lo0, lo1, lo1, lo1, lo1, lo0, lo0, lo0, lo0, lo1, lo1, lo1, lo1));
+            const __m256i scale_hi = _mm256_shuffle_epi8(scales, _mm256_setr_epi16(
+                hi0, hi0, hi0, hi0, hi1, hi1, hi1, hi1, hi0, hi0, hi0, hi0, hi1, hi1, hi1, hi1));
+            __m256i p_lo = _mm256_setzero_si256(), p_hi = p_lo;
+            for (int u = 0; u < 4; u++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 80 + 32 * (4 * c + u)));
+                int64_t x_lo, x_hi;
+                memcpy(&x_lo, xq + 64 * c + 8 * u, 8);
+                memcpy(&x_hi, xq + 64 * c + 32 + 8 * u, 8);
+                p_lo = _mm256_add_epi16(p_lo, _mm256_maddubs_epi16(
+                    _mm256_and_si256(q, low4), _mm256_set1_epi64x(x_lo)));
+                p_hi = _mm256_add_epi16(p_hi, _mm256_maddubs_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), _mm256_set1_epi64x(x_hi)));
+            }
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(p_lo, scale_lo),
+                                                           _mm256_madd_epi16(p_hi, scale_hi)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_permutevar8x32_ps(d, d_lanes),
+                              acc);
+        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins),
+                                _mm256_permutevar8x32_ps(d, dmin_lanes), acc_m);
+    }
+    const __m256 r = _mm256_sub_ps(acc, acc_m);
+    const __m256 pairs = _mm256_hadd_ps(r, r); /* r0 r1 r0 r1 | r2 r3 r2 r3 */
+    const __m128 lo = _mm256_castps256_ps128(pairs), hi = _mm256_extractf128_ps(pairs, 1);
+    _mm_storel_pi((__m64 *)out, lo);
+    _mm_storel_pi((__m64 *)(out + 2), hi);
+}
+#endif
