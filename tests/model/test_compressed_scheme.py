@@ -95,7 +95,6 @@ def test_what_it_cannot_compute_is_refused_naming_what_it_can(tmp_path, config, 
     (changed(GPTQ, ("dynamic",), {"-:.*mlp": {}}), "dynamic"),
     (changed(GPTQ, ("lm_head",), True), "lm_head True"),
     (changed(AWQ, ("version",), "gemv"), "awq quantization_config: version 'gemv'"),
-    (changed(AWQ, ("zero_point",), False), "zero_point false"),
 ])
 def test_gptq_and_awq_it_cannot_compute_are_refused(tmp_path, config, message):
     with pytest.raises(ValueError, match=message) as e:
@@ -119,3 +118,5 @@ def test_gptq_and_awq_schemes(tmp_path):
     assert awq.scheme_for("model.layers.1.self_attn.o_proj") == Scheme("w4a16", 64, False)
     assert awq.scheme_for("model.layers.1.mlp.gate_proj") is None  # a name that contains it
     assert not awq.zeros_stored_minus_one and awq.describe() == "AWQ W4A16"
+    no_zeros = read_compressed_config(write(tmp_path, changed(AWQ, ("zero_point",), False)))
+    assert no_zeros.scheme_for("model.layers.1.mlp.up_proj") == Scheme("w4a16", 64, True)

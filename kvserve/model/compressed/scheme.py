@@ -12,7 +12,8 @@ and how (the schemes kvserve computes, as vLLM's CPU build loads them). compress
 GPTQ (``quant_method`` ``gptq``, as GPTQModel saves it) and AWQ (``awq``, AutoAWQ's
 ``gemm`` layout): 4-bit ``w4a16`` on every linear layer of the decoder blocks, grouped or
 one group a row; GPTQ symmetric or not, its ``desc_act`` (act-order) groups gathered by
-permuting the input columns (``Scheme.act_order``); AWQ with zero points.
+permuting the input columns (``Scheme.act_order``); AWQ with or without zero points (its
+``qzeros`` read either way).
 
 Anything else is refused, naming what is.
 """
@@ -26,8 +27,7 @@ from pathlib import Path
 SUPPORTED = "compressed-tensors int-quantized W8A8 (int8 channel weights, dynamic per-token " \
             "int8 activations) and pack-quantized W4A16 (4-bit grouped or channel weights); " \
             "GPTQ 4-bit (gptq or gptq_v2 format, with or without desc_act); AWQ 4-bit (gemm " \
-            "version, with zero points)"
-FORMATS = ("compressed-tensors", "gptq", "awq")
+            "version)"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Scheme:
 class CompressedConfig:
     groups: tuple[tuple[tuple[str, ...], Scheme], ...]  # (targets, scheme)
     ignore: tuple[str, ...]
-    format: str = "compressed-tensors"  # one of FORMATS
+    format: str = "compressed-tensors"  # or "gptq", "awq"
     zeros_stored_minus_one: bool = False  # GPTQ's first format keeps each zero point - 1
 
     @property
@@ -179,12 +179,11 @@ def _awq_config(config: dict) -> CompressedConfig:
     version = str(config.get("version", "gemm")).lower()
     if version != "gemm":
         raise ValueError(f"version {version!r} (gemm's layout is read)")
-    if not config.get("zero_point", True):
-        raise ValueError("zero_point false (AWQ with zero points is read)")
     # AutoAWQ leaves a layer in float when its name contains any of these
     ignore = ("lm_head", *(f"re:.*{re.escape(key)}" for key in
                            config.get("modules_to_not_convert") or ()))
-    return CompressedConfig(((("Linear",), Scheme("w4a16", group, False)),), ignore, "awq")
+    scheme = Scheme("w4a16", group, not config.get("zero_point", True))
+    return CompressedConfig(((("Linear",), scheme),), ignore, "awq")
 
 
 
