@@ -1,6 +1,7 @@
 """The formats' own tools, run by the tests to make the files kvserve loads: llama.cpp's
 converter and quantizer (from llama-cpp-python's sdist) for GGUF files, llmcompressor
-(in a venv of its own) for compressed-tensors checkpoints."""
+(in a venv of its own) for compressed-tensors checkpoints, GPTQModel (in another) for
+GPTQ and AWQ checkpoints and for transformers' own reading of them."""
 from __future__ import annotations
 
 import os
@@ -85,20 +86,28 @@ def convert_to_gguf(source: Path, model_dir: str, outtype: str, out: Path) -> Pa
 LLMCOMPRESSOR = ("torch==2.13.0", "llmcompressor==0.14.0.1")
 
 
-def llmcompressor_python(cache: Path) -> Path:
-    """The python of a venv with llmcompressor (made once under ``cache``)."""
+def tool_python(cache: Path, requirements: tuple[str, ...]) -> Path:
+    """The python of a venv with ``requirements`` (made once under ``cache``; torch first,
+    pinned: the CPU wheel, and kept at that version by a constraint)."""
     import subprocess
     import sys
     python = cache / "venv" / "bin" / "python"
     done = cache / "venv" / "installed.txt"
-    if done.is_file() and done.read_text() == " ".join(LLMCOMPRESSOR):
+    if done.is_file() and done.read_text() == " ".join(requirements):
         return python
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(cache / "venv")], check=True)
-    for requirement in LLMCOMPRESSOR:  # torch first, pinned: the CPU wheel
-        subprocess.run([str(python), "-m", "pip", "install", "-q", requirement], check=True,
-                       capture_output=True)
-    done.write_text(" ".join(LLMCOMPRESSOR))
+    pins = cache / "venv" / "constraints.txt"
+    pins.write_text(requirements[0] + "\n")
+    for requirement in requirements:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(pins), requirement],
+                       check=True, capture_output=True)
+    done.write_text(" ".join(requirements))
     return python
+
+
+def llmcompressor_python(cache: Path) -> Path:
+    """The python of a venv with llmcompressor (made once under ``cache``)."""
+    return tool_python(cache, LLMCOMPRESSOR)
 
 
 _COMPRESS = """
@@ -128,3 +137,94 @@ def compress_checkpoint(python: Path, model_dir: str, scheme: str, out: Path) ->
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(model_dir) / name, out / name)
     return str(out)
+
+
+# GPTQ and AWQ checkpoints' tool (GPTQModel quantizes both on the CPU), with the
+# transformers it brings, which reads them through GPTQModel's torch kernels (and optimum,
+# for GPTQ): the reference kvserve's greedy tokens are checked against
+GPTQMODEL = ("torch==2.13.0", "gptqmodel==7.6.0", "optimum==2.3.0")
+
+_GPTQ_QUANTIZE = """
+import os, sys, json
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")  # its loader pool asks for two
+import torch
+from gptqmodel import AWQConfig, BACKEND, GPTQConfig, GPTQModel
+source, out, method, group, sym, desc_act, fmt = sys.argv[1:8]
+if method == "gptq":
+    config = GPTQConfig(bits=4, group_size=int(group), sym=sym == "1", desc_act=desc_act == "1",
+                        format=fmt)
+else:
+    config = AWQConfig(bits=4, group_size=int(group), sym=sym == "1", format="gemm")
+vocab = json.load(open(os.path.join(source, "config.json")))["vocab_size"]
+g = torch.Generator().manual_seed(0)
+calibration = [{"input_ids": torch.randint(4, vocab, (1, 64), generator=g),
+                "attention_mask": torch.ones(1, 64, dtype=torch.long)} for _ in range(32)]
+model = GPTQModel.load(source, config, device="cpu", dtype=torch.float16)
+if method == "gptq":
+    model.quantize(calibration, batch_size=1)
+else:
+    model.quantize(calibration, batch_size=1, backend=BACKEND.AWQ_TORCH)
+model.save(out)
+"""
+
+
+def gptqmodel_python(cache: Path) -> Path:
+    """The python of a venv with GPTQModel (made once under ``cache``)."""
+    return tool_python(cache, GPTQMODEL)
+
+
+def gptq_checkpoint(python: Path, model_dir: str, out: Path, method: str, group: int,
+                    symmetric: bool, desc_act: bool = False, fmt: str = "gptq") -> str:
+    """``model_dir`` quantized by GPTQModel to 4 bits (``method`` "gptq", in checkpoint
+    format ``fmt``, or "awq"), calibrated on random tokens, saved with its tokenizer."""
+    import subprocess
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(python), "-c", _GPTQ_QUANTIZE, model_dir, str(out / "model"), method,
+                    str(group), str(int(symmetric)), str(int(desc_act)), fmt], check=True,
+                   capture_output=True, cwd=out)  # (it writes a logs folder where it runs)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(model_dir) / name, out / "model" / name)
+    return str(out / "model")
+
+
+_TRANSFORMERS_GREEDY = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+model_dir, prompts, max_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+model = AutoModelForCausalLM.from_pretrained(model_dir, device_map="cpu", dtype=torch.float32)
+# each quantized layer as GPTQModel dequantizes it, with its scales in float32 (its CPU
+# kernel would multiply in bfloat16): dequantize-then-multiply, in float32
+for name, layer in list(model.named_modules()):
+    if not hasattr(layer, "qweight"):
+        continue
+    layer.scales = layer.scales.float()
+    weight = (layer.awq_weight_dequantize("cpu", torch.float32)
+              if hasattr(layer, "awq_weight_dequantize") else layer.dequantize_weight())
+    dense = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+    dense.weight.data = weight.t().float().contiguous()
+    if layer.bias is not None:
+        dense.bias.data = layer.bias.float()
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent), attr, dense)
+outs = []
+with torch.inference_mode():
+    for prompt in prompts:
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
+                             min_new_tokens=max_tokens)
+        outs.append(ids[0, len(prompt):].tolist())
+print(json.dumps(outs))
+"""
+
+
+def transformers_greedy_in(python: Path, model_dir: str, prompts: list[list[int]],
+                           max_tokens: int) -> list[list[int]]:
+    """transformers' greedy tokens for ``prompts``, the quantized checkpoint read in
+    ``python``'s venv (GPTQModel's), each quantized layer dequantized by GPTQModel."""
+    import json
+    import subprocess
+    done = subprocess.run([str(python), "-c", _TRANSFORMERS_GREEDY, model_dir,
+                           json.dumps(prompts), str(max_tokens)], check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
