@@ -17,8 +17,8 @@
  *
  * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K, 5 BF16, 6 F16 (the 16-bit floats, kept as
  * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4 (Q4_K four rows
- * interleaved, gguf_q4_k_x4.h: a single row's products in registers, the other ways
- * through each run of four rows unpacked to Q4_K in a buffer). Output columns j land at
+ * interleaved, gguf_q4_k_x4.h: int8 rows against each run in registers, float rows
+ * through each run unpacked to Q4_K on the stack). Output columns j land at
  * y[r * y_stride + j], so the parts of a fused layer write their own columns.
  */
 #include <math.h>
@@ -753,17 +753,20 @@ static void one_row(const float *x, int64_t kind, const gguf_activations *a, int
         row_buffered((int)fmt, x, m, k, wr, sums);
 }
 
-/* Q4_K_X4's runs of four rows: a single Q8_K row in registers (AVX2), any other x
- * through each run unpacked to four Q4_K rows on the stack (k <= X4_MAX_K). */
+/* Q4_K_X4's runs of four rows: Q8_K rows in registers (AVX2), one x row after another
+ * against each run (read from memory once, then from cache: at most X4_MAX_K / 256
+ * groups, 37 KiB); float x through each run unpacked to four Q4_K rows on the stack. */
 static void q4_k_x4_rows_part(const float *x, int64_t kind, const gguf_activations *a,
                               int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y,
                               int64_t y_stride) {
     const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[Q4_K_X4];
 #ifdef __AVX2__
-    if (kind == GGUF_ACT_Q8_K && m == 1) {
+    if (kind == GGUF_ACT_Q8_K) {
 #pragma omp for schedule(static) nowait
         for (int64_t run = 0; run < n / 4; run++)
-            row_q4_k_x4_q8k(a->xq, a->xd, a->bsums, k, w + run * run_bytes, y + 4 * run);
+            for (int64_t r = 0; r < m; r++)
+                row_q4_k_x4_q8k(a->xq + r * k, a->xd + r * (k / 256), a->bsums + r * (k / 16),
+                                k, w + run * run_bytes, y + r * y_stride + 4 * run);
         return;
     }
 #endif
