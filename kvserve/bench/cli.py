@@ -36,11 +36,11 @@ def _add_make_model(sub: Any) -> None:
                                                       *SAFETENSORS_FORMATS],
                    help="hf: a float32 Hugging Face directory (default); hf-bf16: one in "
                         "bfloat16; gguf-*: one GGUF file written in bfloat16 without a "
-                        "float32 copy, quantized by llama-quantize for q8_0 and q4_k_m; "
+                        "float32 copy, quantized by llama-quantize for q8_0, q4_k_m and q5_k_m; "
                         "ct-*: a compressed-tensors checkpoint (W8A8, or W4A16 in groups of "
                         "128); hf-bf16 and ct-* are written one tensor at a time")
     p.add_argument("--llama-quantize", default=None, metavar="PATH",
-                   help="llama.cpp's llama-quantize binary (gguf-q8_0, gguf-q4_k_m)")
+                   help="llama.cpp's llama-quantize binary (gguf-q8_0, gguf-q4_k_m, gguf-q5_k_m)")
     p.add_argument("--tokenizer-dir", default=None,
                    help="copy the tokenizer from here (default: the embedded default model)")
     p.add_argument("--no-tokenizer", action="store_true", help="weights and config only")

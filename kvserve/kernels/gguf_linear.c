@@ -10,7 +10,7 @@
  *   (the path without AVX2, and the one for Q4_0, Q5_K and Q6_K). Sums are per block,
  *   scaled, then added: dequantize-then-multiply's products, in another order.
  * - int8 activations (gguf_rows_int8), as llama.cpp sums: x rounded to int8 (per 32
- *   values against Q8_0, per 256 with 16-sums against Q4_K and Q6_K, its Q8_0 and Q8_K)
+ *   values against Q8_0, per 256 with 16-sums against the K formats, its Q8_0 and Q8_K)
  *   and the products summed in integers with AVX2 (maddubs/madd), each block's scales
  *   applied in integers, one float multiply a block; one row (a single stream's step)
  *   has its own loops, kept in registers. The weight rows are prefetched ahead.
@@ -418,10 +418,11 @@ static inline __m256i k4_scales_mins(const uint8_t *q) {
     return _mm256_cvtepu8_epi16(_mm_set_epi32((int)sm3, (int)sm2, (int)sm1, (int)sm0));
 }
 
-/* Q4_K against Q8_K rows: each 32-value sub-block's integer products scaled by its 6-bit
- * scale in integers, one float multiply a super-block; the mins from the 16-sums. */
-static void row_q4_k_q8k(const int8_t *xq, const float *xd, const int16_t *bsums, int64_t m,
-                         int64_t k, const uint8_t *w, float *sums) {
+/* Q4_K (Q5_K with five) against Q8_K rows: each 32-value sub-block's integer products
+ * scaled by its 6-bit scale in integers, one float multiply a super-block; the mins from
+ * the 16-sums. */
+static void row_k_q8k(int five, const int8_t *xq, const float *xd, const int16_t *bsums,
+                      int64_t m, int64_t k, const uint8_t *w, float *sums) {
     __m256 acc[MAX_ROWS];
     float mins[MAX_ROWS];
     const int64_t nsb = k / 256;
@@ -429,8 +430,9 @@ static void row_q4_k_q8k(const int8_t *xq, const float *xd, const int16_t *bsums
         acc[r] = _mm256_setzero_ps();
         mins[r] = 0.f;
     }
-    const __m256i low4 = _mm256_set1_epi8(0xF);
-    for (int64_t i = 0; i < nsb; i++, w += 144) {
+    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const uint8_t *qs = w + (five ? 48 : 16);
+    for (int64_t i = 0; i < nsb; i++, w += five ? 176 : 144, qs += five ? 176 : 144) {
         const float d = half_to_float(w), dmin = half_to_float(w + 2);
         const __m256i sc_mn = k4_scales_mins(w + 4);
         const __m128i mins16 = _mm256_extracti128_si256(sc_mn, 1);
@@ -438,9 +440,15 @@ static void row_q4_k_q8k(const int8_t *xq, const float *xd, const int16_t *bsums
         const __m256i scales = _mm256_permute2x128_si256(sc_mn, sc_mn, 0x00);
         __m256i codes[8], scale[8];
         for (int c = 0; c < 4; c++) {
-            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             codes[2 * c] = _mm256_and_si256(bytes, low4);
             codes[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);
+        }
+        if (five) { /* Q5_K: sub-block s's fifth bits are bit s of the 32 bytes at 16 */
+            const __m256i high = _mm256_loadu_si256((const __m256i *)(w + 16));
+            for (int s = 0; s < 8; s++)
+                codes[s] = _mm256_or_si256(codes[s], _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(high, s), one), 4));
         }
         for (int s = 0; s < 8; s++)
             scale[s] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * s)));
@@ -698,7 +706,8 @@ static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
 int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k) {
 #ifdef __AVX2__
     if (int8_activations && fmt == Q8_0) return GGUF_ACT_Q8_0;
-    if (int8_activations && (fmt == Q4_K || fmt == Q4_K_X4 || fmt == Q6_K)) return GGUF_ACT_Q8_K;
+    if (int8_activations && (fmt == Q4_K || fmt == Q4_K_X4 || fmt == Q5_K || fmt == Q6_K))
+        return GGUF_ACT_Q8_K;
 #endif
     (void)int8_activations;
     return (fmt == Q4_K || fmt == Q4_K_X4) && k / 32 <= 512 ? GGUF_ACT_XSUM : GGUF_ACT_FLOAT;
@@ -736,11 +745,13 @@ static void one_row(const float *x, int64_t kind, const gguf_activations *a, int
         sums[0] = row_q8_0_q8_1(a->xq, a->xd, k, wr);
     else if (kind == GGUF_ACT_Q8_0)
         row_q8_0_q8(a->xq, a->xd, m, k, wr, sums);
-    else if (kind == GGUF_ACT_Q8_K && m == 1) /* Q6_K: Q4_K's single rows are in pairs */
+    else if (kind == GGUF_ACT_Q8_K && m == 1 && fmt == Q6_K) /* Q4_K's go in pairs */
         sums[0] = row_q6_k_q8k_1(a->xq, a->xd, a->bsums, k, wr);
     else if (kind == GGUF_ACT_Q8_K && fmt == Q4_K)
-        row_q4_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
-    else if (kind == GGUF_ACT_Q8_K)
+        row_k_q8k(0, a->xq, a->xd, a->bsums, m, k, wr, sums);
+    else if (kind == GGUF_ACT_Q8_K && fmt == Q5_K)
+        row_k_q8k(1, a->xq, a->xd, a->bsums, m, k, wr, sums);
+    else if (kind == GGUF_ACT_Q8_K && fmt == Q6_K)
         row_q6_k_q8k(a->xq, a->xd, a->bsums, m, k, wr, sums);
     else if (fmt == Q8_0)
         row_q8_0(x, m, k, wr, sums);

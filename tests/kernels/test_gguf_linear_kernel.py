@@ -74,6 +74,7 @@ def rounded_rows_q8_k(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind, rounded", [("Q8_0", rounded_rows), ("Q4_K", rounded_rows_q8_k),
+                                           ("Q5_K", rounded_rows_q8_k),
                                            ("Q6_K", rounded_rows_q8_k)])
 @pytest.mark.parametrize("rows", [1, 4, 8])
 def test_int8_activations_sum_the_rounded_rows_exactly(kind, rounded, rows):
@@ -86,7 +87,7 @@ def test_int8_activations_sum_the_rounded_rows_exactly(kind, rounded, rows):
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_int8_activations_stay_near_the_float_product(kind):
     n, k = 40, 2048
     blocks = weight(kind, n, k, seed=5)

@@ -26,7 +26,8 @@ import numpy as np
 from kvserve.bench.workloads.models import BenchModelSpec, _special_ids_from_tokenizer_dir
 
 # make-model's formats -> llama-quantize's type (None: the bfloat16 file as written)
-GGUF_FORMATS = {"gguf-bf16": None, "gguf-q8_0": "Q8_0", "gguf-q4_k_m": "Q4_K_M"}
+GGUF_FORMATS = {"gguf-bf16": None, "gguf-q8_0": "Q8_0", "gguf-q4_k_m": "Q4_K_M",
+                "gguf-q5_k_m": "Q5_K_M"}
 INIT_STD = 0.02
 CHUNK_VALUES = 1 << 24  # random values drawn at a time
 

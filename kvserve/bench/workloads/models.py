@@ -172,7 +172,7 @@ def make_bench_model(
     if float32_bytes > memory // 2:
         raise ValueError(f"{float32_bytes / 2**30:.0f} GiB of float32 weights would not fit "
                          f"this machine's {memory / 2**30:.0f} GiB: write the model as a GGUF "
-                         "file (--format gguf-bf16, gguf-q8_0 or gguf-q4_k_m), which never "
+                         "file (--format gguf-bf16, gguf-q8_0, gguf-q4_k_m or gguf-q5_k_m), which never "
                          "holds a float32 copy")
     config = _hf_config(spec, special)
     torch.manual_seed(0)

@@ -69,7 +69,7 @@ class GGUFLinearMethod(LinearMethod):
         self.repacked_by = None  # the kernels that made the Q4_K_X4 parts
         self.native = None  # kvserve.kernels.Kernels, when configured with them
         # decode rows rounded to int8 per 32 values and multiplied in integers, as
-        # llama.cpp does (Q8_0 and Q4_K parts, AVX2); False: in float, which equals
+        # llama.cpp does (Q8_0, Q4_K, Q5_K and Q6_K parts, AVX2); False: in float, which equals
         # dequantize-then-multiply up to float rounding
         self.int8_activations = True
 

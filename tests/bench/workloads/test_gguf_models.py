@@ -95,7 +95,8 @@ def test_a_decode_step_reads_the_lm_head_but_not_an_untied_embedding(bf16_file, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt, formats", [("gguf-q8_0", {"Q8_0"}),
-                                          ("gguf-q4_k_m", {"Q4_K", "Q6_K"})])
+                                          ("gguf-q4_k_m", {"Q4_K", "Q6_K"}),
+                                          ("gguf-q5_k_m", {"Q5_K", "Q6_K"})])
 def test_llama_quantize_makes_the_quantized_files(fmt, formats, tmp_path):
     from gguf import GGUFReader
     tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
