@@ -68,7 +68,7 @@ class Kernels:
         self._gguf_rows = bind(lib, "gguf_rows")
         self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
         self._gguf_dequantize = bind(lib, "gguf_dequantize")
-        self._gguf_repack_q4_k_x4 = bind(lib, "gguf_repack_q4_k_x4")
+        self._gguf_repack_k_x4 = bind(lib, "gguf_repack_k_x4")
         self._int4_rows = bind(lib, "int4_rows")
         self._int4_dequantize = bind(lib, "int4_dequantize")
         self._bind_threads = bind(lib, "bind_omp_threads")
@@ -269,21 +269,24 @@ class Kernels:
                              "of a known format, or the blocks are not contiguous uint8")
         return out
 
-    def gguf_repack_q4_k_x4(self, blocks, k: int, unpack: bool = False):
-        """Q4_K rows (uint8 [N, k/256 * 144]) as Q4_K_X4's runs of four rows (uint8
-        [N, k/256 * 148], ``gguf_q4_k_x4.h``), or back with ``unpack``; None where this
-        build has no kernel for Q4_K_X4 (the rows stay Q4_K)."""
-        width = k // 256 * (148 if unpack else 144)
+    def gguf_repack_k_x4(self, blocks, kind: str, k: int, unpack: bool = False):
+        """Q4_K or Q5_K rows (``kind``; uint8 [N, k/256 * 144 or 176]) as runs of four
+        rows (Q4_K_X4, Q5_K_X4: uint8 [N, k/256 * 148 or 180], ``gguf_k_x4.h``), or back
+        with ``unpack``; None where this build has no kernel for the runs (the rows stay
+        as the file has them)."""
+        file_bytes, run_bytes = {"Q4_K": (144, 148), "Q5_K": (176, 180)}[kind]
+        width = k // 256 * (run_bytes if unpack else file_bytes)
         if not (blocks.dtype == torch.uint8 and blocks.is_contiguous() and blocks.dim() == 2
                 and blocks.shape[1] == width):
-            raise ValueError(f"gguf_repack_q4_k_x4 takes contiguous uint8 rows of {width} "
+            raise ValueError(f"gguf_repack_k_x4 takes contiguous uint8 rows of {width} "
                              f"bytes for K={k}; got {blocks.dtype} {tuple(blocks.shape)}")
-        out = torch.empty((blocks.shape[0], k // 256 * (144 if unpack else 148)),
+        out = torch.empty((blocks.shape[0], k // 256 * (file_bytes if unpack else run_bytes)),
                           dtype=torch.uint8)
-        status = self._gguf_repack_q4_k_x4(src=blocks.data_ptr(), n=blocks.shape[0], k=k,
-                                           dst=out.data_ptr(), unpack=int(unpack))
+        status = self._gguf_repack_k_x4(src=blocks.data_ptr(), n=blocks.shape[0], k=k,
+                                        five=int(kind == "Q5_K"), dst=out.data_ptr(),
+                                        unpack=int(unpack))
         if status < 0:
-            raise ValueError(f"gguf_repack_q4_k_x4: {blocks.shape[0]} rows of K={k} are not "
+            raise ValueError(f"gguf_repack_k_x4: {blocks.shape[0]} rows of K={k} are not "
                              "whole runs of four rows of whole blocks (K at most 16384)")
         return None if status else out
 

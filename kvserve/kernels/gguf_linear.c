@@ -16,9 +16,9 @@
  *   has its own loops, kept in registers. The weight rows are prefetched ahead.
  *
  * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K, 5 BF16, 6 F16 (the 16-bit floats, kept as
- * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4 (Q4_K four rows
- * interleaved, gguf_q4_k_x4.h: int8 rows against each run in registers, float rows
- * through each run unpacked to Q4_K on the stack). Output columns j land at
+ * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4 and 8 Q5_K_X4 (Q4_K
+ * and Q5_K four rows interleaved, gguf_k_x4.h: int8 rows against each run in registers,
+ * float rows through each run unpacked on the stack). Output columns j land at
  * y[r * y_stride + j], so the parts of a fused layer write their own columns.
  */
 #include <math.h>
@@ -33,11 +33,12 @@
 #define PREFETCH_BYTES 1024
 #endif
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, BF16 = 5, F16 = 6, Q4_K_X4 = 7 };
+enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, BF16 = 5, F16 = 6, Q4_K_X4 = 7,
+       Q5_K_X4 = 8 };
 
 /* BF16 and F16 rows are taken 32 values at a time, as a block */
-static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256};
-static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148};
+static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256, 256};
+static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148, 180};
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
@@ -77,13 +78,13 @@ static inline void scale_min_k4(int s, const uint8_t *q, float *sc, float *mn) {
     }
 }
 
-#include "gguf_q4_k_x4.h"
+#include "gguf_k_x4.h"
 
-/* fmt is known and k whole blocks of it; for Q4_K_X4, n whole runs of four rows of at
+/* fmt is known and k whole blocks of it; for the runs of four rows, n whole runs of at
  * most X4_MAX_K values */
 static inline int valid_layout(int64_t fmt, int64_t k, int64_t n) {
-    return fmt >= 0 && fmt <= Q4_K_X4 && k % BLOCK_VALUES[fmt] == 0 &&
-           (fmt != Q4_K_X4 || (n % 4 == 0 && k <= X4_MAX_K));
+    return fmt >= 0 && fmt <= Q5_K_X4 && k % BLOCK_VALUES[fmt] == 0 &&
+           (fmt < Q4_K_X4 || (n % 4 == 0 && k <= X4_MAX_K));
 }
 
 /* One block of format fmt as floats. */
@@ -706,7 +707,7 @@ static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
 int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k) {
 #ifdef __AVX2__
     if (int8_activations && fmt == Q8_0) return GGUF_ACT_Q8_0;
-    if (int8_activations && (fmt == Q4_K || fmt == Q4_K_X4 || fmt == Q5_K || fmt == Q6_K))
+    if (int8_activations && (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K || fmt >= Q4_K_X4))
         return GGUF_ACT_Q8_K;
 #endif
     (void)int8_activations;
@@ -737,7 +738,7 @@ void gguf_prepare_part(const float *x, int64_t m, int64_t k, int64_t kind,
 #endif
 }
 
-/* sums[r] = x[r, :] . dequantized wr for r < m: one weight row of fmt (not Q4_K_X4) */
+/* sums[r] = x[r, :] . dequantized wr for r < m: one weight row of fmt (not in runs) */
 static void one_row(const float *x, int64_t kind, const gguf_activations *a, int64_t m,
                     int64_t k, const uint8_t *wr, int64_t fmt, float *sums) {
 #ifdef __AVX2__
@@ -764,31 +765,39 @@ static void one_row(const float *x, int64_t kind, const gguf_activations *a, int
         row_buffered((int)fmt, x, m, k, wr, sums);
 }
 
-/* Q4_K_X4's runs of four rows: Q8_K rows in registers (AVX2), one x row after another
- * against each run (read from memory once, then from cache: at most X4_MAX_K / 256
- * groups, 37 KiB); float x through each run unpacked to four Q4_K rows on the stack. */
-static void q4_k_x4_rows_part(const float *x, int64_t kind, const gguf_activations *a,
-                              int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y,
-                              int64_t y_stride) {
-    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[Q4_K_X4];
+/* The runs of four rows (fmt Q4_K_X4 or Q5_K_X4): Q8_K rows in registers (AVX2), one x
+ * row after another against each run (read from memory once, then from cache: at most
+ * X4_MAX_K / 256 groups, 45 KiB); float x through each run unpacked on the stack. */
+static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
+                           const gguf_activations *a, int64_t m, int64_t k, const uint8_t *w,
+                           int64_t n, float *y, int64_t y_stride) {
+    const int five = fmt == Q5_K_X4;
+    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[fmt];
 #ifdef __AVX2__
     if (kind == GGUF_ACT_Q8_K) {
 #pragma omp for schedule(static) nowait
         for (int64_t run = 0; run < n / 4; run++)
-            for (int64_t r = 0; r < m; r++)
-                row_q4_k_x4_q8k(a->xq + r * k, a->xd + r * (k / 256), a->bsums + r * (k / 16),
-                                k, w + run * run_bytes, y + r * y_stride + 4 * run);
+            for (int64_t r = 0; r < m; r++) {
+                const int8_t *xq = a->xq + r * k;
+                const float *xd = a->xd + r * (k / 256);
+                const int16_t *bsums = a->bsums + r * (k / 16);
+                float *out = y + r * y_stride + 4 * run;
+                if (five) /* (two calls: each its own copy of the loop) */
+                    row_k_x4_q8k(1, xq, xd, bsums, k, w + run * run_bytes, out);
+                else
+                    row_k_x4_q8k(0, xq, xd, bsums, k, w + run * run_bytes, out);
+            }
         return;
     }
 #endif
-    const int64_t row_bytes = k / 256 * BLOCK_BYTES[Q4_K];
-    uint8_t rows[4 * X4_MAX_K / 256 * 144];
+    const int64_t row_bytes = k / 256 * BLOCK_BYTES[five ? Q5_K : Q4_K];
+    uint8_t rows[4 * X4_MAX_K / 256 * 176];
 #pragma omp for schedule(static) nowait
     for (int64_t run = 0; run < n / 4; run++) {
-        q4_k_x4_unpack(w + run * run_bytes, k, rows, row_bytes);
+        k_x4_unpack(five, w + run * run_bytes, k, rows, row_bytes);
         for (int r = 0; r < 4; r++) {
             float sums[MAX_ROWS];
-            one_row(x, kind, a, m, k, rows + r * row_bytes, Q4_K, sums);
+            one_row(x, kind, a, m, k, rows + r * row_bytes, five ? Q5_K : Q4_K, sums);
             for (int64_t i = 0; i < m; i++) y[i * y_stride + 4 * run + r] = sums[i];
         }
     }
@@ -799,8 +808,8 @@ static void q4_k_x4_rows_part(const float *x, int64_t kind, const gguf_activatio
 void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int64_t m,
                     int64_t k, const uint8_t *w, int64_t n, int64_t fmt, float *y,
                     int64_t y_stride) {
-    if (fmt == Q4_K_X4) {
-        q4_k_x4_rows_part(x, kind, a, m, k, w, n, y, y_stride);
+    if (fmt >= Q4_K_X4) {
+        k_x4_rows_part(fmt, x, kind, a, m, k, w, n, y, y_stride);
         return;
     }
     const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
@@ -878,14 +887,15 @@ int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_
 /* The floats of n rows of fmt blocks (k values each) into out [n, k]: the tiles the
  * many-row GEMMs multiply, a few rows of the weight at a time. */
 void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
-    if (fmt == Q4_K_X4) {
-        const int64_t row_bytes = k / 256 * BLOCK_BYTES[Q4_K];
-        uint8_t rows[4 * X4_MAX_K / 256 * 144];
+    if (fmt >= Q4_K_X4) {
+        const int five = fmt == Q5_K_X4, plain = five ? Q5_K : Q4_K;
+        const int64_t row_bytes = k / 256 * BLOCK_BYTES[plain];
+        uint8_t rows[4 * X4_MAX_K / 256 * 176];
 #pragma omp for schedule(static) nowait
         for (int64_t run = 0; run < n / 4; run++) {
-            q4_k_x4_unpack(w + run * 4 * (k / 256) * BLOCK_BYTES[Q4_K_X4], k, rows, row_bytes);
+            k_x4_unpack(five, w + run * 4 * (k / 256) * BLOCK_BYTES[fmt], k, rows, row_bytes);
             for (int64_t b = 0; b < 4 * (k / 256); b++)
-                decode_block(Q4_K, rows + b * BLOCK_BYTES[Q4_K], out + 4 * run * k + b * 256);
+                decode_block(plain, rows + b * BLOCK_BYTES[plain], out + 4 * run * k + b * 256);
         }
         return;
     }
@@ -903,24 +913,26 @@ int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, flo
     return 0;
 }
 
-/* n rows of Q4_K blocks (k values each) into Q4_K_X4's runs of four (dst: 148 / 144 as
- * many bytes as src); back again with unpack (dst: 144 / 148). Returns 0; 1 where this
- * build has no kernel for the layout (no AVX2: keep Q4_K); -1 for n not whole runs, k
- * not whole blocks or over X4_MAX_K. */
-int64_t gguf_repack_q4_k_x4(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst,
-                            int64_t unpack) {
+/* n rows of Q4_K blocks (Q5_K with five; k values each) into runs of four rows (dst:
+ * 148 / 144 as many bytes as src, Q5_K 180 / 176); back again with unpack. Returns 0; 1
+ * where this build has no kernel for the layout (no AVX2: keep the file's); -1 for n not
+ * whole runs, k not whole blocks or over X4_MAX_K. */
+int64_t gguf_repack_k_x4(const uint8_t *src, int64_t n, int64_t k, int64_t five, uint8_t *dst,
+                         int64_t unpack) {
     if (n % 4 || k % 256 || n < 0 || k > X4_MAX_K) return -1;
 #ifndef __AVX2__
     if (!unpack) return 1;
 #endif
-    const int64_t row_bytes = k / 256 * BLOCK_BYTES[Q4_K];
-    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[Q4_K_X4];
+    const int64_t row_bytes = k / 256 * BLOCK_BYTES[five ? Q5_K : Q4_K];
+    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[five ? Q5_K_X4 : Q4_K_X4];
 #pragma omp parallel for schedule(static)
     for (int64_t run = 0; run < n / 4; run++) {
         if (unpack)
-            q4_k_x4_unpack(src + run * run_bytes, k, dst + run * 4 * row_bytes, row_bytes);
+            k_x4_unpack((int)five, src + run * run_bytes, k, dst + run * 4 * row_bytes,
+                        row_bytes);
         else
-            q4_k_x4_pack(src + run * 4 * row_bytes, row_bytes, k, dst + run * run_bytes);
+            k_x4_pack((int)five, src + run * 4 * row_bytes, row_bytes, k,
+                      dst + run * run_bytes);
     }
     return 0;
 }

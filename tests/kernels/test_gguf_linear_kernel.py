@@ -1,7 +1,7 @@
 """The GGUF block kernels (gguf_linear.c) on their native, AVX2 and plain-C builds: the
 few-row products against the float32 product of the torch dequantization, every format,
 every row count the kernel takes, output columns written into a wider matrix; the tile
-dequantization bit for bit; Q4_K rearranged in runs of four rows (Q4_K_X4) giving back
+dequantization bit for bit; Q4_K and Q5_K rearranged in runs of four rows giving back
 the file's bytes and the same products; what it refuses."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kvserve.model.gguf.quants import BLOCKS, dequantize
 from tests.helpers import random_blocks
 
 kernels = load_kernels()
-FILE_KINDS = [kind for kind in FORMAT_CODES if kind != "Q4_K_X4"]  # the GGUF formats
+FILE_KINDS = [kind for kind in FORMAT_CODES if not kind.endswith("_X4")]  # GGUF's own
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
 
 
@@ -111,47 +111,54 @@ def test_int8_activations_q8_0_with_an_odd_block_count(rows):
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
 
 
-def test_q4_k_x4_gives_back_the_files_bytes_and_the_same_products(build, request):
+RUNS = {"Q4_K": ("Q4_K_X4", 148), "Q5_K": ("Q5_K_X4", 180)}  # file format: runs, bytes
+
+
+@pytest.mark.parametrize("kind", list(RUNS))
+def test_runs_of_four_rows_give_back_the_files_bytes_and_the_same_products(build, request,
+                                                                         kind):
     n, k = 12, 1536
-    blocks = weight("Q4_K", n, k, seed=7)
-    x4 = kernels.gguf_repack_q4_k_x4(blocks, k)
-    assert x4 is not None and x4.shape == (n, 6 * 148)  # this machine's build has AVX2
-    made = build.gguf_repack_q4_k_x4(blocks, k)
+    runs, width = RUNS[kind]
+    blocks = weight(kind, n, k, seed=7)
+    x4 = kernels.gguf_repack_k_x4(blocks, kind, k)
+    assert x4 is not None and x4.shape == (n, 6 * width)  # this machine's build has AVX2
+    made = build.gguf_repack_k_x4(blocks, kind, k)
     if request.node.callspec.params["build"] == "plain-c":
-        assert made is None  # no kernel for the layout: Q4_K stays
+        assert made is None  # no kernel for the layout: the file's stays
     else:
         assert torch.equal(made, x4)
-    assert torch.equal(build.gguf_repack_q4_k_x4(x4, k, unpack=True), blocks)
+    assert torch.equal(build.gguf_repack_k_x4(x4, kind, k, unpack=True), blocks)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(7))
-    want = x.double() @ dequantize(blocks, "Q4_K", (n, k)).double().t()
+    want = x.double() @ dequantize(blocks, kind, (n, k)).double().t()
     got = torch.empty(3, n)
-    build.gguf_rows(x, x4, FORMAT_CODES["Q4_K_X4"], got)
+    build.gguf_rows(x, x4, FORMAT_CODES[runs], got)
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
 
 
+@pytest.mark.parametrize("kind", list(RUNS))
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 @pytest.mark.parametrize("int8_activations", [True, False])
-def test_q4_k_x4_products_equal_q4_k(rows, int8_activations):
+def test_runs_of_four_rows_products_equal_the_files(kind, rows, int8_activations):
     n, k = 28, 1024  # seven runs of four rows: the threads' shares are uneven
-    blocks = weight("Q4_K", n, k, seed=rows)
-    x4 = kernels.gguf_repack_q4_k_x4(blocks, k)
+    blocks = weight(kind, n, k, seed=rows)
+    x4 = kernels.gguf_repack_k_x4(blocks, kind, k)
     assert x4 is not None, "this machine's build has AVX2"
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     rounded = rounded_rows_q8_k(x) if int8_activations else x
-    want = rounded.double() @ dequantize(blocks, "Q4_K", (n, k)).double().t()
+    want = rounded.double() @ dequantize(blocks, kind, (n, k)).double().t()
     wide = torch.full((rows, n + 6), 7.0)
-    kernels.gguf_rows(x, x4, FORMAT_CODES["Q4_K_X4"], wide[:, 3:3 + n], int8_activations)
+    kernels.gguf_rows(x, x4, FORMAT_CODES[RUNS[kind][0]], wide[:, 3:3 + n], int8_activations)
     got = wide[:, 3:3 + n]
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
     assert (wide[:, :3] == 7.0).all() and (wide[:, 3 + n:] == 7.0).all()
-    assert torch.equal(kernels.gguf_dequantize(x4, FORMAT_CODES["Q4_K_X4"], k),
-                       dequantize(blocks, "Q4_K", (n, k)))
+    assert torch.equal(kernels.gguf_dequantize(x4, FORMAT_CODES[RUNS[kind][0]], k),
+                       dequantize(blocks, kind, (n, k)))
 
 
-def test_q4_k_x4_refuses_what_it_cannot_hold():
+def test_runs_of_four_rows_refuse_what_they_cannot_hold():
     with pytest.raises(ValueError, match="whole runs of four rows"):
-        kernels.gguf_repack_q4_k_x4(weight("Q4_K", 6, 256, seed=1), 256)
+        kernels.gguf_repack_k_x4(weight("Q4_K", 6, 256, seed=1), "Q4_K", 256)
     with pytest.raises(ValueError, match="K at most 16384"):
-        kernels.gguf_repack_q4_k_x4(weight("Q4_K", 4, 16640, seed=1), 16640)
+        kernels.gguf_repack_k_x4(weight("Q5_K", 4, 16640, seed=1), "Q5_K", 16640)
     with pytest.raises(ValueError, match="rows of 144 bytes"):
-        kernels.gguf_repack_q4_k_x4(weight("Q8_0", 4, 256, seed=1), 256)
+        kernels.gguf_repack_k_x4(weight("Q8_0", 4, 256, seed=1), "Q4_K", 256)

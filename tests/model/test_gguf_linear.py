@@ -13,7 +13,7 @@ from kvserve.model.gguf.quants import BLOCKS
 from kvserve.model.layers import Linear
 from tests.helpers import assert_layer_computes, random_blocks
 
-PARTS = [("Q4_K", 64), ("Q6_K", 32), ("float", 32), ("Q8_0", TILE_ROWS + 16)]
+PARTS = [("Q4_K", 64), ("Q6_K", 32), ("float", 32), ("Q8_0", TILE_ROWS + 16), ("Q5_K", 32)]
 K = 512
 
 
@@ -66,7 +66,7 @@ def test_permuted_rows_move_whole_rows():
     assert torch.equal(weight.permute_rows(order).dequantize(), weight.dequantize()[order])
 
 
-def test_q4_k_parts_run_as_four_row_runs_with_the_kernels_and_go_back_without():
+def test_k_parts_run_as_four_row_runs_with_the_kernels_and_go_back_without():
     from kvserve.kernels import load_kernels
     from kvserve.model.execution import ExecutionMode
     kernels = load_kernels()
@@ -75,10 +75,11 @@ def test_q4_k_parts_run_as_four_row_runs_with_the_kernels_and_go_back_without():
     layer, dense = fused_layer(bias=False)
     file_bytes = layer.gguf_part0.clone()
     layer.configure(ExecutionMode(kernels=kernels))
-    assert layer.method.kinds[0] == "Q4_K_X4" and layer.gguf_part0.shape == (64, 2 * 148)
-    assert layer.method.kinds[1:] == ["Q6_K", "float", "Q8_0"]
+    assert layer.method.kinds == ["Q4_K_X4", "Q6_K", "float", "Q8_0", "Q5_K_X4"]
+    assert layer.gguf_part0.shape == (64, 2 * 148) and layer.gguf_part4.shape == (32, 2 * 180)
     layer.configure(ExecutionMode(kernels=None))
-    assert layer.method.kinds[0] == "Q4_K" and torch.equal(layer.gguf_part0, file_bytes)
+    assert layer.method.kinds == ["Q4_K", "Q6_K", "float", "Q8_0", "Q5_K"]
+    assert torch.equal(layer.gguf_part0, file_bytes)
     assert_layer_computes(layer, dense, 2, native=False)
 
 

@@ -11,11 +11,11 @@ decodes each block in registers and uses it for every row
 so the float copy is one tile, reused across all of the step's rows. A part the file
 stores in F32 (llama.cpp keeps small tensors so) is a float buffer, multiplied as is.
 
-With the native kernels, a Q4_K part is rearranged once, when the layer is configured,
-into runs of four rows (``Q4_K_X4``, ``kvserve/kernels/gguf_q4_k_x4.h``: the same bytes
-but for the scales, one byte each), so that a single decode row is multiplied with four
-weight rows per instruction; it goes back to Q4_K if configured without them. A part
-whose blocks an embedding shares (a tied LM head) keeps the file's layout.
+With the native kernels, a Q4_K or Q5_K part is rearranged once, when the layer is
+configured, into runs of four rows (``Q4_K_X4``, ``Q5_K_X4``: ``kernels/gguf_k_x4.h``, the
+same bytes but for the scales, one byte each), so that a decode row is multiplied
+with four weight rows per instruction; it goes back to the file's layout if configured
+without them. A part whose blocks an embedding shares (a tied LM head) keeps the file's.
 """
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ from kvserve.model.linear_method import LinearMethod
 
 # the native kernels' codes for the block formats (kvserve/kernels/gguf_linear.c)
 FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "BF16": 5, "F16": 6,
-                "Q4_K_X4": 7}
-X4_MAX_COLS = 16384  # the longest rows Q4_K_X4 takes
+                "Q4_K_X4": 7, "Q5_K_X4": 8}
+IN_RUNS = {"Q4_K": "Q4_K_X4", "Q5_K": "Q5_K_X4"}  # a file's format -> its runs of four rows
+X4_MAX_COLS = 16384  # the longest rows the runs take
 NATIVE_MAX_ROWS = 8
 TILE_ROWS = 256
 
@@ -66,7 +67,7 @@ class GGUFLinearMethod(LinearMethod):
         self.shard_rows = list(shard_rows)
         self.kinds: list[str | None] = [None] * len(shard_rows)
         self.shared = [False] * len(shard_rows)
-        self.repacked_by = None  # the kernels that made the Q4_K_X4 parts
+        self.repacked_by = None  # the kernels that made the parts in runs of four rows
         self.native = None  # kvserve.kernels.Kernels, when configured with them
         # decode rows rounded to int8 per 32 values and multiplied in integers, as
         # llama.cpp does (Q8_0, Q4_K, Q5_K and Q6_K parts, AVX2); False: in float, which equals
@@ -113,22 +114,23 @@ class GGUFLinearMethod(LinearMethod):
         self._relayout(layer)
 
     def _relayout(self, layer: nn.Linear) -> None:
-        """Q4_K parts as Q4_K_X4 with the native kernels (where they have the layout), and
-        back without them."""
+        """Q4_K and Q5_K parts in runs of four rows with the native kernels (where they
+        have the layout), and back without them."""
         cols = layer.in_features
         for i, (kind, rows) in enumerate(zip(self.kinds, self.shard_rows)):
             data = getattr(layer, f"gguf_part{i}")
-            if (kind == "Q4_K" and self.native is not None and data.device.type == "cpu"
+            if (kind in IN_RUNS and self.native is not None and data.device.type == "cpu"
                     and not self.shared[i] and rows % 4 == 0 and cols <= X4_MAX_COLS):
-                repacked = self.native.gguf_repack_q4_k_x4(data, cols)
+                repacked = self.native.gguf_repack_k_x4(data, kind, cols)
                 if repacked is not None:
                     self.repacked_by = self.native
                     layer.register_buffer(f"gguf_part{i}", repacked)
-                    self.kinds[i] = "Q4_K_X4"
-            elif kind == "Q4_K_X4" and self.native is None:
-                layer.register_buffer(f"gguf_part{i}", self.repacked_by.gguf_repack_q4_k_x4(
-                    data, cols, unpack=True))
-                self.kinds[i] = "Q4_K"
+                    self.kinds[i] = IN_RUNS[kind]
+            elif kind in IN_RUNS.values() and self.native is None:
+                plain = next(k for k, v in IN_RUNS.items() if v == kind)
+                layer.register_buffer(f"gguf_part{i}", self.repacked_by.gguf_repack_k_x4(
+                    data, plain, cols, unpack=True))
+                self.kinds[i] = plain
 
     def parts(self, layer: nn.Linear):
         """(first output column, rows, kind, buffer) of each part."""

@@ -1,9 +1,9 @@
-/* Q4_K rows four at a time (format Q4_K_X4): kvserve's own layout of a GGUF Q4_K tensor,
- * made once at load (gguf_repack_q4_k_x4) so that one decode row's products serve four
- * weight rows per instruction. Included by gguf_linear.c.
+/* Q4_K and Q5_K rows four at a time (formats Q4_K_X4, Q5_K_X4): kvserve's own layout of a
+ * GGUF Q4_K or Q5_K tensor, made once at load (gguf_repack_k_x4) so that one decode row's
+ * products serve four weight rows per instruction. Included by gguf_linear.c.
  *
- * Each run of four rows is k / 256 groups of X4_GROUP_BYTES, one a super-block of 256
- * values of each of the four rows r = 0..3:
+ * Each run of four rows is k / 256 groups, one a super-block of 256 values of each of
+ * the four rows r = 0..3 (X4_GROUP_BYTES, Q5_K's X5_GROUP_BYTES):
  *   0   d[4], dmin[4]    the rows' float16 super-block scales, as the file has them
  *   16  scales[4][8]     each row's 6-bit sub-block scales, a byte each
  *   48  mins             each row's 6-bit sub-block mins, a byte each: sub-blocks 0-3 of
@@ -11,20 +11,27 @@
  *   80  qs               for chunk c = 0..3 (the file's 32 bytes of sub-blocks 2c and
  *                        2c + 1: low and high nibbles), for eighth u = 0..3, bytes
  *                        8u..8u+7 of rows 0, 1, 2, 3: one 32-byte load
+ *   592 qh               Q5_K: the fifth bits (bit s: sub-block s), for eighth u = 0..3,
+ *                        bytes 8u..8u+7 of the file's 32 of rows 0, 1, 2, 3
  * Nothing is lost: unpacking gives back the file's bytes. 592 bytes hold what four rows
- * kept in 576: a row is BLOCK_BYTES[Q4_K_X4] = 148 bytes a super-block.
+ * kept in 576 (Q5_K: 720 for 704): a row is BLOCK_BYTES[Q4_K_X4] = 148 bytes a
+ * super-block (Q5_K_X4: 180).
  *
  * Against a Q8_K row: each 32-byte load of weights meets 8 activation bytes broadcast
  * to all four rows; the 16-bit pair sums of a sub-block add up in 16 bits (at most
- * 4 x 2 x 15 x 127) before one multiply by the four rows' scales. */
+ * 4 x 2 x 31 x 127) before one multiply by the four rows' scales. */
 #define X4_GROUP_BYTES 592
+#define X5_GROUP_BYTES 720
 #define X4_MAX_K 16384 /* the longest rows the layout takes: unpacked runs go on the stack */
 
-/* Four rows of standard Q4_K blocks (row_bytes apart, k values each) into the layout. */
-static void q4_k_x4_pack(const uint8_t *rows, int64_t row_bytes, int64_t k, uint8_t *out) {
-    for (int64_t i = 0; i < k / 256; i++, out += X4_GROUP_BYTES) {
+/* Four rows of standard Q4_K (Q5_K with five) blocks, row_bytes apart, k values each,
+ * into the layout. */
+static void k_x4_pack(int five, const uint8_t *rows, int64_t row_bytes, int64_t k,
+                      uint8_t *out) {
+    const int block = five ? 176 : 144, qs = five ? 48 : 16;
+    for (int64_t i = 0; i < k / 256; i++, out += five ? X5_GROUP_BYTES : X4_GROUP_BYTES) {
         for (int r = 0; r < 4; r++) {
-            const uint8_t *b = rows + r * row_bytes + i * 144;
+            const uint8_t *b = rows + r * row_bytes + i * block;
             memcpy(out + 2 * r, b, 2);
             memcpy(out + 8 + 2 * r, b + 2, 2);
             for (int s = 0; s < 8; s++) {
@@ -35,16 +42,21 @@ static void q4_k_x4_pack(const uint8_t *rows, int64_t row_bytes, int64_t k, uint
             }
             for (int c = 0; c < 4; c++)
                 for (int u = 0; u < 4; u++)
-                    memcpy(out + 80 + 32 * (4 * c + u) + 8 * r, b + 16 + 32 * c + 8 * u, 8);
+                    memcpy(out + 80 + 32 * (4 * c + u) + 8 * r, b + qs + 32 * c + 8 * u, 8);
+            if (five)
+                for (int u = 0; u < 4; u++)
+                    memcpy(out + X4_GROUP_BYTES + 32 * u + 8 * r, b + 16 + 8 * u, 8);
         }
     }
 }
 
-/* q4_k_x4_pack's inverse: one run of four rows back into standard Q4_K rows. */
-static void q4_k_x4_unpack(const uint8_t *g, int64_t k, uint8_t *rows, int64_t row_bytes) {
-    for (int64_t i = 0; i < k / 256; i++, g += X4_GROUP_BYTES) {
+/* k_x4_pack's inverse: one run of four rows back into standard rows. */
+static void k_x4_unpack(int five, const uint8_t *g, int64_t k, uint8_t *rows,
+                        int64_t row_bytes) {
+    const int block = five ? 176 : 144, qs = five ? 48 : 16;
+    for (int64_t i = 0; i < k / 256; i++, g += five ? X5_GROUP_BYTES : X4_GROUP_BYTES) {
         for (int r = 0; r < 4; r++) {
-            uint8_t *b = rows + r * row_bytes + i * 144, *q = b + 4;
+            uint8_t *b = rows + r * row_bytes + i * block, *q = b + 4;
             memcpy(b, g + 2 * r, 2);
             memcpy(b + 2, g + 8 + 2 * r, 2);
             const uint8_t *sc = g + 16 + 8 * r;
@@ -57,22 +69,35 @@ static void q4_k_x4_unpack(const uint8_t *g, int64_t k, uint8_t *rows, int64_t r
             }
             for (int c = 0; c < 4; c++)
                 for (int u = 0; u < 4; u++)
-                    memcpy(b + 16 + 32 * c + 8 * u, g + 80 + 32 * (4 * c + u) + 8 * r, 8);
+                    memcpy(b + qs + 32 * c + 8 * u, g + 80 + 32 * (4 * c + u) + 8 * r, 8);
+            if (five)
+                for (int u = 0; u < 4; u++)
+                    memcpy(b + 16 + 8 * u, g + X4_GROUP_BYTES + 32 * u + 8 * r, 8);
         }
     }
 }
 
 #ifdef __AVX2__
+/* Sub-block s's fifth bits (bit s of each byte of qh) moved to bit 4. In 16-bit lanes:
+ * a shift by at most 4 brings no bit across the bytes into bit 4 of either. */
+static inline __m256i fifth_bits(__m256i qh, int s) {
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    return _mm256_and_si256(s < 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4),
+                            bit4);
+}
+
 /* The four rows of a run against one Q8_K row (k values): out[0..3]. The sums run in
- * lanes r0 r0 r1 r1 | r2 r2 r3 r3; each row's pair is added at the end. */
-static void row_q4_k_x4_q8k(const int8_t *xq, const float *xd, const int16_t *bsums,
-                            int64_t k, const uint8_t *g, float *out) {
+ * lanes r0 r0 r1 r1 | r2 r2 r3 r3; each row's pair is added at the end. five: Q5_K_X4 */
+static inline void row_k_x4_q8k(int five, const int8_t *xq, const float *xd,
+                                const int16_t *bsums, int64_t k, const uint8_t *g,
+                                float *out) {
+    const int group = five ? X5_GROUP_BYTES : X4_GROUP_BYTES;
     __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0xF);
     const __m256i d_lanes = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     const __m256i dmin_lanes = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    for (int64_t i = 0; i < k / 256; i++, g += X4_GROUP_BYTES, xq += 256, bsums += 16) {
-        for (int line = 0; line < X4_GROUP_BYTES; line += 64)
+    for (int64_t i = 0; i < k / 256; i++, g += group, xq += 256, bsums += 16) {
+        for (int line = 0; line < group; line += 64)
             _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
         const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g)),
                                        _mm256_set1_ps(xd[i]));
@@ -86,6 +111,7 @@ static void row_q4_k_x4_q8k(const int8_t *xq, const float *xd, const int16_t *bs
             _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 64))),
                               _mm256_broadcastq_epi64(_mm_unpackhi_epi64(sums, sums))));
         __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             /* sub-block s's scale of rows 0, 1 (2, 3 in the upper half) as 16-bit lanes */
             const short lo0 = (short)(0x8000 | (2 * c)), lo1 = (short)(0x8000 | (8 + 2 * c));
@@ -95,15 +121,22 @@ static void row_q4_k_x4_q8k(const int8_t *xq, const float *xd, const int16_t *bs
             const __m256i scale_hi = _mm256_shuffle_epi8(scales, _mm256_setr_epi16(
                 hi0, hi0, hi0, hi0, hi1, hi1, hi1, hi1, hi0, hi0, hi0, hi0, hi1, hi1, hi1, hi1));
             __m256i p_lo = _mm256_setzero_si256(), p_hi = p_lo;
+#pragma GCC unroll 4
             for (int u = 0; u < 4; u++) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 80 + 32 * (4 * c + u)));
+                __m256i lo = _mm256_and_si256(q, low4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                if (five) {
+                    const __m256i qh = _mm256_loadu_si256(
+                        (const __m256i *)(g + X4_GROUP_BYTES + 32 * u));
+                    lo = _mm256_or_si256(lo, fifth_bits(qh, 2 * c));
+                    hi = _mm256_or_si256(hi, fifth_bits(qh, 2 * c + 1));
+                }
                 int64_t x_lo, x_hi;
                 memcpy(&x_lo, xq + 64 * c + 8 * u, 8);
                 memcpy(&x_hi, xq + 64 * c + 32 + 8 * u, 8);
-                p_lo = _mm256_add_epi16(p_lo, _mm256_maddubs_epi16(
-                    _mm256_and_si256(q, low4), _mm256_set1_epi64x(x_lo)));
-                p_hi = _mm256_add_epi16(p_hi, _mm256_maddubs_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), _mm256_set1_epi64x(x_hi)));
+                p_lo = _mm256_add_epi16(p_lo, _mm256_maddubs_epi16(lo, _mm256_set1_epi64x(x_lo)));
+                p_hi = _mm256_add_epi16(p_hi, _mm256_maddubs_epi16(hi, _mm256_set1_epi64x(x_hi)));
             }
             isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(p_lo, scale_lo),
                                                            _mm256_madd_epi16(p_hi, scale_hi)));
