@@ -191,7 +191,7 @@ def _lora_lines(res: Result, base: str) -> list[str]:
 
 
 # a GGUF file's llama-quantize type, from its name (make-model's: MODEL-TYPE.gguf)
-_GGUF_TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "bf16": "BF16"}
+_GGUF_TYPES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "bf16": "BF16"}
 
 
 def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
