@@ -73,7 +73,8 @@ def test_function_calls_whole_and_streamed(client):
 
 
 def test_a_json_schema_format_gives_valid_json(client):
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}},
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                   "maximum": 9}},
               "required": ["n"], "additionalProperties": False}
     out = client.responses.create(model=MODEL, input="a number", max_output_tokens=40,
                                   text={"format": {"type": "json_schema", "name": "n",
