@@ -6,12 +6,14 @@ import random
 import time
 
 import httpx
+import pytest
 
 from tests.entrypoints.batch_client import MODEL, completion_body, line, make_client, \
     read_lines, upload, wait_batch
 from tests.entrypoints.conftest import ServerProcess
 
 
+@pytest.mark.slow  # (15-25 s: `make test` stays near 10 minutes)
 def test_batch_survives_sigkill(llama_dir, tmp_path):
     rng = random.Random(20240611)
     state = tmp_path / "state"

@@ -36,6 +36,7 @@ def _fuzz(server, phases: str, examples: int, timeout: float) -> None:
     assert m["kvserve:num_requests_running"] == 0 and m["kvserve:kv_cache_usage_perc"] == 0
 
 
+@pytest.mark.slow  # (15-25 s: `make test` stays near 10 minutes)
 def test_fuzzed_requests_get_documented_answers(server):
     _fuzz(server, "fuzzing,stateful", examples=40, timeout=300)
 

@@ -74,6 +74,7 @@ def _streamed(**settings):
     return out.outputs[0].token_ids, logprobs
 
 
+@pytest.mark.slow  # (15-25 s: `make test` stays near 10 minutes)
 def test_past_the_trained_length_every_batching_gives_the_same_stream():
     """The embedded model (1024 positions) reads 1500 + 40 tokens, as one prompt chunk,
     in chunks of 64, and with small blocks: the same logprobs and tokens."""

@@ -123,6 +123,7 @@ def test_stop_strings_and_stop_tokens_cut_where_plain_decoding_does(llama_dir, p
     assert runs[0] == runs[1]
 
 
+@pytest.mark.slow  # (15-25 s: `make test` stays near 10 minutes)
 def test_sampled_continuations_keep_their_distribution(llama_dir):
     """The first two tokens of three-token continuations of one prompt, sampled many times
     with and without speculation: the same distribution. With speculation the second

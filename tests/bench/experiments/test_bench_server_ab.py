@@ -21,6 +21,7 @@ def test_bools_become_flag_or_no_flag():
         == ["--async-scheduling", "--no-huge-pages", "--max-num-seqs=4"]
 
 
+@pytest.mark.slow  # (15-25 s: `make test` stays near 10 minutes)
 def test_both_servers_every_round_of_both_loads(tiny_model_dir: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from kvserve.bench.experiments import server_ab

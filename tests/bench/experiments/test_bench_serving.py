@@ -33,6 +33,7 @@ os.execv(sys.executable, [sys.executable, "-m", "kvserve.cli", "serve", a.model,
 
 
 
+@pytest.mark.slow  # (15-25 s: `make test` stays near 10 minutes)
 def test_both_servers_every_round(tmp_path: Path, tiny_model_dir: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from kvserve.bench.experiments import serving
