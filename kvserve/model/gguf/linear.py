@@ -32,6 +32,7 @@ from kvserve.model.linear_method import LinearMethod
 FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "BF16": 5, "F16": 6,
                 "Q4_K_X4": 7, "Q5_K_X4": 8}
 IN_RUNS = {"Q4_K": "Q4_K_X4", "Q5_K": "Q5_K_X4"}  # a file's format -> its runs of four rows
+FROM_RUNS = {runs: kind for kind, runs in IN_RUNS.items()}
 X4_MAX_COLS = 16384  # the longest rows the runs take
 NATIVE_MAX_ROWS = 8
 TILE_ROWS = 256
@@ -70,7 +71,7 @@ class GGUFLinearMethod(LinearMethod):
         self.repacked_by = None  # the kernels that made the parts in runs of four rows
         self.native = None  # kvserve.kernels.Kernels, when configured with them
         # decode rows rounded to int8 per 32 values and multiplied in integers, as
-        # llama.cpp does (Q8_0, Q4_K, Q5_K and Q6_K parts, AVX2); False: in float, which equals
+        # llama.cpp does (Q8_0 and K-format parts, AVX2); False: in float, which equals
         # dequantize-then-multiply up to float rounding
         self.int8_activations = True
 
@@ -126,11 +127,10 @@ class GGUFLinearMethod(LinearMethod):
                     self.repacked_by = self.native
                     layer.register_buffer(f"gguf_part{i}", repacked)
                     self.kinds[i] = IN_RUNS[kind]
-            elif kind in IN_RUNS.values() and self.native is None:
-                plain = next(k for k, v in IN_RUNS.items() if v == kind)
+            elif kind in FROM_RUNS and self.native is None:
                 layer.register_buffer(f"gguf_part{i}", self.repacked_by.gguf_repack_k_x4(
-                    data, plain, cols, unpack=True))
-                self.kinds[i] = plain
+                    data, FROM_RUNS[kind], cols, unpack=True))
+                self.kinds[i] = FROM_RUNS[kind]
 
     def parts(self, layer: nn.Linear):
         """(first output column, rows, kind, buffer) of each part."""
