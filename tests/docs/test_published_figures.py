@@ -14,6 +14,8 @@ def test_readme_and_figures_doc_are_what_the_generator_prints():
     readme = (REPO / "README.md").read_text()
     perf = (REPO / "docs" / "figures.md").read_text()
     assert published.section_of(readme, "## Performance") == published.readme_section(results)
+    assert published.section_of(readme, published.EMBEDDED_HEADING) == \
+        published.embedded_model_section(results)
     assert published.section_of(perf, "## Current figures") == \
         published.performance_section(results)
 
@@ -154,3 +156,57 @@ def test_a_newer_machines_quantized_serving_joins_the_readme_below_the_headline(
     assert ("Serving bench-8b-q4_k_m.gguf at 1 request/s (4 requests a round, 2 rounds), "
             "kvserve's latency over llama.cpp's llama-server's (\"b1\"): P99 TPOT 0.80x") \
         in quantized
+
+
+def _judged(bpb: float, repeating: int, chat: int) -> dict:
+    sampling = {"temperature": 0.0, "repetition_penalty": 1.2}
+    return {"bits_per_byte": {"bits_per_byte": bpb, "gzip9_bits_per_byte": 1.75},
+            "repetition": {"headers": 100, "continuation_tokens": 64, "repeating": repeating,
+                           "repeating_share": repeating / 100, "sampling": sampling},
+            "chat": {"requests": 100, "request_form": "Write a Python function: {summary}",
+                     "define_a_function_share": chat / 100, "with_doctest": 3,
+                     "doctest_passed": 1, "sampling": sampling},
+            "speed": {"parameters": 6_819_072, "decode_ms_per_token": 2.5, "llm_ready_s": 0.9}}
+
+
+def test_the_newest_embedded_model_judgement_is_the_readmes_figures(tmp_path):
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    machine = {"cpu_model": "AMD EPYC", "cpu_family": 25, "cpu_model_number": 1,
+               "vector_isa": "avx2", "physical_cores": 2, "tree_dirty": False}
+    old = {"machine": {**machine, "commit": "a" * 40, "date_utc": "2026-12-05"},
+           "model": "checkpoint", "result": {"model": _judged(1.40, 81, 88)}}
+    new = {"machine": {**machine, "commit": "b" * 40, "date_utc": "2026-12-06"},
+           "model": "checkpoint",
+           "result": {"model": _judged(1.25, 20, 90), "baseline": _judged(1.40, 81, 88),
+                      "speculative": {"acceptance_rate": 0.7, "num_speculative_tokens": 4,
+                                      "mean_acceptance_length": 3.1, "prompts": 32}}}
+    (results / "old.json").write_text(json.dumps(old))
+    (results / "new.json").write_text(json.dumps(new))
+    loaded = published.load_results(tmp_path)
+    section = published.embedded_model_section(loaded)
+    assert section.startswith(published.EMBEDDED_HEADING)
+    assert ("| kvserve's embedded model | 6.8M | 1.250 (1.750) | 20 % of 100 | 90 % of 100 "
+            "| 1 of 3 | 2.50 | 0.90 s |") in section
+    assert "| the model it replaced | 6.8M | 1.400 (1.750) | 81 % of 100 |" in section
+    assert "accepted 70 % (4 speculative tokens, 3.10 tokens a step" in section
+    assert "[new.json](docs/results/new.json)" in section and "commit `bbbbbbbbbb`" in section
+    # docs/figures.md shows a machine's newest judgement too
+    perf = published.performance_section(loaded)
+    assert "[new.json](results/new.json)" in perf and "1.400 (1.750) | 81 % of 100 | 88" in perf
+    # written in place under its heading, the README's next section untouched
+    (tmp_path / "README.md").write_text(
+        "# x\n\n## Performance\n\nold\n\n## The embedded model\n\nprose\n\n"
+        f"{published.EMBEDDED_HEADING}\n\nold figures\n\n## Dependencies\n\n- torch\n")
+    (tmp_path / "docs" / "figures.md").write_text("# Figures\n\n## Current figures\n\nold\n")
+    published.write_sections(tmp_path)
+    readme = (tmp_path / "README.md").read_text()
+    assert "old figures" not in readme and "prose" in readme
+    assert readme.endswith("## Dependencies\n\n- torch\n")
+    assert published.section_of(readme, published.EMBEDDED_HEADING) == section
+
+
+def test_without_a_judgement_the_readme_says_so(tmp_path):
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    section = published.embedded_model_section(published.load_results(tmp_path))
+    assert "No figures are published for the current model." in section

@@ -229,6 +229,43 @@ def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
                     + ")."]
 
 
+def _default_model_row(label: str, r: dict[str, Any]) -> str:
+    bpb, rep, chat, speed = r["bits_per_byte"], r["repetition"], r["chat"], r["speed"]
+    doctests = f"{chat['doctest_passed']} of {chat['with_doctest']}"
+    return (f"| {label} | {speed['parameters'] / 1e6:.1f}M | "
+            f"{bpb['bits_per_byte']:.3f} ({bpb['gzip9_bits_per_byte']:.3f}) | "
+            f"{100 * rep['repeating_share']:.0f} % of {rep['headers']} | "
+            f"{100 * chat['define_a_function_share']:.0f} % of {chat['requests']} | {doctests} | "
+            f"{speed['decode_ms_per_token']:.2f} | {speed['llm_ready_s']:.2f} s |")
+
+
+def _default_model_lines(res: Result, base: str) -> list[str]:
+    """The embedded model judged on the held-out split (``tools.default_model.
+    evaluate_default``), beside the model it replaced where the run measured both."""
+    d = res.data["result"]
+    rep = d["model"]["repetition"]
+    lines = ["", "| embedded model (held-out code) | parameters | bits per byte (gzip -9) | "
+             "greedy continuations repeating an 8-token run | chat answers defining a "
+             "function | passing the docstring's doctest | decode ms/token | `LLM()` ready |",
+             "|---|---|---|---|---|---|---|---|",
+             _default_model_row("kvserve's embedded model", d["model"])]
+    if d.get("baseline"):
+        lines.append(_default_model_row("the model it replaced", d["baseline"]))
+    notes = [f"{rep['continuation_tokens']}-token continuations of held-out function headers "
+             f"and chat answers to \"{d['model']['chat']['request_form']}\", greedy with "
+             f"repetition_penalty {rep['sampling']['repetition_penalty']:g} from the model's "
+             f"generation_config.json"]
+    spec = d.get("speculative")
+    if spec:
+        notes.append(f"its draft model's guesses accepted {100 * spec['acceptance_rate']:.0f} % "
+                     f"({spec['num_speculative_tokens']} speculative tokens, "
+                     f"{spec['mean_acceptance_length']:.2f} tokens a step, {spec['prompts']} "
+                     f"held-out files)")
+    return lines + ["", "; ".join(notes) + f" (`python -m tools.default_model.evaluate_default`; "
+                    f"{_provenance(res, base)})."]
+
+
 LINES_OF = {"compare": _compare_lines, "serving": _serving_lines, "startup": _startup_lines,
             "memory": _memory_lines, "moe": _moe_lines, "sinks": _sinks_lines,
-            "lora": _lora_lines, "gguf_decode": _gguf_decode_lines}
+            "lora": _lora_lines, "gguf_decode": _gguf_decode_lines,
+            "default_model": _default_model_lines}

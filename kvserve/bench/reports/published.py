@@ -10,8 +10,10 @@ gguf-decode``'s single stream on quantized GGUF files against llama-bench, and `
 memory``'s KV held per request with and without KV groups, and ``bench moe``'s
 mixture-of-experts decode against a dense model of its size, and ``bench sinks``'s
 perplexity past the training context with and without attention sinks, and ``bench
-lora``'s decode steps over four adapters against the base alone. The README's
-"Performance" section is the headline table of the machine measured last;
+lora``'s decode steps over four adapters against the base alone, and the embedded model
+judged on held-out code (``tools.default_model.evaluate_default``). The README's
+"Performance" section is the headline table of the machine measured last, its embedded
+model's figures the newest such run;
 docs/figures.md's "Current figures" holds every machine's figures. A test checks that both are exactly what this
 module prints from the files, so no figure is typed by hand. ``--write`` puts them there.
 """
@@ -25,7 +27,7 @@ from typing import Any, Iterable
 from kvserve.bench.reports.figure_lines import LINES_OF, machine_title
 
 __all__ = ["Result", "load_results", "machine_sections", "readme_section",
-           "performance_section", "write_sections", "cited_results", "cmd_report"]
+           "performance_section", "embedded_model_section", "write_sections", "cited_results", "cmd_report"]
 
 STATISTIC = ("a ratio is the median of per-round ratios of alternating rounds, min–max "
              "beside it ([statistics]({stats}))")
@@ -67,6 +69,8 @@ class Result:
             return "lora"
         if "stream_bandwidth_gbs" in self.data.get("result", {}):
             return "gguf_decode"
+        if "repetition" in (self.data.get("result", {}).get("model") or {}):
+            return "default_model"
         return None
 
     @property
@@ -86,6 +90,7 @@ class MachineResults:
     moe: Result | None = None
     sinks: Result | None = None
     lora: Result | None = None
+    default_model: Result | None = None
     gguf_decode: dict[str, Result] = field(default_factory=dict)  # by model
     others: list[Result] = field(default_factory=list)
 
@@ -95,7 +100,7 @@ class MachineResults:
 
     @property
     def results(self) -> list[Result]:
-        return [r for r in (self.memory, self.moe, self.sinks, self.lora,
+        return [r for r in (self.memory, self.moe, self.sinks, self.lora, self.default_model,
                             *self.compare.values(), *self.serving.values(), *self.startup.values(),
                             *self.gguf_decode.values(), *self.others)
                 if r is not None]
@@ -131,7 +136,8 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     return sorted(groups.values(), key=lambda g: g.date, reverse=True)
 
 
-KINDS = ("compare", "serving", "gguf_decode", "startup", "memory", "moe", "sinks", "lora")
+KINDS = ("compare", "serving", "gguf_decode", "startup", "memory", "moe", "sinks", "lora",
+         "default_model")
 BY_MODEL = ("compare", "gguf_decode", "startup", "serving")  # the kinds kept a model each
 
 
@@ -195,6 +201,21 @@ def performance_section(results: list[Result]) -> str:
                       "", *body])
 
 
+EMBEDDED_HEADING = "### Measured on code it never saw"
+
+
+def embedded_model_section(results: list[Result]) -> str:
+    """The README's figures of the embedded model (heading included): the newest
+    ``evaluate_default`` run, whichever machine ran it."""
+    runs = sorted((r for r in results if r.kind == "default_model"),
+                  key=lambda r: r.machine.get("date_utc") or "")
+    if not runs:
+        return f"{EMBEDDED_HEADING}\n\nNo figures are published for the current model.\n"
+    newest = runs[-1]
+    lines = LINES_OF["default_model"](newest, ".")
+    return "\n".join([EMBEDDED_HEADING, "", f"On {machine_title(newest.machine)}:", *lines]) + "\n"
+
+
 def _bounds(text: str, heading: str) -> tuple[int, int]:
     """Where the section under ``heading`` starts and ends: up to the newline before the
     next "## " heading, or the end of the text."""
@@ -216,18 +237,23 @@ def replace_section(text: str, heading: str, section: str) -> str:
 
 
 def write_sections(root: Path) -> list[Path]:
-    """Regenerate both sections in place; returns the files changed."""
+    """Regenerate the sections in place; returns the files changed."""
     results = load_results(root)
     changed = []
     for rel, heading, section in (("README.md", "## Performance", readme_section(results)),
+                                  ("README.md", EMBEDDED_HEADING,
+                                   embedded_model_section(results)),
                                   ("docs/figures.md", "## Current figures",
                                    performance_section(results))):
         path = root / rel
         text = path.read_text()
+        if heading + "\n" not in text:  # a document without the section does not publish it
+            continue
         new = replace_section(text, heading, section)
         if new != text:
             path.write_text(new)
-            changed.append(path)
+            if path not in changed:
+                changed.append(path)
     return changed
 
 
@@ -258,5 +284,6 @@ def cmd_report(args) -> int:
         return 0
     results = load_results(root)
     print(readme_section(results))
+    print(embedded_model_section(results))
     print(performance_section(results))
     return 0
