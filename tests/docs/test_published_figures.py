@@ -179,6 +179,8 @@ def test_the_newest_embedded_model_judgement_is_the_readmes_figures(tmp_path):
     new = {"machine": {**machine, "commit": "b" * 40, "date_utc": "2026-12-06"},
            "model": "checkpoint",
            "result": {"model": _judged(1.25, 20, 90), "baseline": _judged(1.40, 81, 88),
+                      "heldout_code": {"repetition": {"headers": 100, "repeating_share": 0.28,
+                                                      "continuation_tokens": 64}},
                       "speculative": {"acceptance_rate": 0.7, "num_speculative_tokens": 4,
                                       "mean_acceptance_length": 3.1, "prompts": 32}}}
     (results / "old.json").write_text(json.dumps(old))
@@ -189,6 +191,7 @@ def test_the_newest_embedded_model_judgement_is_the_readmes_figures(tmp_path):
     assert ("| kvserve's embedded model | 6.8M | 1.250 (1.750) | 20 % of 100 | 90 % of 100 "
             "| 1 of 3 | 2.50 | 0.90 s |") in section
     assert "| the model it replaced | 6.8M | 1.400 (1.750) | 81 % of 100 |" in section
+    assert "| the held-out files' own next 64 tokens | | | 28 % of 100 | | | | |" in section
     assert "accepted 70 % (4 speculative tokens, 3.10 tokens a step" in section
     assert "[new.json](docs/results/new.json)" in section and "commit `bbbbbbbbbb`" in section
     # docs/figures.md shows a machine's newest judgement too

@@ -11,7 +11,8 @@ run on the same machine):
   bytes (the training script's training_info.json has all of them);
 - **repetition**: each held-out function header (its ``def`` line(s), dedented)
   continued for 64 tokens by kvserve with the model's ``generation_config.json``
-  defaults; the share whose continuation repeats some 8-token sequence;
+  defaults; the share whose continuation repeats some 8-token sequence, beside the same
+  share of the 64 tokens that follow each header in its file;
 - **chat**: each held-out instruction pair's request ("Write a Python function:
   <docstring summary>") through the chat template; the share of answers that parse as
   Python and define a function, and of those whose docstring holds a doctest, how many
@@ -56,12 +57,18 @@ def heldout_split(model_dir: Path) -> tuple[dict[str, str], list[str]]:
 
 def function_headers(text: str) -> list[str]:
     """Each function's ``def`` line(s) up to the colon, dedented, with a newline."""
+    return [header for header, _ in headers_and_code(text)]
+
+
+def headers_and_code(text: str) -> list[tuple[str, str]]:
+    """Each function's header (as :func:`function_headers`) and the file's text after it,
+    dedented by the header's indentation: what the file itself continues it with."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return []
     lines = text.splitlines(keepends=True)
-    headers = []
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first_body = node.body[0].lineno
@@ -69,8 +76,10 @@ def function_headers(text: str) -> list[str]:
                 continue
             header = textwrap.dedent("".join(lines[node.lineno - 1:first_body - 1])).rstrip()
             if header.endswith(":"):
-                headers.append(header + "\n")
-    return headers
+                margin = " " * node.col_offset
+                after = "".join(line.removeprefix(margin) for line in lines[first_body - 1:])
+                found.append((header + "\n", after))
+    return found
 
 
 def repeats_ngram(ids: list[int], n: int = REPEAT_NGRAM) -> bool:
@@ -137,8 +146,6 @@ def bits_per_byte(model_dir: Path, texts: list[str]) -> dict[str, float]:
 
 
 def repetition(llm: Any, headers: list[str]) -> dict[str, Any]:
-    from kvserve import SamplingParams
-
     params = greedy_defaults(llm)
     params.max_tokens, params.ignore_eos = CONTINUATION_TOKENS, True
     outs = llm.generate(headers, params, use_tqdm=True)
@@ -148,6 +155,17 @@ def repetition(llm: Any, headers: list[str]) -> dict[str, Any]:
             "sampling": _sampling_fields(params),
             "examples": [{"header": h, "continuation": o.outputs[0].text}
                          for h, o in list(zip(headers, outs))[:3]]}
+
+
+def code_repetition(tokenizer: Any, continuations: list[str]) -> dict[str, Any]:
+    """The held-out files' own text after the same headers, as many tokens: how often real
+    code repeats an 8-token run there (what the model's share is to be read against)."""
+    flags = [repeats_ngram(tokenizer.encode(text[:8 * CONTINUATION_TOKENS],
+                                            add_special_tokens=False).ids[:CONTINUATION_TOKENS])
+             for text in continuations]
+    return {"headers": len(continuations), "continuation_tokens": CONTINUATION_TOKENS,
+            "ngram": REPEAT_NGRAM, "repeating": sum(flags),
+            "repeating_share": sum(flags) / len(flags)}
 
 
 def greedy_defaults(llm: Any) -> Any:
@@ -304,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(table, indent=1))
         return 0
     rng = random.Random(args.seed)
-    headers = [h for p in held for h in function_headers(docs[p])]
-    headers = sorted(rng.sample(headers, min(args.headers, len(headers))))
+    found = [hc for p in held for hc in headers_and_code(docs[p])]
+    found = sorted(rng.sample(found, min(args.headers, len(found))))
+    headers = [header for header, _ in found]
     pairs = corpus_pairs(docs, held)
     pairs = rng.sample(pairs, min(args.chat_requests, len(pairs)))
     texts, size = [], 0
@@ -317,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"machine": machine_info(), "model": str(model_dir.name),
                            "heldout_files": len(held), "result": {}}
     doc["result"]["model"] = evaluate(model_dir, headers, pairs, texts, log)
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    doc["result"]["heldout_code"] = {"repetition": code_repetition(tokenizer,
+                                                                   [code for _, code in found])}
     if args.draft:
         log("speculative acceptance")
         doc["result"]["speculative"] = acceptance(model_dir, Path(args.draft),

@@ -251,6 +251,10 @@ def _default_model_lines(res: Result, base: str) -> list[str]:
              _default_model_row("kvserve's embedded model", d["model"])]
     if d.get("baseline"):
         lines.append(_default_model_row("the model it replaced", d["baseline"]))
+    code = (d.get("heldout_code") or {}).get("repetition")
+    if code:
+        lines.append(f"| the held-out files' own next {code['continuation_tokens']} tokens | | | "
+                     f"{100 * code['repeating_share']:.0f} % of {code['headers']} | | | | |")
     notes = [f"{rep['continuation_tokens']}-token continuations of held-out function headers "
              f"and chat answers to \"{d['model']['chat']['request_form']}\", greedy with "
              f"repetition_penalty {rep['sampling']['repetition_penalty']:g} from the model's "

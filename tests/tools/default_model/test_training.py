@@ -51,3 +51,31 @@ def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token():
     assert res["tokens"] == tokens  # every token after bos predicted exactly once
     assert res["bytes"] == sum(len(t.encode()) for t in texts)
     assert res["bits_per_byte"] == pytest.approx(tokens * math.log2(vocab) / res["bytes"])
+
+
+def test_a_headers_own_code_is_the_files_text_after_it_dedented():
+    from tools.default_model.evaluate_default import function_headers, headers_and_code
+
+    text = ("import os\n\n\nclass A:\n    def f(self,\n          x):\n        return x\n\n"
+            "    def g(self): return 1\n\n\ndef h():\n    '''doc'''\n    pass\n")
+    found = headers_and_code(text)
+    assert [header for header, _ in found] == function_headers(text)
+    by_header = dict(found)
+    assert by_header["def f(self,\n      x):\n"].startswith(
+        "    return x\n\ndef g(self): return 1\n\n\ndef h():\n")
+    assert by_header["def h():\n"] == "    '''doc'''\n    pass\n"
+    assert "def g(self): return 1\n" not in by_header  # a one-line def has no body to continue
+
+
+def test_repetition_counts_a_repeated_run_of_eight_tokens():
+    from tools.default_model.evaluate_default import code_repetition, repeats_ngram
+
+    assert repeats_ngram(list(range(8)) * 2) and not repeats_ngram(list(range(64)))
+    assert not repeats_ngram(list(range(7)) * 2 + [99])
+
+    class Chars:  # one token per character
+        def encode(self, text, add_special_tokens=False):
+            return type("E", (), {"ids": [ord(c) for c in text]})()
+
+    res = code_repetition(Chars(), ["abcdefghabcdefgh", "abcdefghijklmnop"])
+    assert (res["repeating"], res["headers"], res["repeating_share"]) == (1, 2, 0.5)
