@@ -176,9 +176,11 @@ def test_the_newest_embedded_model_judgement_is_the_readmes_figures(tmp_path):
                "vector_isa": "avx2", "physical_cores": 2, "tree_dirty": False}
     old = {"machine": {**machine, "commit": "a" * 40, "date_utc": "2026-12-05"},
            "model": "checkpoint", "result": {"model": _judged(1.40, 81, 88)}}
+    judged = _judged(1.25, 20, 90)
+    judged["repetition_at_the_colon"] = {**judged["repetition"], "repeating_share": 0.12}
     new = {"machine": {**machine, "commit": "b" * 40, "date_utc": "2026-12-06"},
            "model": "checkpoint",
-           "result": {"model": _judged(1.25, 20, 90), "baseline": _judged(1.40, 81, 88),
+           "result": {"model": judged, "baseline": _judged(1.40, 81, 88),
                       "heldout_code": {"repetition": {"headers": 100, "repeating_share": 0.28,
                                                       "continuation_tokens": 64}},
                       "speculative": {"acceptance_rate": 0.7, "num_speculative_tokens": 4,
@@ -192,6 +194,7 @@ def test_the_newest_embedded_model_judgement_is_the_readmes_figures(tmp_path):
             "| 1 of 3 | 2.50 | 0.90 s |") in section
     assert "| the model it replaced | 6.8M | 1.400 (1.750) | 81 % of 100 |" in section
     assert "| the held-out files' own next 64 tokens | | | 28 % of 100 | | | | |" in section
+    assert "with the headers ending at their colon, as typed, 12 % of the model's" in section
     assert "accepted 70 % (4 speculative tokens, 3.10 tokens a step" in section
     assert "[new.json](docs/results/new.json)" in section and "commit `bbbbbbbbbb`" in section
     # docs/figures.md shows a machine's newest judgement too

@@ -12,7 +12,8 @@ run on the same machine):
 - **repetition**: each held-out function header (its ``def`` line(s), dedented)
   continued for 64 tokens by kvserve with the model's ``generation_config.json``
   defaults; the share whose continuation repeats some 8-token sequence, beside the same
-  share of the 64 tokens that follow each header in its file;
+  share of the 64 tokens that follow each header in its file; and again with each header
+  ending at its colon, as a user types it;
 - **chat**: each held-out instruction pair's request ("Write a Python function:
   <docstring summary>") through the chat template; the share of answers that parse as
   Python and define a function, and of those whose docstring holds a doctest, how many
@@ -261,6 +262,9 @@ def evaluate(model_dir: Path, headers: list[str], pairs: list[Pair], texts: list
     llm = LLM(str(model_dir))
     log(f"{model_dir}: repetition over {len(headers)} headers")
     result["repetition"] = repetition(llm, headers)
+    # the headers as a user types them, ending at the colon: the byte-level BPE keeps a
+    # newline and the next line's indent in one token, which a prompt ending in "\n" splits
+    result["repetition_at_the_colon"] = repetition(llm, [h.rstrip("\n") for h in headers])
     log(f"{model_dir}: chat over {len(pairs)} requests")
     result["chat"] = chat(llm, pairs)
     llm.engine.close()

@@ -256,9 +256,15 @@ def _default_model_lines(res: Result, base: str) -> list[str]:
         lines.append(f"| the held-out files' own next {code['continuation_tokens']} tokens | | | "
                      f"{100 * code['repeating_share']:.0f} % of {code['headers']} | | | | |")
     notes = [f"{rep['continuation_tokens']}-token continuations of held-out function headers "
-             f"and chat answers to \"{d['model']['chat']['request_form']}\", greedy with "
+             f"(each ending in a newline) and chat answers to "
+             f"\"{d['model']['chat']['request_form']}\", greedy with "
              f"repetition_penalty {rep['sampling']['repetition_penalty']:g} from the model's "
              f"generation_config.json"]
+    at_colon = d["model"].get("repetition_at_the_colon")
+    if at_colon:
+        notes.append(f"with the headers ending at their colon, as typed, "
+                     f"{100 * at_colon['repeating_share']:.0f} % of the model's continuations "
+                     f"repeat a run")
     spec = d.get("speculative")
     if spec:
         notes.append(f"its draft model's guesses accepted {100 * spec['acceptance_rate']:.0f} % "
