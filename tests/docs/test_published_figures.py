@@ -184,7 +184,9 @@ def test_the_newest_embedded_model_judgement_is_the_readmes_figures(tmp_path):
                       "heldout_code": {"repetition": {"headers": 100, "repeating_share": 0.28,
                                                       "continuation_tokens": 64}},
                       "speculative": {"acceptance_rate": 0.7, "num_speculative_tokens": 4,
-                                      "mean_acceptance_length": 3.1, "prompts": 32}}}
+                                      "mean_acceptance_length": 3.1, "prompts": 32,
+                                      "draft_tokens": 40,
+                                      "greedy_agreement": {"tokens": 2048, "share": 0.61}}}}
     (results / "old.json").write_text(json.dumps(old))
     (results / "new.json").write_text(json.dumps(new))
     loaded = published.load_results(tmp_path)
@@ -195,7 +197,9 @@ def test_the_newest_embedded_model_judgement_is_the_readmes_figures(tmp_path):
     assert "| the model it replaced | 6.8M | 1.400 (1.750) | 81 % of 100 |" in section
     assert "| the held-out files' own next 64 tokens | | | 28 % of 100 | | | | |" in section
     assert "with the headers ending at their colon, as typed, 12 % of the model's" in section
-    assert "accepted 70 % (4 speculative tokens, 3.10 tokens a step" in section
+    assert ("its greedy pick is the model's next token at 61 % of 2048 positions; the engine, "
+            "drafting where it pays, had 70 % of 40 drafts accepted (4 speculative tokens, "
+            "3.10 tokens a step") in section
     assert "[new.json](docs/results/new.json)" in section and "commit `bbbbbbbbbb`" in section
     # docs/figures.md shows a machine's newest judgement too
     perf = published.performance_section(loaded)

@@ -242,15 +242,36 @@ def acceptance(model_dir: Path, draft_dir: Path, texts: list[str]) -> dict[str, 
     tok = llm.get_tokenizer()
     prompts = [{"prompt_token_ids": tok.encode(t, add_special_tokens=False)[:128]} for t in texts]
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    for prompt in prompts:  # one at a time: a single stream, where drafting pays
-        llm.generate([prompt], params, use_tqdm=False)
+    outputs = [llm.generate([prompt], params, use_tqdm=False)[0]  # one at a time: a
+               for prompt in prompts]                                # single stream
     stats = llm.engine.speculator.stats
     llm.engine.close()
+    agree = draft_agreement(draft_dir, [(p["prompt_token_ids"], list(o.outputs[0].token_ids))
+                                        for p, o in zip(prompts, outputs)])
     return {"prompts": len(prompts), "prompt_tokens": 128, "max_tokens": 64,
             "num_speculative_tokens": 4, "draft_tokens": stats.num_draft_tokens,
             "accepted_tokens": stats.num_accepted_tokens,
             "acceptance_rate": stats.num_accepted_tokens / max(stats.num_draft_tokens, 1),
-            "mean_acceptance_length": 1 + stats.num_accepted_tokens / max(stats.num_drafts, 1)}
+            "mean_acceptance_length": 1 + stats.num_accepted_tokens / max(stats.num_drafts, 1),
+            "greedy_agreement": agree}
+
+
+def draft_agreement(draft_dir: Path, runs: list[tuple[list[int], list[int]]]) -> dict[str, Any]:
+    """How often the draft's greedy pick is the target's greedy token, each position given
+    the target's own text before it: a greedy draft's acceptance rate whenever it drafts
+    (the engine drafts only where it pays, so its own count can be small)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    same = total = 0
+    with torch.inference_mode():
+        for prompt, continued in runs:
+            ids = torch.tensor([prompt + continued])
+            picks = draft(input_ids=ids).logits[0, len(prompt) - 1:-1].argmax(-1)
+            same += int((picks == torch.tensor(continued)).sum())
+            total += len(continued)
+    return {"tokens": total, "agreeing": same, "share": same / max(total, 1)}
 
 
 def evaluate(model_dir: Path, headers: list[str], pairs: list[Pair], texts: list[str],

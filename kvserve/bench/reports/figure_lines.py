@@ -267,8 +267,13 @@ def _default_model_lines(res: Result, base: str) -> list[str]:
                      f"repeat a run")
     spec = d.get("speculative")
     if spec:
-        notes.append(f"its draft model's guesses accepted {100 * spec['acceptance_rate']:.0f} % "
-                     f"({spec['num_speculative_tokens']} speculative tokens, "
+        agree = spec.get("greedy_agreement")
+        agreeing = (f"its greedy pick is the model's next token at "
+                    f"{100 * agree['share']:.0f} % of {agree['tokens']} positions; " if agree
+                    else "")
+        notes.append(f"its draft model: {agreeing}the engine, drafting where it pays, had "
+                     f"{100 * spec['acceptance_rate']:.0f} % of {spec['draft_tokens']} drafts "
+                     f"accepted ({spec['num_speculative_tokens']} speculative tokens, "
                      f"{spec['mean_acceptance_length']:.2f} tokens a step, {spec['prompts']} "
                      f"held-out files)")
     return lines + ["", "; ".join(notes) + f" (`python -m tools.default_model.evaluate_default`; "
