@@ -16,8 +16,8 @@ from tests.entrypoints.conftest import ServerProcess
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 4,
          "model": default_draft_model_dir()}
-# a prompt the embedded model continues by repeating it: drafts from the prompt land
-PROMPT = "import os\nimport sys\n" * 3 + "import "
+# a prompt the embedded model continues by repeating its lines: drafts from the prompt land
+PROMPT = "x = 1\ny = 2\n" * 4 + "x = "
 
 
 @pytest.fixture(scope="module", params=[SPEC, DRAFT], ids=["ngram", "draft_model"])

@@ -50,9 +50,10 @@ def llm():
 
 
 def _texts(llm, constraint, n=4, temperature=0.9, max_tokens=160,
-           prompt="def main():\n    config = "):
+           prompt="def main():\n    config = ", repetition_penalty=1.0):
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, n=n, seed=3,
-                            structured_outputs=constraint)
+                            structured_outputs=constraint,
+                            repetition_penalty=repetition_penalty)
     out = llm.generate(prompt, params, use_tqdm=False)[0]
     return [(o.text, o.finish_reason) for o in out.outputs]
 
@@ -161,9 +162,13 @@ def test_a_constraint_after_reasoning_leaves_the_thinking_free_and_binds_the_ans
     schema = SCHEMAS[0]
     constraint = Constraint(json=schema, reasoning=ReasoningSpan(end="\n"))
     prompt = '{"age":20,"name":"Bob"}\n' * 4
+    # the model's own repetition penalty: without it, its greedy free line runs on
+    penalty = 1.2
     for temperature, n in ((0.0, 1), (0.9, 4)):
-        outs = _texts(engine, constraint, n=n, temperature=temperature, prompt=prompt)
-        free = _texts(llm, None, n=n, temperature=temperature, prompt=prompt)
+        outs = _texts(engine, constraint, n=n, temperature=temperature, prompt=prompt,
+                      repetition_penalty=penalty)
+        free = _texts(llm, None, n=n, temperature=temperature, prompt=prompt,
+                      repetition_penalty=penalty)
         for (text, reason), (free_text, _) in zip(outs, free):
             thinking, newline, answer = text.partition("\n")
             assert reason == "stop" and newline, text
