@@ -27,7 +27,8 @@ from typing import Any, Iterable
 from kvserve.bench.reports.figure_lines import LINES_OF, machine_title
 
 __all__ = ["Result", "load_results", "machine_sections", "readme_section",
-           "performance_section", "embedded_model_section", "write_sections", "cited_results", "cmd_report"]
+           "performance_section", "embedded_model_section", "write_sections",
+           "cited_results", "cmd_report"]
 
 STATISTIC = ("a ratio is the median of per-round ratios of alternating rounds, min–max "
              "beside it ([statistics]({stats}))")
