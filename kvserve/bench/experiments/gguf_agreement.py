@@ -13,7 +13,12 @@ tokens that file lists, chunk by chunk, with prompt logprobs. Reported per file:
   (llama.cpp's from its saved log-probabilities, stored to 16 bits over the top 16 nats);
 - bits per byte of each over the same scored tokens (their decoded UTF-8 bytes), each
   from its own log-probabilities of the actual tokens (llama.cpp's as saved, to 16 bits),
-  and their ratio.
+  and their ratio;
+- each one's top-1 agreement with exact arithmetic: transformers loading the same file
+  (``gguf_file=``, which dequantizes every tensor) and computing in float64, so that a
+  disagreement between the two is laid at the door of the one that strays from the file's
+  own numbers (llama.cpp rounds activations to 8 bits against quantized blocks, keeps
+  its KV cache in f16).
 """
 from __future__ import annotations
 
@@ -85,8 +90,25 @@ def kvserve_scores(gguf: Path, chunks: np.ndarray, engine_args: dict[str, Any]
         logprobs += [entry[int(t)].logprob for entry, t in zip(scored, chunk[first + 1:])]
         text.append(tok.decode(chunk[first + 1:].tolist()))
     llm.engine.close()
-    return {"top": np.array(top), "nll": -float(np.sum(logprobs)), "tokens": len(logprobs),
+    return {"top": np.array(top), "bos": tok.bos_token_id, "nll": -float(np.sum(logprobs)), "tokens": len(logprobs),
             "bytes": sum(len(t.encode("utf-8")) for t in text)}
+
+
+def exact_tops(gguf: Path, chunks: np.ndarray, bos: int) -> np.ndarray:
+    """The top token at each position llama-perplexity scores, from transformers with the
+    file's weights dequantized and every product in float64."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32).double().eval()
+    first = chunks.shape[1] // 2
+    tops = []
+    with torch.inference_mode():
+        for chunk in chunks:
+            ids = torch.tensor([[bos] + chunk[1:].tolist()])
+            tops.append(model(ids).logits[0, first:-1].argmax(-1).numpy())
+    return np.array(tops)
 
 
 def run_gguf_agreement(model_dir: Path, source: Path, quantize: str, perplexity: str,
@@ -110,6 +132,8 @@ def run_gguf_agreement(model_dir: Path, source: Path, quantize: str, perplexity:
             base = read_logits_file(work / "logits.bin")
             log(f"{quant}: kvserve ...")
             ours = kvserve_scores(gguf, base["tokens"], engine_args)
+            log(f"{quant}: transformers, float64 ...")
+            exact = exact_tops(gguf, base["tokens"], ours["bos"])
             ln2 = np.log(2.0)
             ours_bpb = ours["nll"] / ln2 / ours["bytes"]
             theirs_bpb = base["nll"] / ln2 / ours["bytes"]
@@ -117,6 +141,8 @@ def run_gguf_agreement(model_dir: Path, source: Path, quantize: str, perplexity:
                 "file_bytes": gguf.stat().st_size, "chunks": int(base["tokens"].shape[0]),
                 "scored_tokens": ours["tokens"], "scored_bytes": ours["bytes"],
                 "top1_agreement": float((ours["top"] == base["top"]).mean()),
+                "kvserve_top1_agreement_with_exact": float((ours["top"] == exact).mean()),
+                "llamacpp_top1_agreement_with_exact": float((base["top"] == exact).mean()),
                 "kvserve_bits_per_byte": ours_bpb, "llamacpp_bits_per_byte": theirs_bpb,
                 "kvserve_over_llamacpp_bits_per_byte": ours_bpb / theirs_bpb,
                 "llamacpp_perplexity": float(np.exp(base["nll"] / ours["tokens"])),
@@ -125,7 +151,10 @@ def run_gguf_agreement(model_dir: Path, source: Path, quantize: str, perplexity:
             r = results[quant]
             log(f"{quant}: top-1 agreement {100 * r['top1_agreement']:.2f} %, bits per byte "
                 f"kvserve {ours_bpb:.4f} / llama.cpp {theirs_bpb:.4f} "
-                f"({100 * (r['kvserve_over_llamacpp_bits_per_byte'] - 1):+.2f} %)")
+                f"({100 * (r['kvserve_over_llamacpp_bits_per_byte'] - 1):+.2f} %); with "
+                f"exact float64 top-1: kvserve "
+                f"{100 * r['kvserve_top1_agreement_with_exact']:.2f} %, llama.cpp "
+                f"{100 * r['llamacpp_top1_agreement_with_exact']:.2f} %")
     return {"ctx": ctx, "threads": threads, "engine_args": engine_args, "quants": results}
 
 
