@@ -15,7 +15,7 @@ from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
 from kvserve.model.config import ArchConfig, llama_like_config
-from kvserve.model.layers import GatedActivation, Linear, RMSNorm, in_row_chunks
+from kvserve.model.layers import GatedActivation, Linear, RMSNorm, embedding, in_row_chunks
 from kvserve.model.rotary import RotaryEmbedding
 
 
@@ -188,7 +188,7 @@ class SandwichDecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ArchConfig, layer: Callable[[ArchConfig, int], nn.Module]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 

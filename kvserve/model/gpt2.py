@@ -6,7 +6,7 @@ from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, KVCache, paged_attention
 from kvserve.model.config import ArchConfig, gpt2_config
-from kvserve.model.layers import Linear, activation, in_row_chunks
+from kvserve.model.layers import Linear, activation, embedding, in_row_chunks
 
 
 class GPT2Attention(nn.Module):
@@ -65,8 +65,8 @@ class GPT2Block(nn.Module):
 class GPT2Transformer(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.wte = embedding(cfg.vocab_size, cfg.hidden_size)
+        self.wpe = embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.h = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg.num_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
 

@@ -45,6 +45,14 @@ class Linear(nn.Linear):
 MAX_INTERMEDIATE_BYTES = 16 * 2**20
 
 
+def embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
+    """nn.Embedding left uninitialised: its weight comes from the checkpoint. (Its own
+    normal_ init, on the meta device the loader builds models on, would import torch's
+    compiler stack: seconds of start-up for nothing.)"""
+    return nn.Embedding(num_embeddings, embedding_dim,
+                        _weight=torch.empty(num_embeddings, embedding_dim))
+
+
 def in_row_chunks(fn, x: torch.Tensor, row_elements: int, lora_rows=None) -> torch.Tensor:
     """``fn(x)`` for a row-wise ``fn``, run on row chunks whose largest intermediate
     (``row_elements`` per row, counted at 4 bytes: float32, or an int8 layer's int32

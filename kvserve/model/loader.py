@@ -105,6 +105,13 @@ def stored_format(model_dir: Path, gguf_activations: str) -> str | None:
     return gguf_format(model_dir, gguf_activations) or compressed_format(model_dir)
 
 
+def _materialize(model: nn.Module, device: torch.device | str) -> nn.Module:
+    """The meta-device model's tensors as uninitialised memory on ``device`` (what
+    Module.to_empty does, but by shape: torch's empty_like of a meta tensor imports its
+    symbolic-shape machinery, half a second of start-up)."""
+    return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
 def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dtype,
                 quantization: str | None = None, tp=None,
                 device: torch.device | str = "cpu", gguf_activations: str = "int8",
@@ -128,7 +135,7 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
         for layer in model.modules():
             if isinstance(getattr(layer, "method", None), GGUFLinearMethod):
                 layer.method.int8_activations = gguf_activations == "int8"
-        model = model.to_empty(device=device)
+        model = _materialize(model, device)
         _load_weights(model, gguf_weights(model_dir, keep_blocks=lambda name: checkpoint_target(
             model, name)[0] in block_layers), block_layers)
     elif (compressed := read_compressed_config(model_dir)) is not None:
@@ -139,7 +146,7 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
         files = weight_files(model_dir)
         quantized = _install_compressed_methods(model, compressed, files)
         kept = _install_16bit_methods(model, files, quantized) if weights_16bit else {}
-        model = model.to_empty(device=device)
+        model = _materialize(model, device)
         rename = getattr(model, "checkpoint_name", lambda n: n)
         weights = compressed_weights(
             iter_weights(files), compressed,
@@ -149,7 +156,7 @@ def load_model(model_dir: str | Path, model_config: ArchConfig, dtype: torch.dty
         files = weight_files(model_dir)
         use_16bit = weights_16bit and tp is None and quantization is None
         kept = _install_16bit_methods(model, files) if use_16bit else {}
-        model = model.to_empty(device=device)
+        model = _materialize(model, device)
         _load_weights(model, _as_16bit_rows(model, iter_weights(files), kept), kept)
     if hasattr(model, "make_rotaries"):  # buffers are not in checkpoints: made for real
         model.make_rotaries()

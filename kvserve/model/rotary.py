@@ -128,7 +128,11 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, rope: RopeConfig, dim: int, max_positions: int) -> None:
         super().__init__()
-        cos, sin = rope_tables(rope, dim, max_positions)
+        if torch.empty(0).is_meta:  # a model built on the meta device: shapes only (the
+            # loader makes the tables for real; torch's meta arange would import its compiler)
+            cos = sin = torch.empty(max_positions, dim)
+        else:
+            cos, sin = rope_tables(rope, dim, max_positions)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

@@ -37,7 +37,7 @@ from kvserve.worker.captured_step import MAX_ROWS as CAPTURED_MAX_ROWS, Captured
     unsupported_reason
 from kvserve.worker.draft_runner import DraftRunner
 from kvserve.worker.kv_pool_size import kv_cache_layout
-from kvserve.worker.huge_pages import huge_page_zeros, huge_pages_setting, move_to_huge_pages
+from kvserve.worker.huge_pages import PoolPages, huge_pages_setting, move_to_huge_pages
 from kvserve.core.kv.groups import engine_kv_groups
 from kvserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.worker.platform import allowed_cpus, cpus_to_bind, freeze_startup_objects, \
@@ -73,6 +73,7 @@ class CPUWorker(Worker):
                                   linear_min_rows=worker_cfg.linear_min_rows or 1)
         configure_layers(self.model, self.mode)
         self.huge_pages = worker_cfg.huge_pages and self._huge_pages_offered()
+        self.pool_pages = PoolPages()  # the KV pools' huge pages, backed on a thread
         self.plans = PlanStore(self._plan_path(""), worker_cfg.tuning_cache)
         self.tuner = StartupTuner(self._load_plan(self.plans, self.arch, "target",
                                                   self.config.model.model_dir))
@@ -197,7 +198,7 @@ class CPUWorker(Worker):
 
     @property
     def _pool_zeros(self):
-        return huge_page_zeros if self.huge_pages else torch.zeros
+        return self.pool_pages.zeros if self.huge_pages else torch.zeros
 
     # -- the KV pool -----------------------------------------------------------------------
 
@@ -304,6 +305,9 @@ class CPUWorker(Worker):
         # the heap keeps what start-up freed (the weights as loaded, before their move to
         # huge pages; dense weights let go; warm-up activations) unless handed back
         return_freed_memory()
+        # after the warm-up, whose GEMMs on every core it would slow: the first steps
+        # write the pool's first blocks, which they back themselves if it is not there yet
+        self.pool_pages.start()
 
     # -- a draft model (speculative decoding) ----------------------------------------------
 
@@ -391,6 +395,7 @@ class CPUWorker(Worker):
         return TransferStats(dict(mover.bytes_moved), dict(mover.seconds))
 
     def close(self) -> None:
+        self.pool_pages.close()
         self._save_plans()  # what was measured after start-up (a later cost table)
         if self.runner is not None:
             self.runner.close()

@@ -10,24 +10,38 @@ Linux hands out huge pages for anonymous memory when its transparent-huge-page s
 (``/sys/kernel/mm/transparent_hugepage/enabled``) is ``always``, or ``madvise`` and the
 range was marked with ``madvise(MADV_HUGEPAGE)``; torch's allocator marks nothing. So
 the worker copies the model's tensors into one marked, 2 MiB-aligned mapping, and
-allocates each KV pool as one, backed at once (as torch.zeros would). ``--no-huge-pages``
-keeps torch's allocations.
+allocates each KV pool as one. ``--no-huge-pages`` keeps torch's allocations.
+
+A KV pool's pages are backed before steps write them: left to the first write, each
+2 MiB fault would zero its page (and perhaps compact memory to find one) inside a step.
+Backing hundreds of MiB can take a second or more where memory must be compacted, so
+``PoolPages`` does it on a thread of its own once the engine has warmed up
+(``MADV_POPULATE_WRITE``, Linux 5.14 on, which backs pages without writing them: steps
+may write the pool meanwhile, the pages they reach first backed by their own writes);
+where the kernel lacks it, it writes zeros at once, as torch.zeros would.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import math
 import mmap
+import os
+import threading
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from kvserve.logger import init_logger
+from kvserve.worker.platform import allowed_cpus
 
 logger = init_logger(__name__)
 
 HUGE_PAGE = 2 * 2**20
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+MADV_POPULATE_WRITE = 23  # Linux's (5.14 on); Python's mmap module names it only from 3.13
+POPULATE_CHUNK = 32 * 2**20  # bytes backed per call: a stop request waits at most one
 ALIGN = 64  # each tensor starts on a cache line
 
 
@@ -81,6 +95,75 @@ def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     memory to find one) inside a step."""
     tensor = HugePageBuffer(_nbytes(shape, dtype)).take(tuple(shape), dtype)
     return tensor.zero_()
+
+
+class PoolPages:
+    """KV pools on huge pages of their own (``zeros``, torch.zeros' signature), backed on
+    a thread once ``start`` is called; ``close`` stops and joins it."""
+
+    def __init__(self) -> None:
+        self._ranges: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._madvise = None  # libc's, once it has backed a page
+
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        tensor = HugePageBuffer(_nbytes(shape, dtype)).take(tuple(shape), dtype)
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes and self._can_populate(tensor.data_ptr()):
+            self._ranges.append((tensor.data_ptr(), nbytes))
+        else:
+            tensor.zero_()  # an anonymous mapping reads as zeros already: this backs it
+        return tensor
+
+    def _can_populate(self, address: int) -> bool:
+        """Whether the kernel backs pages on request (tried on the pool's first page)."""
+        if self._madvise is None:
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                madvise = libc.madvise
+            except (OSError, AttributeError):
+                return False
+            madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            if madvise(address - address % mmap.PAGESIZE, mmap.PAGESIZE,
+                       MADV_POPULATE_WRITE) != 0:
+                if ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):
+                    logger.debug("MADV_POPULATE_WRITE failed: %s", errno.errorcode.get(
+                        ctypes.get_errno(), ctypes.get_errno()))
+                return False
+            self._madvise = madvise
+        return True
+
+    def start(self) -> None:
+        if self._ranges and self._thread is None:
+            self._thread = threading.Thread(target=self._populate, name="kvserve-kv-pages",
+                                            daemon=True)
+            self._thread.start()
+
+    def _populate(self) -> None:
+        # started from the compute thread, this one inherits its single-CPU binding:
+        # it runs where the process may instead
+        if allowed_cpus() and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, allowed_cpus())
+        for address, nbytes in self._ranges:
+            first = address - address % mmap.PAGESIZE
+            end = address + nbytes
+            for at in range(first, end, POPULATE_CHUNK):
+                if self._stop.is_set():
+                    return
+                # ctypes lets go of the GIL for the call; a failure (memory short) leaves
+                # the rest to be backed by the steps' own writes
+                if self._madvise(at, min(POPULATE_CHUNK, end - at), MADV_POPULATE_WRITE) != 0:
+                    return
+
+    def wait(self) -> None:
+        """Until every pool is backed."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.wait()
 
 
 def _tensors(model: nn.Module) -> list[tuple[list[tuple[object, str]], torch.Tensor]]:

@@ -125,3 +125,24 @@ def test_chat_template_and_tokenizer(llama_dir):
     out = llm.chat([{"role": "user", "content": "def f(x):"}],
                    SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 5
+
+
+START_UP_IMPORTS = """
+import sys
+from kvserve import LLM
+from kvserve.default_model import default_model_dir
+LLM(default_model_dir()).engine.close()
+print(sorted(m for m in ("torch._dynamo", "sympy", "triton") if m in sys.modules))
+"""
+
+
+def test_making_an_engine_imports_no_compiler_stack():
+    """Building the model on the meta device and materialising it go by shape: torch's
+    meta-tensor paths (an Embedding's init, arange, empty_like) would import its
+    compiler and symbolic-shape machinery, seconds of a fresh process's start-up."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", START_UP_IMPORTS], capture_output=True,
+                         text=True, check=True, timeout=300).stdout
+    assert out.strip().splitlines()[-1] == "[]", out

@@ -1,9 +1,12 @@
 """Weights and KV pools on transparent huge pages: the kernel's setting read, buffers
-aligned, zeroed and marked, every tensor of a model moved with ties kept and outputs
-unchanged, the engine's tokens those of transformers either way."""
+aligned, zeroed and marked, KV pools backed on a thread without disturbing what steps
+write, every tensor of a model moved with ties kept and outputs unchanged, the engine's
+tokens those of transformers either way."""
 from __future__ import annotations
 
 import mmap
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,8 +16,9 @@ from kvserve import LLM, SamplingParams
 from kvserve.model.registry import read_arch_config
 from kvserve.model.loader import load_model
 from kvserve.worker import huge_pages
-from kvserve.worker.huge_pages import HUGE_PAGE, HugePageBuffer, huge_page_zeros, \
+from kvserve.worker.huge_pages import HUGE_PAGE, HugePageBuffer, PoolPages, huge_page_zeros, \
     huge_pages_available, huge_pages_setting, move_to_huge_pages
+from kvserve.worker.platform import allowed_cpus
 from tests.helpers import hf_greedy, prompts_of_lengths
 
 needs_thp = pytest.mark.skipif(
@@ -91,6 +95,60 @@ def test_buffers_are_marked_for_huge_pages():
         assert _smaps_entry(address).get("THPeligible") == "0"
 
 
+def _resident_bytes(tensor: torch.Tensor) -> int:
+    return 1024 * int(_smaps_entry(tensor.data_ptr())["Rss"].split()[0])
+
+
+def test_pool_pages_are_backed_on_a_thread_around_what_steps_write():
+    pages = PoolPages()
+    nbytes = 48 * 2**20
+    pool = pages.zeros((nbytes // 4,), torch.float32)
+    assert int(pool.count_nonzero()) == 0
+    pool[:1000] = 3.0  # a step's writes, before and while the thread backs the pool
+    pages.start()
+    pool[-1000:] = 4.0
+    pages.wait()
+    assert _resident_bytes(pool) >= nbytes
+    assert float(pool[:1000].sum()) == 3000.0 and float(pool[-1000:].sum()) == 4000.0
+    assert int(pool.count_nonzero()) == 2000
+    pages.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU masks on this OS")
+def test_pool_pages_thread_is_not_bound_where_the_compute_thread_is():
+    pages = PoolPages()
+    pool = pages.zeros((16 * 2**20 // 4,), torch.float32)
+    if not pages._ranges:  # a kernel without MADV_POPULATE_WRITE: backed at once, no thread
+        assert _resident_bytes(pool) >= 16 * 2**20
+        return
+    masks = {}
+    populate = pages._populate
+
+    def recorded():
+        populate()
+        masks["pages"] = os.sched_getaffinity(0)
+
+    def bound_starter():  # as the compute thread, bound to one CPU, starts it
+        os.sched_setaffinity(0, {min(allowed_cpus())})
+        pages._populate = recorded
+        pages.start()
+
+    starter = threading.Thread(target=bound_starter)
+    starter.start()
+    starter.join()
+    pages.wait()
+    assert masks["pages"] == set(allowed_cpus())
+
+
+def test_closing_pool_pages_stops_and_joins_the_thread():
+    pages = PoolPages()
+    pages.zeros((256 * 2**20 // 4,), torch.float32)
+    pages.start()
+    thread = pages._thread
+    pages.close()
+    assert thread is None or not thread.is_alive()
+
+
 def _all_tensors(model):
     return [t for m in model.modules() for t in [*m._parameters.values(), *m._buffers.values()]
             if t is not None]
@@ -147,10 +205,15 @@ def test_engine_places_weights_and_pools(llama_dir):
     lm_head = worker.model.lm_head
     assert lm_head.weight.is_meta
     assert _smaps_entry(lm_head.method.panel_weight.data_ptr()).get("THPeligible") == "1"
+    worker.pool_pages.wait()  # backed once start-up is done
     for cache in worker.runner.caches:
         for pool in (cache.k, cache.v):
             assert pool.data_ptr() % HUGE_PAGE == 0
             assert _smaps_entry(pool.data_ptr()).get("THPeligible") == "1"
+            assert _resident_bytes(pool) >= pool.numel() * pool.element_size()
+    thread = worker.pool_pages._thread
+    worker.close()
+    assert thread is None or not thread.is_alive()
 
 
 @pytest.mark.parametrize("huge", [True, False], ids=["huge-pages", "no-huge-pages"])

@@ -276,6 +276,12 @@ def _default_model_lines(res: Result, base: str) -> list[str]:
                      f"accepted ({spec['num_speculative_tokens']} speculative tokens, "
                      f"{spec['mean_acceptance_length']:.2f} tokens a step, {spec['prompts']} "
                      f"held-out files)")
+    speed = d["model"]["speed"]
+    if "import_s" in speed:
+        notes.append(f"`LLM()` timed in a fresh process (the median of three), after "
+                     f"`import kvserve`, which took {speed['import_s']:.2f} s more")
+    else:
+        notes.append("`LLM()` timed in a process that had already made one")
     return lines + ["", "; ".join(notes) + f" (`python -m tools.default_model.evaluate_default`; "
                     f"{_provenance(res, base)})."]
 
