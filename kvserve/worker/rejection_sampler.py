@@ -8,15 +8,17 @@ so p_j below is exactly the distribution the sampler would draw from at that poi
 - Greedy: d_j is accepted while it is row j-1's argmax; the first row whose argmax
   differs gives the last token (all accepted: row k's argmax, the bonus token). The
   tokens are those plain greedy decoding gives.
-- Sampled: rejection sampling (Leviathan et al. 2023; Chen et al. 2023) with the drafts
-  as a one-hot proposal q: d_j is accepted with probability min(1, p(d_j) / q(d_j)) =
-  p(d_j); on the first rejection the token is drawn from max(p - q, 0) normalised, that
-  is p without d_j; all accepted: the bonus token is drawn from the last row. Each
-  token then has exactly the distribution plain sampling gives.
+- Sampled: row j's token is drawn from p_j as the sampler draws it (the exponential race
+  on the request's generator: one noise vector a row), and d_j is accepted when the draw
+  is d_j; the first draw that differs is the last token, and all accepted, row k's draw
+  is the bonus token. This is rejection sampling (Leviathan et al. 2023; Chen et al.
+  2023) with the drafts as a one-hot proposal: d_j is accepted with probability p(d_j),
+  and a rejection's token has p without d_j, normalised. Each token has exactly the
+  distribution plain sampling gives, and the rows after the last token draw nothing.
 
-A request with a seed draws its uniforms and tokens from its own generator, so its
-output does not depend on its batch neighbours; it is not the token sequence plain
-sampling gives with the same seed (the draws are used differently).
+A request with a seed draws from its own generator, so its output does not depend on
+its batch neighbours, and since each emitted token used one draw, as in plain decoding,
+it is the token sequence plain sampling gives with the same seed.
 """
 from __future__ import annotations
 
@@ -102,16 +104,12 @@ class RejectionSampler:
         probs = self.sampler._filtered_probs(logits / params.temperature, rows)
         gen = (self.sampler._generator_for(request_id, params.seed)
                if params.seed is not None else self.sampler.generator)
-        uniforms = torch.rand(len(drafts), generator=gen) if drafts else None
         tokens = []
-        for j, draft in enumerate(drafts):
-            if uniforms[j] < probs[j, draft]:
-                tokens.append(draft)
-                continue
-            residual = probs[j].clone()
-            residual[draft] = 0.0
-            return tokens + [self._draw(residual, gen)]
-        return tokens + [self._draw(probs[len(drafts)], gen)]
+        for j in range(len(drafts) + 1):
+            tokens.append(self._draw(probs[j], gen))
+            if j == len(drafts) or tokens[-1] != drafts[j]:
+                break
+        return tokens
 
     @staticmethod
     def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:

@@ -1,5 +1,6 @@
 """Verification keeps the target distribution: greedy gives plain argmax decoding, and
-sampled tokens after drafts are distributed as plain sampling's (chi-square)."""
+sampled tokens after drafts are distributed as plain sampling's (chi-square), a seeded
+request's the very tokens plain sampling draws."""
 from __future__ import annotations
 
 import math
@@ -94,3 +95,19 @@ def test_a_seeded_request_repeats_itself_whatever_the_batch():
                      [[1]] + [[0]] * neighbours)
         runs.append([r.token_id for r in out[0]])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("wrong_at", [0, 2, None], ids=["first", "third", "none"])
+def test_a_seeded_request_draws_the_tokens_plain_sampling_draws(wrong_at):
+    """One draw per emitted token, as plain decoding: the same seed gives the same tokens
+    with drafts as without, whichever draft is rejected."""
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(5))
+    info = _info(temperature=1.0, seed=11)
+    plain = Sampler(seed=0)
+    expected = [plain(logits[j:j + 1], ["s"], [info])[0].token_id for j in range(4)]
+    drafts = list(expected[:3])
+    if wrong_at is not None:
+        drafts[wrong_at] = (drafts[wrong_at] + 1) % VOCAB
+    emitted = RejectionSampler(Sampler(seed=0))(logits, ["s"], [info], [drafts])[0]
+    stop = 4 if wrong_at is None else wrong_at + 1
+    assert [r.token_id for r in emitted] == expected[:stop]
