@@ -358,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="results JSON (default: print)")
     ap.add_argument("--tune", default=None, metavar="P1,P2,...",
                     help="only measure these repetition penalties on train-file headers")
+    ap.add_argument("--tune-count", type=int, default=200,
+                    help="train-file headers and requests --tune measures at each penalty")
     args = ap.parse_args(argv)
     log = lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -366,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tune:
         train = sorted(set(docs) - set(held))
         table = tune_repetition_penalty(model_dir, docs, train,
-                                        [float(p) for p in args.tune.split(",")], 60,
+                                        [float(p) for p in args.tune.split(",")], args.tune_count,
                                         args.seed, log)
         print(json.dumps(table, indent=1))
         return 0
