@@ -136,6 +136,11 @@ class LLMEngine:
         logger.info("warm-up: %d prompts, %d tokens of KV pinned in the prefix cache",
                     len(ids), pinned)
 
+    def settle(self) -> None:
+        """Return once start-up's background work is done (the KV pool's pages backed):
+        benchmarks call it before timing steps."""
+        self.worker.settle()
+
     def close(self) -> None:
         if self._in_flight is not None:  # its requests are dropped with the engine
             self._in_flight[1].exception()

@@ -134,6 +134,9 @@ class ComputeThreadWorker(Worker):
     def finish_startup(self) -> None:
         self._thread.call(self.inner.finish_startup)
 
+    def settle(self) -> None:
+        self.inner.settle()  # a wait, not a computation: the compute thread stays free
+
     def time_step_rows(self, row_counts: list[int]) -> dict[int, float]:
         return self._thread.call(self.inner.time_step_rows, row_counts)
 

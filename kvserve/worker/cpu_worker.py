@@ -309,6 +309,9 @@ class CPUWorker(Worker):
         # write the pool's first blocks, which they back themselves if it is not there yet
         self.pool_pages.start()
 
+    def settle(self) -> None:
+        self.pool_pages.wait()
+
     # -- a draft model (speculative decoding) ----------------------------------------------
 
     def load_draft_model(self, model_dir: str) -> DraftModelInfo:

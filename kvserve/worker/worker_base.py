@@ -131,6 +131,10 @@ class Worker(ABC):
     def finish_startup(self) -> None:
         """Called once the engine is ready to serve."""
 
+    def settle(self) -> None:
+        """Return once the work start-up leaves running (backing the KV pool's pages) is
+        done: before timing steady steps."""
+
     @abstractmethod
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step."""

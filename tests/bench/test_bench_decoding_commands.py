@@ -30,7 +30,8 @@ def test_spec_bench_pairs_on_and_off_by_round(monkeypatch: pytest.MonkeyPatch) -
 
     class FakeLLM:
         def __init__(self, model, speculative_config=None, **engine_args) -> None:
-            self.engine = SimpleNamespace(speculator=SimpleNamespace(cost=_StepCost()))
+            self.engine = SimpleNamespace(speculator=SimpleNamespace(cost=_StepCost()),
+                                          settle=lambda: None)
             self.speculating = speculative_config is not None
 
     rates = {True: iter([1.0] + ON_TOK_S), False: iter([1.0] + OFF_TOK_S)}  # warm-up first

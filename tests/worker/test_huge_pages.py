@@ -194,7 +194,8 @@ def test_no_huge_pages_keeps_torch_allocations(llama_dir):
 
 @needs_thp
 def test_engine_places_weights_and_pools(llama_dir):
-    worker = LLM(llama_dir, num_threads=1).engine.worker
+    engine = LLM(llama_dir, num_threads=1).engine
+    worker = engine.worker
     assert worker.huge_pages
     buffer = worker.model._huge_page_buffer
     lo = buffer._bytes.data_ptr()
@@ -205,7 +206,7 @@ def test_engine_places_weights_and_pools(llama_dir):
     lm_head = worker.model.lm_head
     assert lm_head.weight.is_meta
     assert _smaps_entry(lm_head.method.panel_weight.data_ptr()).get("THPeligible") == "1"
-    worker.pool_pages.wait()  # backed once start-up is done
+    engine.settle()  # the pools backed once start-up's background work is done
     for cache in worker.runner.caches:
         for pool in (cache.k, cache.v):
             assert pool.data_ptr() % HUGE_PAGE == 0

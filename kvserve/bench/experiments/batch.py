@@ -121,6 +121,7 @@ def generate_passes(model_dir: Path, requests: Sequence[BenchRequest], engine_ar
     from kvserve import LLM, SamplingParams
 
     llm = LLM(str(model_dir), **engine_args)
+    llm.engine.settle()
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
               for r in requests]

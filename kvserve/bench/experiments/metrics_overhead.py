@@ -78,6 +78,7 @@ def run_metrics_bench(model_dir: str | Path | None, requests: Sequence[BenchRequ
     from kvserve import LLM
 
     engine = LLM(None if model_dir is None else str(model_dir), **engine_args).engine
+    engine.settle()
     _round(engine, requests, True, "warm")  # a whole round: the heap and kernels settle
     runs: dict[str, list[dict]] = {"off": [], "on": []}
     for i in range(rounds):

@@ -121,6 +121,8 @@ def run_spec_bench(model_dir: str | Path | None, requests: Sequence[BenchRequest
     off = LLM(None if model_dir is None else str(model_dir), **engine_args)
     on = LLM(None if model_dir is None else str(model_dir), speculative_config=speculative_config,
              **engine_args)
+    off.engine.settle()
+    on.engine.settle()
     _run(off, requests[:1], single_stream)  # warm both before timing
     _run(on, requests[:1], single_stream)
     runs: dict[str, list[SpecRun]] = {"off": [], "on": []}

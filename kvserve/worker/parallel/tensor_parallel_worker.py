@@ -241,6 +241,9 @@ class TensorParallelWorker(Worker):
     def finish_startup(self) -> None:
         self._everywhere("finish_startup")
 
+    def settle(self) -> None:
+        self._everywhere("settle")
+
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         # grammar masks only shape rank 0's sampling (the others' tokens are dropped)
         remote = dataclasses.replace(out, token_masks={}) if out.token_masks else out

@@ -24,7 +24,8 @@ def test_on_over_off_is_the_median_of_the_rounds_ratios(monkeypatch: pytest.Monk
         order.append("on" if observe else "off")
         return {"seconds": next(seconds[observe]), "peak_running": 3, "recording_share": 0.01,
                 "metrics_render_ms": 0.5, "stats_view_ms": 0.2}
-    monkeypatch.setattr(kvserve, "LLM", lambda model, **engine_args: SimpleNamespace(engine=None))
+    monkeypatch.setattr(kvserve, "LLM", lambda model, **engine_args: SimpleNamespace(
+        engine=SimpleNamespace(settle=lambda: None)))
     monkeypatch.setattr(metrics_overhead, "_round", one_round)
     result = metrics_overhead.run_metrics_bench(None, [], {}, 3, log=lambda line: None)
     assert order == ["on", "off", "on", "on", "off", "off", "on"]  # warm-up, then alternating
