@@ -25,6 +25,9 @@ NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: 
 # activation dtypes of the RMSNorm and rotary kernels (SiLU-and-multiply: float32)
 NATIVE_ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
 PANEL_COLUMNS = 16  # output columns of one panel of gemm_panels' weight layout
+# the K formats kept in runs of four rows: gguf_linear.c's code for the file's format,
+# its bytes a super-block row, and the runs' bytes a super-block row
+K_RUNS = {"Q4_K": (2, 144, 148), "Q5_K": (3, 176, 180), "Q6_K": (4, 210, 210)}
 
 
 class Kernels:
@@ -270,11 +273,13 @@ class Kernels:
         return out
 
     def gguf_repack_k_x4(self, blocks, kind: str, k: int, unpack: bool = False):
-        """Q4_K or Q5_K rows (``kind``; uint8 [N, k/256 * 144 or 176]) as runs of four
-        rows (Q4_K_X4, Q5_K_X4: uint8 [N, k/256 * 148 or 180], ``gguf_k_x4.h``), or back
-        with ``unpack``; None where this build has no kernel for the runs (the rows stay
-        as the file has them)."""
-        file_bytes, run_bytes = {"Q4_K": (144, 148), "Q5_K": (176, 180)}[kind]
+        """Q4_K, Q5_K or Q6_K rows (``kind``; uint8 [N, k/256 * 144, 176 or 210]) as runs
+        of four rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: uint8 [N, k/256 * 148, 180 or 210],
+        ``gguf_k_x4.h``, ``gguf_q6_k_x4.h``), or back with ``unpack``; None where this
+        build has no kernel for the runs (the rows stay as the file has them)."""
+        if kind not in K_RUNS:
+            raise ValueError(f"gguf_repack_k_x4 takes {', '.join(K_RUNS)} rows, not {kind}")
+        code, file_bytes, run_bytes = K_RUNS[kind]
         width = k // 256 * (run_bytes if unpack else file_bytes)
         if not (blocks.dtype == torch.uint8 and blocks.is_contiguous() and blocks.dim() == 2
                 and blocks.shape[1] == width):
@@ -283,7 +288,7 @@ class Kernels:
         out = torch.empty((blocks.shape[0], k // 256 * (file_bytes if unpack else run_bytes)),
                           dtype=torch.uint8)
         status = self._gguf_repack_k_x4(src=blocks.data_ptr(), n=blocks.shape[0], k=k,
-                                        five=int(kind == "Q5_K"), dst=out.data_ptr(),
+                                        fmt=code, dst=out.data_ptr(),
                                         unpack=int(unpack))
         if status < 0:
             raise ValueError(f"gguf_repack_k_x4: {blocks.shape[0]} rows of K={k} are not "

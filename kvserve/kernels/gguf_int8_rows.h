@@ -57,34 +57,54 @@ static void row_q8_0_q8(const int8_t *xq, const float *xd, int64_t m, int64_t k,
 }
 
 /* The rows of x as llama.cpp's Q8_K, the activations its K-format products take: per 256
- * values one scale xd = max / -127 (max: the value of largest magnitude, its sign kept),
- * xq = rint(x / xd) capped at 127, and bsums the sums of each 16 of xq. */
+ * values one scale xd = max / -127 (max: the first value of largest magnitude, its sign
+ * kept), xq = rint(x / xd) capped at 127 (rounded to nearest even, as lrintf), and bsums
+ * the sums of each 16 of xq. */
 static void quantize_blocks_q8_k(const float *x, int64_t count, int8_t *xq, float *xd,
                                  int16_t *bsums) {
+    const __m256 no_sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t b = 0; b < count; b++, x += 256, xq += 256, bsums += 16) {
-        float amax = 0.f, max = 0.f;
-        for (int t = 0; t < 256; t++) {
-            const float a = x[t] < 0.f ? -x[t] : x[t];
-            if (a > amax) {
-                amax = a;
-                max = x[t];
-            }
-        }
+        __m256 top = _mm256_setzero_ps();
+        for (int t = 0; t < 256; t += 8)
+            top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(x + t), no_sign));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
         if (amax == 0.f) {
             xd[b] = 0.f;
             memset(xq, 0, 256);
             memset(bsums, 0, 16 * sizeof(int16_t));
             continue;
         }
-        const float iscale = -127.f / max;
-        for (int t = 0; t < 256; t++) {
-            const long v = lrintf(iscale * x[t]);
-            xq[t] = (int8_t)(v > 127 ? 127 : v);
+        float max = 0.f;
+        const __m256 amax8 = _mm256_set1_ps(amax);
+        for (int t = 0; t < 256; t += 8) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(
+                _mm256_and_ps(_mm256_loadu_ps(x + t), no_sign), amax8, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[t + __builtin_ctz((unsigned)hit)];
+                break;
+            }
         }
-        for (int j = 0; j < 16; j++) {
-            int sum = 0;
-            for (int t = 0; t < 16; t++) sum += xq[16 * j + t];
-            bsums[j] = (int16_t)sum;
+        const float iscale = -127.f / max;
+        const __m256 scale8 = _mm256_set1_ps(iscale);
+        const __m256i cap = _mm256_set1_epi32(127);
+        for (int t = 0; t < 256; t += 32) {
+            __m256i v[4];
+            for (int j = 0; j < 4; j++)
+                v[j] = _mm256_min_epi32(cap, _mm256_cvtps_epi32(
+                    _mm256_mul_ps(scale8, _mm256_loadu_ps(x + t + 8 * j))));
+            for (int j = 0; j < 2; j++) {
+                const __m256i sum16 = _mm256_add_epi32(v[2 * j], v[2 * j + 1]);
+                bsums[t / 16 + j] = (int16_t)hsum_epi32_128(_mm_add_epi32(
+                    _mm256_castsi256_si128(sum16), _mm256_extracti128_si256(sum16, 1)));
+            }
+            /* the packs interleave 128-bit lanes: put them back in order */
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
+                                                 _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)(xq + t), _mm256_permutevar8x32_epi32(
+                p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         }
         xd[b] = 1.f / iscale;
     }

@@ -17,9 +17,9 @@
  *   rows are prefetched ahead.
  *
  * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K, 5 BF16, 6 F16 (the 16-bit floats, kept as
- * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4 and 8 Q5_K_X4 (Q4_K
- * and Q5_K four rows interleaved, gguf_k_x4.h: int8 rows against each run in registers,
- * float rows through each run unpacked on the stack). Output columns j land at
+ * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4, 8 Q5_K_X4 and 9
+ * Q6_K_X4 (Q4_K, Q5_K and Q6_K four rows interleaved, gguf_k_x4.h and gguf_q6_k_x4.h: int8
+ * rows against each run in registers, float rows through each run unpacked on the stack). Output columns j land at
  * y[r * y_stride + j], so the parts of a fused layer write their own columns.
  */
 #include <math.h>
@@ -35,11 +35,11 @@
 #endif
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, BF16 = 5, F16 = 6, Q4_K_X4 = 7,
-       Q5_K_X4 = 8 };
+       Q5_K_X4 = 8, Q6_K_X4 = 9 };
 
 /* BF16 and F16 rows are taken 32 values at a time, as a block */
-static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256, 256};
-static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148, 180};
+static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256, 256, 256};
+static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148, 180, 210};
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
@@ -80,11 +80,35 @@ static inline void scale_min_k4(int s, const uint8_t *q, float *sc, float *mn) {
 }
 
 #include "gguf_k_x4.h"
+#include "gguf_q6_k_x4.h"
+
+/* The file's format of a runs-of-four-rows format */
+static inline int64_t runs_plain(int64_t fmt) {
+    return fmt == Q4_K_X4 ? Q4_K : fmt == Q5_K_X4 ? Q5_K : Q6_K;
+}
+
+/* Four rows of the file's format plain (Q4_K, Q5_K or Q6_K), row_bytes apart, into one
+ * run of its runs-of-four-rows layout; and back. */
+static void runs_pack(int64_t plain, const uint8_t *rows, int64_t row_bytes, int64_t k,
+                      uint8_t *out) {
+    if (plain == Q6_K)
+        q6_k_x4_pack(rows, row_bytes, k, out);
+    else
+        k_x4_pack(plain == Q5_K, rows, row_bytes, k, out);
+}
+
+static void runs_unpack(int64_t plain, const uint8_t *run, int64_t k, uint8_t *rows,
+                        int64_t row_bytes) {
+    if (plain == Q6_K)
+        q6_k_x4_unpack(run, k, rows, row_bytes);
+    else
+        k_x4_unpack(plain == Q5_K, run, k, rows, row_bytes);
+}
 
 /* fmt is known and k whole blocks of it; for the runs of four rows, n whole runs of at
  * most X4_MAX_K values */
 static inline int valid_layout(int64_t fmt, int64_t k, int64_t n) {
-    return fmt >= 0 && fmt <= Q5_K_X4 && k % BLOCK_VALUES[fmt] == 0 &&
+    return fmt >= 0 && fmt <= Q6_K_X4 && k % BLOCK_VALUES[fmt] == 0 &&
            (fmt < Q4_K_X4 || (n % 4 == 0 && k <= X4_MAX_K));
 }
 
@@ -387,13 +411,13 @@ static void one_row(const float *x, int64_t kind, const gguf_activations *a, int
         row_buffered((int)fmt, x, m, k, wr, sums);
 }
 
-/* The runs of four rows (fmt Q4_K_X4 or Q5_K_X4): Q8_K rows in registers (AVX2), one x
- * row after another against each run (read from memory once, then from cache: at most
- * X4_MAX_K / 256 groups, 45 KiB); float x through each run unpacked on the stack. */
+/* The runs of four rows (fmt Q4_K_X4, Q5_K_X4 or Q6_K_X4): Q8_K rows in registers (AVX2),
+ * one x row after another against each run (read from memory once, then from cache: at
+ * most X4_MAX_K / 256 groups, 53 KiB); float x through each run unpacked on the stack. */
 static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
                            const gguf_activations *a, int64_t m, int64_t k, const uint8_t *w,
                            int64_t n, float *y, int64_t y_stride) {
-    const int five = fmt == Q5_K_X4;
+    const int64_t plain = runs_plain(fmt);
     const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[fmt];
 #ifdef __AVX2__
     if (kind == GGUF_ACT_Q8_K) {
@@ -404,7 +428,9 @@ static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
                 const float *xd = a->xd + r * (k / 256);
                 const int16_t *bsums = a->bsums + r * (k / 16);
                 float *out = y + r * y_stride + 4 * run;
-                if (five) /* (two calls: each its own copy of the loop) */
+                if (fmt == Q6_K_X4)
+                    row_q6_k_x4_q8k(xq, xd, bsums, k, w + run * run_bytes, out);
+                else if (fmt == Q5_K_X4) /* (two calls: each its own copy of the loop) */
                     row_k_x4_q8k(1, xq, xd, bsums, k, w + run * run_bytes, out);
                 else
                     row_k_x4_q8k(0, xq, xd, bsums, k, w + run * run_bytes, out);
@@ -412,14 +438,14 @@ static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
         return;
     }
 #endif
-    const int64_t row_bytes = k / 256 * BLOCK_BYTES[five ? Q5_K : Q4_K];
-    uint8_t rows[4 * X4_MAX_K / 256 * 176];
+    const int64_t row_bytes = k / 256 * BLOCK_BYTES[plain];
+    uint8_t rows[4 * X4_MAX_K / 256 * 210];
 #pragma omp for schedule(static) nowait
     for (int64_t run = 0; run < n / 4; run++) {
-        k_x4_unpack(five, w + run * run_bytes, k, rows, row_bytes);
+        runs_unpack(plain, w + run * run_bytes, k, rows, row_bytes);
         for (int r = 0; r < 4; r++) {
             float sums[MAX_ROWS];
-            one_row(x, kind, a, m, k, rows + r * row_bytes, five ? Q5_K : Q4_K, sums);
+            one_row(x, kind, a, m, k, rows + r * row_bytes, plain, sums);
             for (int64_t i = 0; i < m; i++) y[i * y_stride + 4 * run + r] = sums[i];
         }
     }
@@ -510,14 +536,13 @@ int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_
  * many-row GEMMs multiply, a few rows of the weight at a time. */
 void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
     if (fmt >= Q4_K_X4) {
-        const int five = fmt == Q5_K_X4, plain = five ? Q5_K : Q4_K;
-        const int64_t row_bytes = k / 256 * BLOCK_BYTES[plain];
-        uint8_t rows[4 * X4_MAX_K / 256 * 176];
+        const int64_t plain = runs_plain(fmt), row_bytes = k / 256 * BLOCK_BYTES[plain];
+        uint8_t rows[4 * X4_MAX_K / 256 * 210];
 #pragma omp for schedule(static) nowait
         for (int64_t run = 0; run < n / 4; run++) {
-            k_x4_unpack(five, w + run * 4 * (k / 256) * BLOCK_BYTES[fmt], k, rows, row_bytes);
+            runs_unpack(plain, w + run * 4 * (k / 256) * BLOCK_BYTES[fmt], k, rows, row_bytes);
             for (int64_t b = 0; b < 4 * (k / 256); b++)
-                decode_block(plain, rows + b * BLOCK_BYTES[plain], out + 4 * run * k + b * 256);
+                decode_block((int)plain, rows + b * BLOCK_BYTES[plain], out + 4 * run * k + b * 256);
         }
         return;
     }
@@ -535,26 +560,28 @@ int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, flo
     return 0;
 }
 
-/* n rows of Q4_K blocks (Q5_K with five; k values each) into runs of four rows (dst:
- * 148 / 144 as many bytes as src, Q5_K 180 / 176); back again with unpack. Returns 0; 1
- * where this build has no kernel for the layout (no AVX2: keep the file's); -1 for n not
- * whole runs, k not whole blocks or over X4_MAX_K. */
-int64_t gguf_repack_k_x4(const uint8_t *src, int64_t n, int64_t k, int64_t five, uint8_t *dst,
+/* n rows of blocks of the file's format fmt (Q4_K, Q5_K or Q6_K; k values each) into its
+ * runs of four rows (dst: 148 / 144 as many bytes as src, Q5_K 180 / 176, Q6_K as many);
+ * back again with unpack. Returns 0; 1 where this build has no kernel for the layout (no
+ * AVX2: keep the file's); -1 for another format, n not whole runs, k not whole blocks or
+ * over X4_MAX_K. */
+int64_t gguf_repack_k_x4(const uint8_t *src, int64_t n, int64_t k, int64_t fmt, uint8_t *dst,
                          int64_t unpack) {
-    if (n % 4 || k % 256 || n < 0 || k > X4_MAX_K) return -1;
+    if ((fmt != Q4_K && fmt != Q5_K && fmt != Q6_K) || n % 4 || k % 256 || n < 0 ||
+        k > X4_MAX_K)
+        return -1;
 #ifndef __AVX2__
     if (!unpack) return 1;
 #endif
-    const int64_t row_bytes = k / 256 * BLOCK_BYTES[five ? Q5_K : Q4_K];
-    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[five ? Q5_K_X4 : Q4_K_X4];
+    const int64_t runs = fmt == Q4_K ? Q4_K_X4 : fmt == Q5_K ? Q5_K_X4 : Q6_K_X4;
+    const int64_t row_bytes = k / 256 * BLOCK_BYTES[fmt];
+    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[runs];
 #pragma omp parallel for schedule(static)
     for (int64_t run = 0; run < n / 4; run++) {
         if (unpack)
-            k_x4_unpack((int)five, src + run * run_bytes, k, dst + run * 4 * row_bytes,
-                        row_bytes);
+            runs_unpack(fmt, src + run * run_bytes, k, dst + run * 4 * row_bytes, row_bytes);
         else
-            k_x4_pack((int)five, src + run * 4 * row_bytes, row_bytes, k,
-                      dst + run * run_bytes);
+            runs_pack(fmt, src + run * 4 * row_bytes, row_bytes, k, dst + run * run_bytes);
     }
     return 0;
 }

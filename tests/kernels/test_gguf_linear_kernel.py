@@ -1,7 +1,7 @@
 """The GGUF block kernels (gguf_linear.c) on their native, AVX2 and plain-C builds: the
 few-row products against the float32 product of the torch dequantization, every format,
 every row count the kernel takes, output columns written into a wider matrix; the tile
-dequantization bit for bit; Q4_K and Q5_K rearranged in runs of four rows giving back
+dequantization bit for bit; Q4_K, Q5_K and Q6_K rearranged in runs of four rows giving back
 the file's bytes and the same products; what it refuses."""
 from __future__ import annotations
 
@@ -111,7 +111,8 @@ def test_int8_activations_q8_0_with_an_odd_block_count(rows):
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
 
 
-RUNS = {"Q4_K": ("Q4_K_X4", 148), "Q5_K": ("Q5_K_X4", 180)}  # file format: runs, bytes
+# file format: runs, bytes
+RUNS = {"Q4_K": ("Q4_K_X4", 148), "Q5_K": ("Q5_K_X4", 180), "Q6_K": ("Q6_K_X4", 210)}
 
 
 @pytest.mark.parametrize("kind", list(RUNS))
@@ -162,3 +163,5 @@ def test_runs_of_four_rows_refuse_what_they_cannot_hold():
         kernels.gguf_repack_k_x4(weight("Q5_K", 4, 16640, seed=1), "Q5_K", 16640)
     with pytest.raises(ValueError, match="rows of 144 bytes"):
         kernels.gguf_repack_k_x4(weight("Q8_0", 4, 256, seed=1), "Q4_K", 256)
+    with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K rows, not Q8_0"):
+        kernels.gguf_repack_k_x4(weight("Q8_0", 4, 256, seed=1), "Q8_0", 256)

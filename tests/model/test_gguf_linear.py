@@ -73,13 +73,15 @@ def test_k_parts_run_as_four_row_runs_with_the_kernels_and_go_back_without():
     if not kernels.available:
         pytest.fail(f"the native kernels did not build: {kernels.reason}")
     layer, dense = fused_layer(bias=False)
-    file_bytes = layer.gguf_part0.clone()
+    file_bytes = [layer.gguf_part0.clone(), layer.gguf_part1.clone()]
     layer.configure(ExecutionMode(kernels=kernels))
-    assert layer.method.kinds == ["Q4_K_X4", "Q6_K", "float", "Q8_0", "Q5_K_X4"]
+    assert layer.method.kinds == ["Q4_K_X4", "Q6_K_X4", "float", "Q8_0", "Q5_K_X4"]
     assert layer.gguf_part0.shape == (64, 2 * 148) and layer.gguf_part4.shape == (32, 2 * 180)
+    assert not torch.equal(layer.gguf_part1, file_bytes[1])  # Q6_K's runs: the same size
     layer.configure(ExecutionMode(kernels=None))
     assert layer.method.kinds == ["Q4_K", "Q6_K", "float", "Q8_0", "Q5_K"]
-    assert torch.equal(layer.gguf_part0, file_bytes)
+    assert torch.equal(layer.gguf_part0, file_bytes[0])
+    assert torch.equal(layer.gguf_part1, file_bytes[1])
     assert_layer_computes(layer, dense, 2, native=False)
 
 

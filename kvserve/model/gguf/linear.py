@@ -11,9 +11,10 @@ decodes each block in registers and uses it for every row
 so the float copy is one tile, reused across all of the step's rows. A part the file
 stores in F32 (llama.cpp keeps small tensors so) is a float buffer, multiplied as is.
 
-With the native kernels, a Q4_K or Q5_K part is rearranged once, when the layer is
-configured, into runs of four rows (``Q4_K_X4``, ``Q5_K_X4``: ``kernels/gguf_k_x4.h``, the
-same bytes but for the scales, one byte each), so that a decode row is multiplied
+With the native kernels, a Q4_K, Q5_K or Q6_K part is rearranged once, when the layer is
+configured, into runs of four rows (``Q4_K_X4``, ``Q5_K_X4``, ``Q6_K_X4``:
+``kernels/gguf_k_x4.h`` and ``gguf_q6_k_x4.h``, the same bytes but for Q4_K's and Q5_K's
+scales, one byte each), so that a decode row is multiplied
 with four weight rows per instruction; it goes back to the file's layout if configured
 without them. A part whose blocks an embedding shares (a tied LM head) keeps the file's.
 """
@@ -30,8 +31,9 @@ from kvserve.model.linear_method import LinearMethod
 
 # the native kernels' codes for the block formats (kvserve/kernels/gguf_linear.c)
 FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "BF16": 5, "F16": 6,
-                "Q4_K_X4": 7, "Q5_K_X4": 8}
-IN_RUNS = {"Q4_K": "Q4_K_X4", "Q5_K": "Q5_K_X4"}  # a file's format -> its runs of four rows
+                "Q4_K_X4": 7, "Q5_K_X4": 8, "Q6_K_X4": 9}
+# a file's format -> its runs of four rows
+IN_RUNS = {"Q4_K": "Q4_K_X4", "Q5_K": "Q5_K_X4", "Q6_K": "Q6_K_X4"}
 FROM_RUNS = {runs: kind for kind, runs in IN_RUNS.items()}
 X4_MAX_COLS = 16384  # the longest rows the runs take
 NATIVE_MAX_ROWS = 8
@@ -115,7 +117,7 @@ class GGUFLinearMethod(LinearMethod):
         self._relayout(layer)
 
     def _relayout(self, layer: nn.Linear) -> None:
-        """Q4_K and Q5_K parts in runs of four rows with the native kernels (where they
+        """Q4_K, Q5_K and Q6_K parts in runs of four rows with the native kernels (where they
         have the layout), and back without them."""
         cols = layer.in_features
         for i, (kind, rows) in enumerate(zip(self.kinds, self.shard_rows)):

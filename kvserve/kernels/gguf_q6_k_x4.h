@@ -1,0 +1,135 @@
+/* Q6_K rows four at a time (format Q6_K_X4): kvserve's own layout of a GGUF Q6_K tensor,
+ * made once at load as gguf_k_x4.h's are for Q4_K and Q5_K, so that one decode row's
+ * products serve four weight rows per instruction. Included by gguf_linear.c.
+ *
+ * A Q6_K super-block of 256 values keeps the low four bits of each code in ql[128], the
+ * top two in qh[64], one int8 scale per 16 values and a float16 d. Value 128h + 32p + j
+ * (h < 2, p < 4, j < 32) is nibble (p < 2: low, else high) of ql[64h + 32(p & 1) + j] and
+ * bits 2p, 2p + 1 of qh[32h + j]. A run of four rows is k / 256 groups (X6_GROUP_BYTES),
+ * one a super-block of each of the rows r = 0..3:
+ *   0    codes   for half h = 0..1, eighth u = 0..3, 96 bytes: bytes 8u..8u+7 of
+ *                ql[64h..], of ql[64h + 32..] and of qh[32h..], each as rows 0, 1, 2, 3
+ *                (one 32-byte load of each)
+ *   768  scales  for quartet q = 0..3 of the 16 scales: rows 0..3's scales 4q..4q+3
+ *   832  d[4]    the rows' float16 scales
+ * The same 840 bytes as the four rows in the file, and unpacking gives them back.
+ *
+ * Against a Q8_K row, as row_q6_k_q8k: codes 0-63 as unsigned bytes, each 16 values'
+ * products scaled by their int8 scale in integers (two eighths' pair sums add up in 16
+ * bits first: at most 2 x 2 x 63 x 127), the codes' offset of 32 taken off through the
+ * 16-sums, one float multiply a super-block. */
+#define X6_GROUP_BYTES 840
+
+static void q6_k_x4_pack(const uint8_t *rows, int64_t row_bytes, int64_t k, uint8_t *out) {
+    for (int64_t i = 0; i < k / 256; i++, out += X6_GROUP_BYTES)
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = rows + r * row_bytes + i * 210;
+            for (int h = 0; h < 2; h++)
+                for (int u = 0; u < 4; u++) {
+                    uint8_t *codes = out + 96 * (4 * h + u) + 8 * r;
+                    memcpy(codes, b + 64 * h + 8 * u, 8);
+                    memcpy(codes + 32, b + 64 * h + 32 + 8 * u, 8);
+                    memcpy(codes + 64, b + 128 + 32 * h + 8 * u, 8);
+                }
+            for (int s = 0; s < 16; s++) out[768 + 16 * (s / 4) + 4 * r + s % 4] = b[192 + s];
+            memcpy(out + 832 + 2 * r, b + 208, 2);
+        }
+}
+
+static void q6_k_x4_unpack(const uint8_t *g, int64_t k, uint8_t *rows, int64_t row_bytes) {
+    for (int64_t i = 0; i < k / 256; i++, g += X6_GROUP_BYTES)
+        for (int r = 0; r < 4; r++) {
+            uint8_t *b = rows + r * row_bytes + i * 210;
+            for (int h = 0; h < 2; h++)
+                for (int u = 0; u < 4; u++) {
+                    const uint8_t *codes = g + 96 * (4 * h + u) + 8 * r;
+                    memcpy(b + 64 * h + 8 * u, codes, 8);
+                    memcpy(b + 64 * h + 32 + 8 * u, codes + 32, 8);
+                    memcpy(b + 128 + 32 * h + 8 * u, codes + 64, 8);
+                }
+            for (int s = 0; s < 16; s++) b[192 + s] = g[768 + 16 * (s / 4) + 4 * r + s % 4];
+            memcpy(b + 208, g + 832 + 2 * r, 2);
+        }
+}
+
+#ifdef __AVX2__
+/* Scale s (of a quartet's 16 bytes, s < 4) of rows 0..3, each in four 16-bit lanes: the
+ * rows' lanes of a 32-byte product's pair sums. */
+static inline __m256i q6_x4_scale(__m128i quartet, int s) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(quartet, _mm_setr_epi8(
+        s, s, s, s, 4 + s, 4 + s, 4 + s, 4 + s, 8 + s, 8 + s, 8 + s, 8 + s, 12 + s, 12 + s,
+        12 + s, 12 + s)));
+}
+
+/* The four rows of a run against one Q8_K row (k values): out[0..3]. The sums run in
+ * lanes r0 r0 r1 r1 | r2 r2 r3 r3, as row_k_x4_q8k's. */
+static inline void row_q6_k_x4_q8k(const int8_t *xq, const float *xd, const int16_t *bsums,
+                                   int64_t k, const uint8_t *g, float *out) {
+    __m256 acc = _mm256_setzero_ps(), acc_off = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0xF), top2 = _mm256_set1_epi8(0x30);
+    const __m256i d_lanes = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    for (int64_t i = 0; i < k / 256; i++, g += X6_GROUP_BYTES, xq += 256, bsums += 16) {
+        for (int line = 0; line < X6_GROUP_BYTES; line += 64)
+            _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
+        const __m256 d = _mm256_permutevar8x32_ps(
+            _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadl_epi64((const __m128i *)(g + 832))),
+                          _mm256_set1_ps(xd[i])), d_lanes);
+        __m128i quartet[4];
+        __m256i off = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) {
+            quartet[q] = _mm_loadu_si128((const __m128i *)(g + 768 + 16 * q));
+            int64_t sums;
+            memcpy(&sums, bsums + 4 * q, 8);
+            off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_cvtepi8_epi16(quartet[q]),
+                                                          _mm256_set1_epi64x(sums)));
+        }
+        __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 2
+            for (int pair = 0; pair < 2; pair++) { /* eighths 2 pair, 2 pair + 1: one scale */
+                __m256i p[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                _mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 2
+                for (int e = 0; e < 2; e++) {
+                    const int u = 2 * pair + e;
+                    const uint8_t *c = g + 96 * (4 * h + u);
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)c);
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(c + 32));
+                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(c + 64));
+                    /* bits 2p, 2p + 1 of qh to bits 4, 5 (16-bit shifts: what crosses a
+                     * byte lands outside bits 4-5) */
+                    const __m256i codes[4] = {
+                        _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                        _mm256_and_si256(_mm256_slli_epi16(hb, 4), top2)),
+                        _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                        _mm256_and_si256(_mm256_slli_epi16(hb, 2), top2)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                        _mm256_and_si256(hb, top2)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), top2))};
+#pragma GCC unroll 4
+                    for (int part = 0; part < 4; part++) {
+                        int64_t xs;
+                        memcpy(&xs, xq + 128 * h + 32 * part + 8 * u, 8);
+                        p[part] = _mm256_add_epi16(p[part], _mm256_maddubs_epi16(
+                            codes[part], _mm256_set1_epi64x(xs)));
+                    }
+                }
+#pragma GCC unroll 4
+                for (int part = 0; part < 4; part++) { /* scale 8h + 2 part + pair */
+                    const int s = 8 * h + 2 * part + pair;
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(
+                        p[part], q6_x4_scale(quartet[s / 4], s % 4)));
+                }
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
+        acc_off = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off), d, acc_off);
+    }
+    const __m256 r = _mm256_fnmadd_ps(_mm256_set1_ps(32.f), acc_off, acc);
+    const __m256 pairs = _mm256_hadd_ps(r, r); /* r0 r1 r0 r1 | r2 r3 r2 r3 */
+    _mm_storel_pi((__m64 *)out, _mm256_castps256_ps128(pairs));
+    _mm_storel_pi((__m64 *)(out + 2), _mm256_extractf128_ps(pairs, 1));
+}
+#endif
