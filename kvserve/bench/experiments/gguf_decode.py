@@ -11,8 +11,10 @@ Each round times both systems on each file, one after the other:
 A file's figure is the median of its rounds' ratios (kvserve over llama.cpp). The floor
 is the bytes one decode step must read, the file's weights that take part in a matmul
 (every tensor but the token embedding, unless the embedding is the LM head too), over
-the streaming read bandwidth measured in the same run: each system's step over that
-floor says how close to the memory it runs.
+the streaming read bandwidth, measured again in each round beside the two systems (a
+shared machine's bandwidth moves by a fifth within minutes): each system's step over
+its round's floor says how close to the memory it runs, the median of the rounds
+again.
 """
 from __future__ import annotations
 
@@ -80,20 +82,18 @@ def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens
     from kvserve.bench.instruments.throughput import load_llm
     from kvserve.bench.peers.llamacpp import run_llama_bench
 
-    bandwidth = measure_stream_bandwidth()
-    log(f"streaming read bandwidth: {bandwidth:.1f} GB/s")
-    results, cpus, build = {}, {}, None
+    results, cpus, build, bandwidths = {}, {}, None, []
     for path in files:
         read = decode_weight_bytes(path)
-        floor_ms = 1000 * read["decode_bytes"] / (bandwidth * 1e9)
         llm, load_s = load_llm(str(path), engine_args)
         try:
             prompt = context_prompt(llm.engine.tokenizer.bos_token_id or 0, depth,
                                     llm.engine.vocab_size)
             kvserve_decode_rate(llm, 16, prompt)  # warm (and a deep context computed once)
-            ours, theirs = [], []
+            ours, theirs, round_bandwidth = [], [], []
             watch = {"kvserve": CpuSampler(), "llama-bench": None}
             for r in range(rounds):
+                round_bandwidth.append(measure_stream_bandwidth())
                 with watch["kvserve"]:
                     ours.append(kvserve_decode_rate(llm, tokens, prompt,
                                                     reset_prefix_cache=depth == 0))
@@ -104,26 +104,35 @@ def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens
                                                "build_flags", "cpu_info")}
                 theirs.append(bench["tg_tok_s"])
                 log(f"  {path.name} round {r + 1}/{rounds}: kvserve {ours[-1]:.2f} tok/s, "
-                    f"llama.cpp {theirs[-1]:.2f} tok/s")
+                    f"llama.cpp {theirs[-1]:.2f} tok/s, streaming read "
+                    f"{round_bandwidth[-1]:.1f} GB/s")
         finally:
             llm.engine.close()
         cpus[path.name] = {"kvserve": watch["kvserve"].usage.to_dict(),
                            "llama-bench": watch["llama-bench"]}
         check_same_cpus(cpus[path.name])
+        bandwidths += round_bandwidth
         ratio = paired_ratio(ours, theirs)
         step = {"kvserve": 1000 / statistics.median(ours),
                 "llamacpp": 1000 / statistics.median(theirs)}
+        # a round's floor in tokens/s: its streaming read over the step's bytes
+        floor_rates = [gbs * 1e9 / read["decode_bytes"] for gbs in round_bandwidth]
+        vs_floor = {"kvserve": paired_ratio(floor_rates, ours),
+                    "llamacpp": paired_ratio(floor_rates, theirs)}
         results[path.name] = {
             **read, "file_bytes": path.stat().st_size, "kvserve_load_s": load_s,
             "kvserve_tok_s": ours, "llamacpp_tok_s": theirs, "ratio": ratio,
-            "stream_floor_ms": floor_ms,
+            "round_bandwidth_gbs": round_bandwidth,
+            "stream_floor_ms": 1000 / statistics.median(floor_rates),
             **{f"{name}_step_ms": ms for name, ms in step.items()},
-            **{f"{name}_vs_stream_floor": ms / floor_ms for name, ms in step.items()}}
+            **{f"{name}_vs_stream_floor": r.median for name, r in vs_floor.items()},
+            "vs_stream_floor": vs_floor}
         log(f"{path.name}: kvserve / llama.cpp {describe_ratio(ratio)}; steps "
-            f"{step['kvserve']:.1f} / {step['llamacpp']:.1f} ms against a floor of "
-            f"{floor_ms:.1f} ms")
+            f"{step['kvserve']:.1f} / {step['llamacpp']:.1f} ms, "
+            f"{vs_floor['kvserve'].median:.2f}x / {vs_floor['llamacpp'].median:.2f}x their "
+            "rounds' floors")
     return {"tokens": tokens, "depth": depth, "rounds": rounds, "threads": threads,
-            "engine_args": engine_args, "stream_bandwidth_gbs": bandwidth,
+            "engine_args": engine_args, "stream_bandwidth_gbs": statistics.median(bandwidths),
             "llamacpp_build": build, "files": results, "cpus": cpus}
 
 

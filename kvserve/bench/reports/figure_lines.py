@@ -217,8 +217,12 @@ def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
                          f"{f['llamacpp_vs_stream_floor']:.2f}x |")
         build = d.get("llamacpp_build") or {}
         at = f" @ d{d['depth']}" if d.get("depth") else ""
+        reads = [gbs for f in d["files"].values() for gbs in f.get("round_bandwidth_gbs", ())]
+        read = (f"streaming read {d['stream_bandwidth_gbs']:.1f} GB/s, the median of the "
+                f"rounds' ({min(reads):.1f}–{max(reads):.1f}), each round's floor from its own"
+                if reads else f"{d['stream_bandwidth_gbs']:.1f} GB/s")
         notes.append(f"{res.data.get('model')}: tg{d['tokens']}{at}, {d['rounds']} rounds, "
-                     f"{d['stream_bandwidth_gbs']:.1f} GB/s, llama.cpp "
+                     f"{read}, llama.cpp "
                      f"\"{build.get('version') or 'unknown'}\" (GGML_NATIVE="
                      f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}), "
                      f"{_provenance(res, base)}")

@@ -61,6 +61,9 @@ def test_both_systems_decode_the_same_file_on_the_same_cores(tmp_path):
     assert row["ratio"]["rounds"] == 2
     assert set(row["bytes_by_format"]) == {"Q8_0", "F32"}
     assert 0 < row["stream_floor_ms"] < row["kvserve_step_ms"]
+    assert len(row["round_bandwidth_gbs"]) == 2  # each round's floor from its own read
+    assert row["vs_stream_floor"]["kvserve"]["rounds"] == 2
+    assert row["kvserve_vs_stream_floor"] == row["vs_stream_floor"]["kvserve"]["median"]
     cpus = res["cpus"]["tiny-q8_0.gguf"]
     assert cpus["kvserve"]["ran_on"] and cpus["llama-bench"]["allowed"] == \
         cpus["kvserve"]["allowed"]
