@@ -71,6 +71,7 @@ class Kernels:
         self._gguf_rows = bind(lib, "gguf_rows")
         self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
         self._gguf_dequantize = bind(lib, "gguf_dequantize")
+        self._gguf_dequantize_row = bind(lib, "gguf_dequantize_row")
         self._gguf_repack_k_x4 = bind(lib, "gguf_repack_k_x4")
         self._int4_rows = bind(lib, "int4_rows")
         self._int4_dequantize = bind(lib, "int4_dequantize")
@@ -270,6 +271,18 @@ class Kernels:
                 w=blocks.data_ptr(), n=blocks.shape[0], k=k, fmt=fmt, out=out.data_ptr()):
             raise ValueError(f"gguf_dequantize: format {fmt}, K={k} is not whole blocks "
                              "of a known format, or the blocks are not contiguous uint8")
+        return out
+
+    def gguf_dequantize_row(self, blocks, row: int, k: int, fmt: int):
+        """float32 [k] of row ``row`` of GGUF blocks of format ``fmt`` (uint8 [N, bytes],
+        runs of four rows too): a token embedding's lookup, as the captured step makes it."""
+        if not (blocks.dtype == torch.uint8 and blocks.is_contiguous()
+                and 0 <= row < blocks.shape[0]):
+            raise ValueError(f"gguf_dequantize_row takes contiguous uint8 blocks and a row "
+                             f"below {blocks.shape[0]}; got {blocks.dtype}, row {row}")
+        out = torch.empty(k, dtype=torch.float32)
+        self._gguf_dequantize_row(w=blocks.data_ptr(), row=row, k=k, fmt=fmt,
+                                  out=out.data_ptr())
         return out
 
     def gguf_repack_k_x4(self, blocks, kind: str, k: int, unpack: bool = False):

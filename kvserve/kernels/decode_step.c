@@ -18,8 +18,7 @@
  * is an absent bias. Float32 weights and a float32 KV pool; or (P_GGUF) each weight a
  * GGUF layer's blocks (kernels/gguf_linear.c), described by an int64 array: its part
  * count, whether activations are rounded to int8, then each part's blocks, format and
- * rows; the embedding then in the format P_EMBED_FMT (-1: float32), P_EMBED_ROW bytes a
- * row. */
+ * rows; the embedding then in the format P_EMBED_FMT (-1: float32). */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,7 +30,7 @@
 /* header: the sizes, then the model-wide tensors */
 enum { P_LAYERS, P_HIDDEN, P_HEADS, P_KV_HEADS, P_HEAD_DIM, P_INTER, P_VOCAB, P_BLOCK,
        P_WINDOW, P_PANELS, P_EMBED, P_FINAL_NORM, P_LM_HEAD, P_LM_BIAS, P_COS, P_SIN, P_GGUF,
-       P_EMBED_FMT, P_EMBED_ROW, PLAN_HEADER };
+       P_EMBED_FMT, PLAN_HEADER };
 /* per layer */
 enum { L_IN_NORM, L_QKV_W, L_QKV_B, L_O_W, L_O_B, L_POST_NORM, L_GATE_UP_W, L_GATE_UP_B,
        L_DOWN_W, L_DOWN_B, L_K_POOL, L_V_POOL, LAYER_FIELDS };
@@ -127,8 +126,8 @@ static void run_step(step *s) {
     } else {
         const uint8_t *embed = (const uint8_t *)(intptr_t)plan[P_EMBED];
         for (int64_t r = 0; r < rows; r++)
-            gguf_dequantize_part(embed + s->tokens[r] * plan[P_EMBED_ROW], 1, hidden,
-                                 plan[P_EMBED_FMT], s->residual + r * hidden);
+            gguf_dequantize_row(embed, s->tokens[r], hidden, plan[P_EMBED_FMT],
+                                s->residual + r * hidden);
     }
     sync_threads(s);
     for (int64_t i = 0; i < plan[P_LAYERS]; i++) {

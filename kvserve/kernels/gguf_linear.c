@@ -553,6 +553,23 @@ void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, f
             decode_block((int)fmt, w + (j * per_row + b) * bb, out + j * k + b * bv);
 }
 
+/* Row `row` of a weight of fmt blocks (k values a row) at w into out [k]: a token
+ * embedding's lookup (of a run of four rows, the run unpacked on the stack first). */
+void gguf_dequantize_row(const uint8_t *w, int64_t row, int64_t k, int64_t fmt, float *out) {
+    const int64_t bv = BLOCK_VALUES[fmt], bb = BLOCK_BYTES[fmt];
+    if (fmt >= Q4_K_X4) {
+        const int64_t plain = runs_plain(fmt), row_bytes = k / 256 * BLOCK_BYTES[plain];
+        uint8_t rows[4 * X4_MAX_K / 256 * 210];
+        runs_unpack(plain, w + row / 4 * 4 * (k / 256) * bb, k, rows, row_bytes);
+        for (int64_t b = 0; b < k / 256; b++)
+            decode_block((int)plain, rows + row % 4 * row_bytes + b * BLOCK_BYTES[plain],
+                         out + b * 256);
+        return;
+    }
+    for (int64_t b = 0; b < k / bv; b++)
+        decode_block((int)fmt, w + (row * (k / bv) + b) * bb, out + b * bv);
+}
+
 int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
     if (!valid_layout(fmt, k, n)) return -1;
 #pragma omp parallel

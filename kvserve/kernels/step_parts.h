@@ -60,5 +60,6 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
                     int64_t k, const uint8_t *w, int64_t n, int64_t fmt, float *y,
                     int64_t y_stride);
 void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out);
+void gguf_dequantize_row(const uint8_t *w, int64_t row, int64_t k, int64_t fmt, float *out);
 
 #endif

@@ -301,7 +301,7 @@ def _load_embedding(embedding: BlockEmbedding, head: Linear | None, shard, weigh
     embedding.load(weight)
     if head is not None:  # the same blocks, not a copy
         head.method.load(head, None, BlockWeight(embedding.kind, embedding.gguf_blocks,
-                                                 embedding.embedding_dim, shared=True)
+                                                 embedding.embedding_dim, embedding)
                          if embedding.kind != "float" else embedding.gguf_blocks)
 
 

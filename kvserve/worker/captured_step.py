@@ -91,7 +91,7 @@ class CapturedStep:
     # the plan's layout: kernels/decode_step.c's PLAN_HEADER and LAYER_FIELDS
     HEADER = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "block",
               "window", "panels", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin",
-              "gguf", "embed_fmt", "embed_row")
+              "gguf", "embed_fmt")
     LAYER = ("in_norm", "qkv_w", "qkv_b", "o_w", "o_b", "post_norm", "gate_up_w",
              "gate_up_b", "down_w", "down_b", "k_pool", "v_pool")
 
@@ -133,8 +133,7 @@ class CapturedStep:
             "lm_head": self._address(weight(model.lm_head)),
             "lm_bias": self._address(model.lm_head.bias),
             "cos": self._address(model.rotary.cos), "sin": self._address(model.rotary.sin),
-            "gguf": int(self.gguf), "embed_fmt": FORMAT_CODES[embedding.kind] if blocks else -1,
-            "embed_row": table.shape[1] if blocks else 0}
+            "gguf": int(self.gguf), "embed_fmt": FORMAT_CODES[embedding.kind] if blocks else -1}
         plan = [header[name] for name in self.HEADER]
         for layer, cache in zip(model.model.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp

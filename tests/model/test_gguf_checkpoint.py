@@ -13,7 +13,7 @@ import torch
 
 from kvserve import LLM, SamplingParams
 from kvserve.model.gguf import GGUF_MARKER, prepare_gguf
-from kvserve.model.gguf.linear import BlockEmbedding, GGUFLinearMethod
+from kvserve.model.gguf.linear import FROM_RUNS, BlockEmbedding, GGUFLinearMethod
 from kvserve.model.layers import Linear
 from tests.format_tools import convert_to_gguf, llama_cpp_source, quantize_gguf
 from tests.helpers import prompts_of_lengths
@@ -78,12 +78,14 @@ def test_greedy_tokens_equal_transformers_on_the_same_file(arch, outtype, gguf_f
     assert [list(o.outputs[0].token_ids) for o in outs] == transformers_greedy(path)
 
 
-def block_formats(model) -> set[str]:
+def block_formats(model, as_stored: bool = False) -> set[str]:
+    """The weights' formats: the file's, or (``as_stored``) runs of four rows where the
+    layers keep them so."""
     kinds = {kind for m in model.modules() if isinstance(m, Linear)
              for kind in getattr(m.method, "kinds", [])}
     if isinstance(model.model.embed_tokens, BlockEmbedding):
         kinds.add(model.model.embed_tokens.kind)
-    return kinds
+    return kinds if as_stored else {FROM_RUNS.get(kind, kind) for kind in kinds}
 
 
 def test_quantized_weights_stay_blocks_with_no_float_copy(gguf_files):
@@ -115,6 +117,7 @@ def test_16_bit_float_weights_stay_two_bytes_a_weight(gguf_files, outtype, kind)
 def test_a_q4_k_m_file_mixes_formats_and_keeps_them(gguf_files):
     llm = LLM(str(gguf_files("llama-256", "Q4_K_M")), num_kv_blocks=64, dtype="float32")
     assert {"Q4_K", "Q6_K"} <= block_formats(llm.engine.worker.model)
+    assert {"Q4_K_X4", "Q6_K_X4"} <= block_formats(llm.engine.worker.model, as_stored=True)
 
 
 def test_the_prepared_directory_is_made_once_per_file(gguf_files, model_dirs):

@@ -85,14 +85,37 @@ def test_k_parts_run_as_four_row_runs_with_the_kernels_and_go_back_without():
     assert_layer_computes(layer, dense, 2, native=False)
 
 
-def test_blocks_an_embedding_shares_keep_the_files_layout():
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_an_embedding_sharing_the_blocks_follows_them_into_runs_and_back(kind):
+    """A tied LM head: the head's method rearranges the table, the embedding's lookups
+    (in torch and in the captured step's C) then unpack the runs they read."""
     from kvserve.kernels import load_kernels
     from kvserve.model.execution import ExecutionMode
+    from kvserve.model.gguf.linear import FORMAT_CODES, BlockEmbedding
+    kernels = load_kernels()
+    if not kernels.available:
+        pytest.fail(f"the native kernels did not build: {kernels.reason}")
+    vocab = 12
     with torch.device("meta"):
-        head = Linear(K, 8, bias=False)
-    method = GGUFLinearMethod.install(head, [8])
+        head = Linear(K, vocab, bias=False)
+    method = GGUFLinearMethod.install(head, [vocab])
+    method.int8_activations = False  # the float sums: dequantize-then-multiply's
     head.to_empty(device="cpu")
-    blocks = torch.from_numpy(random_blocks("Q4_K", 8 * K // 256, seed=1)).reshape(8, -1)
-    method.load(head, None, BlockWeight("Q4_K", blocks, K, shared=True))
-    head.configure(ExecutionMode(kernels=load_kernels()))
-    assert method.kinds == ["Q4_K"] and head.gguf_part0 is blocks
+    blocks = torch.from_numpy(random_blocks(kind, vocab * K // 256, seed=1)).reshape(vocab, -1)
+    embedding = BlockEmbedding(vocab, K)
+    embedding.load(BlockWeight(kind, blocks, K))
+    method.load(head, None, BlockWeight(kind, embedding.gguf_blocks, K, embedding))
+    table = BlockWeight(kind, blocks.clone(), K).dequantize()
+    tokens = torch.tensor([[0, 5, 11], [7, 3, 3]])
+    head.configure(ExecutionMode(kernels=kernels))
+    assert method.kinds == [f"{kind}_X4"] and embedding.kind == f"{kind}_X4"
+    assert embedding.gguf_blocks is head.gguf_part0  # one table, not a copy
+    assert torch.equal(embedding(tokens), table[tokens])
+    for token in (0, 6, 11):  # the captured step's lookup
+        assert torch.equal(kernels.gguf_dequantize_row(
+            embedding.gguf_blocks, token, K, FORMAT_CODES[embedding.kind]), table[token])
+    assert_layer_computes(head, table, 2, native=True)
+    head.configure(ExecutionMode(kernels=None))
+    assert embedding.kind == kind and torch.equal(embedding.gguf_blocks, blocks)
+    assert embedding.gguf_blocks is head.gguf_part0
+    assert torch.equal(embedding(tokens), table[tokens])

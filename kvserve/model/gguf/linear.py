@@ -16,7 +16,8 @@ configured, into runs of four rows (``Q4_K_X4``, ``Q5_K_X4``, ``Q6_K_X4``:
 ``kernels/gguf_k_x4.h`` and ``gguf_q6_k_x4.h``, the same bytes but for Q4_K's and Q5_K's
 scales, one byte each), so that a decode row is multiplied
 with four weight rows per instruction; it goes back to the file's layout if configured
-without them. A part whose blocks an embedding shares (a tied LM head) keeps the file's.
+without them. A part whose blocks the token embedding shares (a tied LM head) is
+rearranged with the embedding, which then unpacks the runs holding the rows it looks up.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class BlockWeight:
     kind: str
     blocks: torch.Tensor
     cols: int
-    shared: bool = False  # an embedding computes on the same blocks
+    embedding: BlockEmbedding | None = None  # a token embedding reading the same blocks
 
     @property
     def rows(self) -> int:
@@ -69,7 +70,8 @@ class GGUFLinearMethod(LinearMethod):
     def __init__(self, shard_rows: list[int]) -> None:
         self.shard_rows = list(shard_rows)
         self.kinds: list[str | None] = [None] * len(shard_rows)
-        self.shared = [False] * len(shard_rows)
+        # the token embedding that reads a part's blocks (a tied LM head's), by part
+        self.embeddings: list[BlockEmbedding | None] = [None] * len(shard_rows)
         self.repacked_by = None  # the kernels that made the parts in runs of four rows
         self.native = None  # kvserve.kernels.Kernels, when configured with them
         # decode rows rounded to int8 per 32 values and multiplied in integers, as
@@ -94,7 +96,7 @@ class GGUFLinearMethod(LinearMethod):
         rows, cols = self.shard_rows[index], layer.in_features
         if isinstance(weight, BlockWeight):
             got, kind, data = (weight.rows, weight.cols), weight.kind, weight.blocks
-            self.shared[index] = weight.shared
+            self.embeddings[index] = weight.embedding
         else:
             got, kind, data = tuple(weight.shape), "float", weight.detach().float().contiguous()
         if got != (rows, cols):
@@ -118,21 +120,25 @@ class GGUFLinearMethod(LinearMethod):
 
     def _relayout(self, layer: nn.Linear) -> None:
         """Q4_K, Q5_K and Q6_K parts in runs of four rows with the native kernels (where they
-        have the layout), and back without them."""
+        have the layout), and back without them; an embedding sharing a part follows it."""
         cols = layer.in_features
         for i, (kind, rows) in enumerate(zip(self.kinds, self.shard_rows)):
             data = getattr(layer, f"gguf_part{i}")
             if (kind in IN_RUNS and self.native is not None and data.device.type == "cpu"
-                    and not self.shared[i] and rows % 4 == 0 and cols <= X4_MAX_COLS):
+                    and rows % 4 == 0 and cols <= X4_MAX_COLS):
                 repacked = self.native.gguf_repack_k_x4(data, kind, cols)
                 if repacked is not None:
                     self.repacked_by = self.native
-                    layer.register_buffer(f"gguf_part{i}", repacked)
-                    self.kinds[i] = IN_RUNS[kind]
+                    self._replace(layer, i, IN_RUNS[kind], repacked)
             elif kind in FROM_RUNS and self.native is None:
-                layer.register_buffer(f"gguf_part{i}", self.repacked_by.gguf_repack_k_x4(
+                self._replace(layer, i, FROM_RUNS[kind], self.repacked_by.gguf_repack_k_x4(
                     data, FROM_RUNS[kind], cols, unpack=True))
-                self.kinds[i] = FROM_RUNS[kind]
+
+    def _replace(self, layer: nn.Linear, index: int, kind: str, data: torch.Tensor) -> None:
+        layer.register_buffer(f"gguf_part{index}", data)
+        self.kinds[index] = kind
+        if self.embeddings[index] is not None:
+            self.embeddings[index].relayout(kind, data, self.repacked_by)
 
     def parts(self, layer: nn.Linear):
         """(first output column, rows, kind, buffer) of each part."""
@@ -176,12 +182,14 @@ def is_block_kind(kind: str) -> bool:
 
 class BlockEmbedding(nn.Module):
     """A token embedding kept as the file's blocks: a lookup decodes the rows it reads.
-    A tied LM head computes on the same blocks (GGUFLinearMethod)."""
+    A tied LM head computes on the same blocks (GGUFLinearMethod), which its method may
+    rearrange in runs of four rows: a lookup then unpacks the runs it reads first."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.kind: str | None = None
+        self.runs_kernels = None  # the kernels that unpack the runs (kind in FROM_RUNS)
         # no values: follows the model's dtype through .to(), so lookups return that dtype
         self.register_buffer("dtype_probe", torch.empty(0), persistent=False)
 
@@ -195,8 +203,21 @@ class BlockEmbedding(nn.Module):
                              f"({self.num_embeddings}, {self.embedding_dim})")
         self.register_buffer("gguf_blocks", data.contiguous())
 
+    def relayout(self, kind: str, blocks: torch.Tensor, kernels) -> None:
+        """The shared blocks as the LM head's method rearranged them (``kind``)."""
+        self.register_buffer("gguf_blocks", blocks)
+        self.kind, self.runs_kernels = kind, kernels
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        rows = self.gguf_blocks[tokens.reshape(-1)]
-        values = rows if self.kind == "float" else dequantize(
-            rows, self.kind, (rows.shape[0], self.embedding_dim))
+        flat, kind = tokens.reshape(-1), self.kind
+        if kind in FROM_RUNS:  # the runs holding the tokens' rows, unpacked
+            kind, first = FROM_RUNS[kind], flat - flat % 4
+            runs = self.gguf_blocks[(first[:, None] + torch.arange(4)).reshape(-1)]
+            rows = self.runs_kernels.gguf_repack_k_x4(runs, kind, self.embedding_dim,
+                                                      unpack=True)
+            rows = rows[torch.arange(flat.shape[0]) * 4 + flat % 4]
+        else:
+            rows = self.gguf_blocks[flat]
+        values = rows if kind == "float" else dequantize(
+            rows, kind, (rows.shape[0], self.embedding_dim))
         return values.to(self.dtype_probe.dtype).reshape(*tokens.shape, self.embedding_dim)
