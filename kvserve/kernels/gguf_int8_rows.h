@@ -2,8 +2,8 @@
  * sums them (AVX2): x rounded per 32 values (its Q8_0) against Q8_0 blocks, per 256 with
  * 16-value sums (its Q8_K) against the K formats; each block's scales applied in
  * integers, one float multiply a block. Few-row kernels first, then one row's (a single
- * stream's step) kept in registers. Included by gguf_linear.c, after the float kernels
- * (half_to_float, hsum_epi32_128, PREFETCH_BYTES). */
+ * stream's step) kept in registers. Included by gguf_linear.c, after gguf_float_rows.h
+ * (hsum_epi32_128; half_to_float, PREFETCH_BYTES). */
 #ifdef __AVX2__
 /* The rows of x as int8 in blocks of 32 with one scale each (llama.cpp's Q8_0 for
  * activations): xq = rint(x / xd), xd = max|x| / 127 over the block. */
