@@ -31,8 +31,9 @@ class ModelConfig:
     dtype: torch.dtype
     max_model_len: int
     quantization: str | None = None  # a name in kvserve.model.quantization.QUANTIZATION_METHODS
-    # a GGUF file's quantized layers on decode rows: int8 (activations rounded to int8 per
-    # 32 values, integer products, as llama.cpp) or float (dequantize-then-multiply's sums)
+    # a GGUF file's quantized layers, decode rows and prompt chunks: int8 (activations
+    # rounded to int8, integer products, as llama.cpp) or float (dequantize-then-multiply's
+    # sums)
     gguf_activations: str = "int8"
     # a 16-bit checkpoint's weights kept in 16 bits, computed in float32 (dtype auto on a
     # CPU without bf16 hardware: kvserve.model.loader.keeps_16bit_weights)

@@ -146,8 +146,9 @@ class EngineArgs:
         "per-token activation scales (faster GEMMs on CPUs with VNNI); not bit-exact with "
         "the float model", choices=QUANTIZATION_METHODS)
     gguf_activations: str = _setting(ModelConfig.gguf_activations,
-        "a GGUF file's Q8_0 and Q4_K layers on decode steps: int8 rounds each 32 "
-        "activations to int8 and sums integer products, as llama.cpp does (faster); float "
+        "a GGUF file's Q8_0 and K-format layers, decode steps and prompt chunks: int8 "
+        "rounds the activations to int8 (per 32 values against Q8_0, per 256 against the "
+        "K formats) and sums integer products, as llama.cpp does (faster); float "
         "multiplies the decoded weights by the activations as they are (the sums of "
         "dequantize-then-multiply)", choices=GGUF_ACTIVATIONS)
     attention_backend: str = _setting(WorkerConfig.attention_backend,

@@ -238,6 +238,17 @@ class Kernels:
         if failed:
             raise ValueError(f"lora_rows failed ({failed}): more than 256 slots, or no memory")
 
+    @staticmethod
+    def _gguf_args(x, blocks, fmt: int, out) -> dict:
+        if not (x.dtype == out.dtype == torch.float32 and x.is_contiguous()
+                and blocks.dtype == torch.uint8 and blocks.is_contiguous()
+                and out.stride(1) == 1 and out.shape[0] == x.shape[0]
+                and out.shape[1] == blocks.shape[0]):
+            raise ValueError("gguf_rows takes contiguous float32 x [M, K], uint8 blocks "
+                             "[N, bytes] and float32 out [M, N] with contiguous rows")
+        return dict(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], w=blocks.data_ptr(),
+                    n=blocks.shape[0], fmt=fmt, y=out.data_ptr(), y_stride=out.stride(0))
+
     def gguf_rows(self, x, blocks, fmt: int, out, int8_activations: bool = False) -> None:
         """out [M, N] (rows of any stride, columns contiguous) = x [M, K] (float32,
         contiguous, 1-8 rows) @ the weight whose N rows of GGUF blocks of format ``fmt``
@@ -245,24 +256,21 @@ class Kernels:
         transposed. ``int8_activations``: x rounded to int8 per 32 values first and the
         products summed in integers (as llama.cpp does), where this build has such a
         kernel for the format; else in float."""
-        if not (x.dtype == out.dtype == torch.float32 and x.is_contiguous()
-                and blocks.dtype == torch.uint8 and blocks.is_contiguous()
-                and out.stride(1) == 1 and out.shape[0] == x.shape[0]
-                and out.shape[1] == blocks.shape[0]):
-            raise ValueError("gguf_rows takes contiguous float32 x [M, K], uint8 blocks "
-                             "[N, bytes] and float32 out [M, N] with contiguous rows")
-        args = dict(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], w=blocks.data_ptr(),
-                    n=blocks.shape[0], fmt=fmt, y=out.data_ptr(), y_stride=out.stride(0))
-        if int8_activations:
-            status = self._gguf_rows_int8(**args)
-            if status == 0:
-                return
-            if status < 0:
-                raise MemoryError("gguf_rows: no memory for the rows rounded to int8")
-        failed = self._gguf_rows(**args)
+        if int8_activations and self.gguf_rows_int8(x, blocks, fmt, out):
+            return
+        failed = self._gguf_rows(**self._gguf_args(x, blocks, fmt, out))
         if failed:
             raise ValueError(f"gguf_rows: format {fmt} with K={x.shape[1]} and "
                              f"{x.shape[0]} rows is not one it computes (1-8 rows, whole blocks)")
+
+    def gguf_rows_int8(self, x, blocks, fmt: int, out) -> bool:
+        """As ``gguf_rows`` with int8 activations, for any number of rows (a prompt chunk
+        too): True when computed, False where this build has no integer kernel for the
+        format (the caller computes in float)."""
+        status = self._gguf_rows_int8(**self._gguf_args(x, blocks, fmt, out))
+        if status < 0:
+            raise MemoryError("gguf_rows: no memory for the rows rounded to int8")
+        return status == 0
 
     def gguf_dequantize(self, blocks, fmt: int, k: int):
         """float32 [N, k] of N rows of GGUF blocks of format ``fmt`` (uint8 [N, bytes])."""

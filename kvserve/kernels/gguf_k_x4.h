@@ -86,31 +86,31 @@ static inline __m256i fifth_bits(__m256i qh, int s) {
                             bit4);
 }
 
-/* The four rows of a run against one Q8_K row (k values): out[0..3]. The sums run in
- * lanes r0 r0 r1 r1 | r2 r2 r3 r3; each row's pair is added at the end. five: Q5_K_X4 */
-static inline void row_k_x4_q8k(int five, const int8_t *xq, const float *xd,
-                                const int16_t *bsums, int64_t k, const uint8_t *g,
-                                float *out) {
+/* The four rows of a run against `rows` Q8_K rows (1-4; k values each, row r's at
+ * xq + r * k, its scales and 16-sums at xd + r * (k / 256), bsums + r * (k / 16)):
+ * out[r * out_stride + 0..3]. Each weight load and decode serves every x row; each x
+ * row's sums are those it gets alone (integers, then the same float operations in the
+ * same order). The sums run in lanes r0 r0 r1 r1 | r2 r2 r3 r3; each row's pair is added
+ * at the end. five: Q5_K_X4. */
+static inline __attribute__((always_inline)) void k_x4_q8k(
+    int five, int rows, const int8_t *xq, const float *xd, const int16_t *bsums, int64_t k,
+    const uint8_t *g, float *out, int64_t out_stride) {
     const int group = five ? X5_GROUP_BYTES : X4_GROUP_BYTES;
-    __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+    const int64_t nsb = k / 256;
+    __m256 acc[4], acc_m[4];
+    for (int r = 0; r < rows; r++) acc[r] = acc_m[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0xF);
     const __m256i d_lanes = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     const __m256i dmin_lanes = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    for (int64_t i = 0; i < k / 256; i++, g += group, xq += 256, bsums += 16) {
+    for (int64_t i = 0; i < nsb; i++, g += group) {
         for (int line = 0; line < group; line += 64)
             _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
-        const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g)),
-                                       _mm256_set1_ps(xd[i]));
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
         const __m256i scales = _mm256_loadu_si256((const __m256i *)(g + 16));
-        /* the 32-value sums of x: sub-blocks 0-3 in every quarter, then 4-7 */
-        const __m128i sums = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
-                                            _mm_loadu_si128((const __m128i *)(bsums + 8)));
-        const __m256i mins = _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 48))),
-                              _mm256_broadcastq_epi64(sums)),
-            _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 64))),
-                              _mm256_broadcastq_epi64(_mm_unpackhi_epi64(sums, sums))));
-        __m256i isum = _mm256_setzero_si256();
+        const __m256i mins_lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 48)));
+        const __m256i mins_hi = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 64)));
+        __m256i isum[4];
+        for (int r = 0; r < rows; r++) isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             /* sub-block s's scale of rows 0, 1 (2, 3 in the upper half) as 16-bit lanes */
@@ -120,7 +120,8 @@ static inline void row_k_x4_q8k(int five, const int8_t *xq, const float *xd,
                 lo0, lo0, lo0, lo0, lo1, lo1, lo1, lo1, lo0, lo0, lo0, lo0, lo1, lo1, lo1, lo1));
             const __m256i scale_hi = _mm256_shuffle_epi8(scales, _mm256_setr_epi16(
                 hi0, hi0, hi0, hi0, hi1, hi1, hi1, hi1, hi0, hi0, hi0, hi0, hi1, hi1, hi1, hi1));
-            __m256i p_lo = _mm256_setzero_si256(), p_hi = p_lo;
+            __m256i p_lo[4], p_hi[4];
+            for (int r = 0; r < rows; r++) p_lo[r] = p_hi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int u = 0; u < 4; u++) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 80 + 32 * (4 * c + u)));
@@ -132,24 +133,42 @@ static inline void row_k_x4_q8k(int five, const int8_t *xq, const float *xd,
                     lo = _mm256_or_si256(lo, fifth_bits(qh, 2 * c));
                     hi = _mm256_or_si256(hi, fifth_bits(qh, 2 * c + 1));
                 }
-                int64_t x_lo, x_hi;
-                memcpy(&x_lo, xq + 64 * c + 8 * u, 8);
-                memcpy(&x_hi, xq + 64 * c + 32 + 8 * u, 8);
-                p_lo = _mm256_add_epi16(p_lo, _mm256_maddubs_epi16(lo, _mm256_set1_epi64x(x_lo)));
-                p_hi = _mm256_add_epi16(p_hi, _mm256_maddubs_epi16(hi, _mm256_set1_epi64x(x_hi)));
+                for (int r = 0; r < rows; r++) {
+                    const int8_t *x = xq + r * k + 256 * i + 64 * c + 8 * u;
+                    int64_t x_lo, x_hi;
+                    memcpy(&x_lo, x, 8);
+                    memcpy(&x_hi, x + 32, 8);
+                    p_lo[r] = _mm256_add_epi16(p_lo[r],
+                                               _mm256_maddubs_epi16(lo, _mm256_set1_epi64x(x_lo)));
+                    p_hi[r] = _mm256_add_epi16(p_hi[r],
+                                               _mm256_maddubs_epi16(hi, _mm256_set1_epi64x(x_hi)));
+                }
             }
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(p_lo, scale_lo),
-                                                           _mm256_madd_epi16(p_hi, scale_hi)));
+            for (int r = 0; r < rows; r++)
+                isum[r] = _mm256_add_epi32(isum[r],
+                                           _mm256_add_epi32(_mm256_madd_epi16(p_lo[r], scale_lo),
+                                                            _mm256_madd_epi16(p_hi[r], scale_hi)));
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_permutevar8x32_ps(d, d_lanes),
-                              acc);
-        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins),
-                                _mm256_permutevar8x32_ps(d, dmin_lanes), acc_m);
+        for (int r = 0; r < rows; r++) {
+            /* the 32-value sums of x: sub-blocks 0-3 in every quarter, then 4-7 */
+            const int16_t *bs = bsums + r * (k / 16) + 16 * i;
+            const __m128i sums = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs),
+                                                _mm_loadu_si128((const __m128i *)(bs + 8)));
+            const __m256i mins = _mm256_add_epi32(
+                _mm256_madd_epi16(mins_lo, _mm256_broadcastq_epi64(sums)),
+                _mm256_madd_epi16(mins_hi, _mm256_broadcastq_epi64(_mm_unpackhi_epi64(sums, sums))));
+            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nsb + i]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]),
+                                     _mm256_permutevar8x32_ps(d, d_lanes), acc[r]);
+            acc_m[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins),
+                                       _mm256_permutevar8x32_ps(d, dmin_lanes), acc_m[r]);
+        }
     }
-    const __m256 r = _mm256_sub_ps(acc, acc_m);
-    const __m256 pairs = _mm256_hadd_ps(r, r); /* r0 r1 r0 r1 | r2 r3 r2 r3 */
-    const __m128 lo = _mm256_castps256_ps128(pairs), hi = _mm256_extractf128_ps(pairs, 1);
-    _mm_storel_pi((__m64 *)out, lo);
-    _mm_storel_pi((__m64 *)(out + 2), hi);
+    for (int r = 0; r < rows; r++) {
+        const __m256 sums = _mm256_sub_ps(acc[r], acc_m[r]);
+        const __m256 pairs = _mm256_hadd_ps(sums, sums); /* r0 r1 r0 r1 | r2 r3 r2 r3 */
+        _mm_storel_pi((__m64 *)(out + r * out_stride), _mm256_castps256_ps128(pairs));
+        _mm_storel_pi((__m64 *)(out + r * out_stride + 2), _mm256_extractf128_ps(pairs, 1));
+    }
 }
 #endif

@@ -1,8 +1,8 @@
-/* Linear layers on GGUF's quantized blocks, for the few rows of decode steps:
- * y[r, j] = sum_k x[r, k] * w[j, k] for r < m (1-8 rows), with w kept as the file's
- * blocks (llama.cpp's ggml-common.h layouts; kvserve/model/gguf/quants.py describes
- * them). Each block is decoded once per call and used for every x row: the weight
- * streams from memory at its quantized size, never as float32.
+/* Linear layers on GGUF's quantized blocks: y[r, j] = sum_k x[r, k] * w[j, k] for r < m,
+ * with w kept as the file's blocks (llama.cpp's ggml-common.h layouts;
+ * kvserve/model/gguf/quants.py describes them). Each block is decoded once per call for
+ * a decode step's rows (1-8), once per ROW_BLOCK rows of a prompt chunk (int8 rows only):
+ * the weight streams from memory at its quantized size, never as float32.
  *
  * Threads split the weight rows. Two ways to sum:
  * - float activations (gguf_rows; the kernels in gguf_float_rows.h): Q8_0, Q4_K and the
@@ -14,7 +14,8 @@
  *   K formats, its Q8_0 and Q8_K) and the products summed in integers with AVX2
  *   (maddubs/madd), each block's scales applied in integers, one float multiply a block;
  *   one row (a single stream's step) has its own loops, kept in registers. The weight
- *   rows are prefetched ahead.
+ *   rows are prefetched ahead. Any number of rows: a prompt chunk's are summed as a
+ *   decode step's (in runs of four rows, bit for bit as each row alone).
  *
  * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K, 5 BF16, 6 F16 (the 16-bit floats, kept as
  * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4, 8 Q5_K_X4 and 9
@@ -31,6 +32,9 @@
 #include "vec_math.h"
 
 #define MAX_ROWS 8
+#ifndef ROW_BLOCK /* the rows of x (int8) a weight row is read once for */
+#define ROW_BLOCK 32
+#endif
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024
 #endif
@@ -252,9 +256,51 @@ static void one_row(const float *x, int64_t kind, const gguf_activations *a, int
         row_buffered((int)fmt, x, m, k, wr, sums);
 }
 
+/* The prepared rows of x from row r0 on (kind's layout: xq k a row, xd one scale per 32
+ * values (Q8_0) or 256 (Q8_K), bsums one per 16, xsum one per 32) */
+static gguf_activations rows_from(int64_t kind, const gguf_activations *a, int64_t r0,
+                                  int64_t k) {
+    gguf_activations s = *a;
+    if (s.xq) s.xq += r0 * k;
+    if (s.xd) s.xd += r0 * (k / (kind == GGUF_ACT_Q8_0 ? 32 : 256));
+    if (s.bsums) s.bsums += r0 * (k / 16);
+    if (s.xsum) s.xsum += r0 * (k / 32);
+    return s;
+}
+
+#ifdef __AVX2__
+/* `rows` Q8_K rows (1-4; Q6_K_X4: 1-2) against one run: each count its own copy of the
+ * loop, so the rows' sums stay in registers */
+static void x4_q8k_rows(int64_t fmt, int rows, const gguf_activations *a, int64_t k,
+                        const uint8_t *g, float *out, int64_t out_stride) {
+    const int8_t *xq = a->xq;
+    const float *xd = a->xd;
+    const int16_t *bs = a->bsums;
+    if (fmt == Q6_K_X4) {
+        if (rows == 2) q6_k_x4_q8k(2, xq, xd, bs, k, g, out, out_stride);
+        else q6_k_x4_q8k(1, xq, xd, bs, k, g, out, out_stride);
+    } else if (fmt == Q5_K_X4) {
+        switch (rows) {
+        case 4: k_x4_q8k(1, 4, xq, xd, bs, k, g, out, out_stride); break;
+        case 3: k_x4_q8k(1, 3, xq, xd, bs, k, g, out, out_stride); break;
+        case 2: k_x4_q8k(1, 2, xq, xd, bs, k, g, out, out_stride); break;
+        default: k_x4_q8k(1, 1, xq, xd, bs, k, g, out, out_stride);
+        }
+    } else {
+        switch (rows) {
+        case 4: k_x4_q8k(0, 4, xq, xd, bs, k, g, out, out_stride); break;
+        case 3: k_x4_q8k(0, 3, xq, xd, bs, k, g, out, out_stride); break;
+        case 2: k_x4_q8k(0, 2, xq, xd, bs, k, g, out, out_stride); break;
+        default: k_x4_q8k(0, 1, xq, xd, bs, k, g, out, out_stride);
+        }
+    }
+}
+#endif
+
 /* The runs of four rows (fmt Q4_K_X4, Q5_K_X4 or Q6_K_X4): Q8_K rows in registers (AVX2),
- * one x row after another against each run (read from memory once, then from cache: at
- * most X4_MAX_K / 256 groups, 53 KiB); float x through each run unpacked on the stack. */
+ * a few x rows at a time against each run (read from memory once per ROW_BLOCK rows,
+ * then from cache: at most X4_MAX_K / 256 groups, 53 KiB); float x through each run
+ * unpacked on the stack. */
 static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
                            const gguf_activations *a, int64_t m, int64_t k, const uint8_t *w,
                            int64_t n, float *y, int64_t y_stride) {
@@ -262,20 +308,17 @@ static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
     const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[fmt];
 #ifdef __AVX2__
     if (kind == GGUF_ACT_Q8_K) {
+        const int64_t step = fmt == Q6_K_X4 ? 2 : 4;
+        for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK) {
+            const int64_t end = r0 + ROW_BLOCK < m ? r0 + ROW_BLOCK : m;
 #pragma omp for schedule(static) nowait
-        for (int64_t run = 0; run < n / 4; run++)
-            for (int64_t r = 0; r < m; r++) {
-                const int8_t *xq = a->xq + r * k;
-                const float *xd = a->xd + r * (k / 256);
-                const int16_t *bsums = a->bsums + r * (k / 16);
-                float *out = y + r * y_stride + 4 * run;
-                if (fmt == Q6_K_X4)
-                    row_q6_k_x4_q8k(xq, xd, bsums, k, w + run * run_bytes, out);
-                else if (fmt == Q5_K_X4) /* (two calls: each its own copy of the loop) */
-                    row_k_x4_q8k(1, xq, xd, bsums, k, w + run * run_bytes, out);
-                else
-                    row_k_x4_q8k(0, xq, xd, bsums, k, w + run * run_bytes, out);
-            }
+            for (int64_t run = 0; run < n / 4; run++)
+                for (int64_t r = r0; r < end; r += step) {
+                    const gguf_activations rows = rows_from(kind, a, r, k);
+                    x4_q8k_rows(fmt, (int)(end - r < step ? end - r : step), &rows, k,
+                                w + run * run_bytes, y + r * y_stride + 4 * run, y_stride);
+                }
+        }
         return;
     }
 #endif
@@ -293,7 +336,9 @@ static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
 }
 
 /* y[r * y_stride + j] = x[r, :] . dequantized w[j, :] for r < m, j < n, from x prepared
- * as kind (gguf_prepare_part), the threads splitting the weight rows. */
+ * as kind (gguf_prepare_part), the threads splitting the weight rows. More than MAX_ROWS
+ * rows (a prompt chunk) only rounded to int8: ROW_BLOCK rows of x at a time, each weight
+ * row read once for them and used MAX_ROWS rows at a time from cache. */
 void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int64_t m,
                     int64_t k, const uint8_t *w, int64_t n, int64_t fmt, float *y,
                     int64_t y_stride) {
@@ -320,11 +365,17 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
         return;
     }
 #endif
+    for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK) {
+        const int64_t end = r0 + ROW_BLOCK < m ? r0 + ROW_BLOCK : m;
 #pragma omp for schedule(static) nowait
-    for (int64_t j = 0; j < n; j++) {
-        float sums[MAX_ROWS];
-        one_row(x, kind, a, m, k, w + j * row_bytes, fmt, sums);
-        for (int64_t r = 0; r < m; r++) y[r * y_stride + j] = sums[r];
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t r = r0; r < end; r += MAX_ROWS) {
+                const int64_t count = end - r < MAX_ROWS ? end - r : MAX_ROWS;
+                const gguf_activations rows = rows_from(kind, a, r, k);
+                float sums[MAX_ROWS];
+                one_row(x + r * k, kind, &rows, count, k, w + j * row_bytes, fmt, sums);
+                for (int64_t i = 0; i < count; i++) y[(r + i) * y_stride + j] = sums[i];
+            }
     }
 }
 
@@ -335,7 +386,7 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
  * the rounded rows. */
 int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
                        int64_t fmt, float *y, int64_t y_stride) {
-    if (!valid_layout(fmt, k, n) || m < 1 || m > MAX_ROWS) return 1;
+    if (!valid_layout(fmt, k, n) || m < 1) return 1;
     const int64_t kind = gguf_activation_kind(fmt, 1, k);
     if (kind != GGUF_ACT_Q8_0 && kind != GGUF_ACT_Q8_K) return 1;
     gguf_activations a = {malloc((size_t)(m * k)), malloc(sizeof(float) * (size_t)(m * k / 32)),

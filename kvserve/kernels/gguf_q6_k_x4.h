@@ -61,35 +61,32 @@ static inline __m256i q6_x4_scale(__m128i quartet, int s) {
         12 + s, 12 + s)));
 }
 
-/* The four rows of a run against one Q8_K row (k values): out[0..3]. The sums run in
- * lanes r0 r0 r1 r1 | r2 r2 r3 r3, as row_k_x4_q8k's. */
-static inline void row_q6_k_x4_q8k(const int8_t *xq, const float *xd, const int16_t *bsums,
-                                   int64_t k, const uint8_t *g, float *out) {
-    __m256 acc = _mm256_setzero_ps(), acc_off = _mm256_setzero_ps();
+/* The four rows of a run against `rows` Q8_K rows (1-2, laid out as k_x4_q8k's):
+ * out[r * out_stride + 0..3], each x row's sums those it gets alone. The sums run in
+ * lanes r0 r0 r1 r1 | r2 r2 r3 r3, as k_x4_q8k's. */
+static inline __attribute__((always_inline)) void q6_k_x4_q8k(
+    int rows, const int8_t *xq, const float *xd, const int16_t *bsums, int64_t k,
+    const uint8_t *g, float *out, int64_t out_stride) {
+    const int64_t nsb = k / 256;
+    __m256 acc[2], acc_off[2];
+    for (int r = 0; r < rows; r++) acc[r] = acc_off[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0xF), top2 = _mm256_set1_epi8(0x30);
     const __m256i d_lanes = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    for (int64_t i = 0; i < k / 256; i++, g += X6_GROUP_BYTES, xq += 256, bsums += 16) {
+    for (int64_t i = 0; i < nsb; i++, g += X6_GROUP_BYTES) {
         for (int line = 0; line < X6_GROUP_BYTES; line += 64)
             _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
-        const __m256 d = _mm256_permutevar8x32_ps(
-            _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadl_epi64((const __m128i *)(g + 832))),
-                          _mm256_set1_ps(xd[i])), d_lanes);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadl_epi64((const __m128i *)(g + 832)));
         __m128i quartet[4];
-        __m256i off = _mm256_setzero_si256();
-        for (int q = 0; q < 4; q++) {
-            quartet[q] = _mm_loadu_si128((const __m128i *)(g + 768 + 16 * q));
-            int64_t sums;
-            memcpy(&sums, bsums + 4 * q, 8);
-            off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_cvtepi8_epi16(quartet[q]),
-                                                          _mm256_set1_epi64x(sums)));
-        }
-        __m256i isum = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) quartet[q] = _mm_loadu_si128((const __m128i *)(g + 768 + 16 * q));
+        __m256i isum[2];
+        for (int r = 0; r < rows; r++) isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 2
             for (int pair = 0; pair < 2; pair++) { /* eighths 2 pair, 2 pair + 1: one scale */
-                __m256i p[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
-                                _mm256_setzero_si256(), _mm256_setzero_si256()};
+                __m256i p[2][4];
+                for (int r = 0; r < rows; r++)
+                    for (int part = 0; part < 4; part++) p[r][part] = _mm256_setzero_si256();
 #pragma GCC unroll 2
                 for (int e = 0; e < 2; e++) {
                     const int u = 2 * pair + e;
@@ -109,27 +106,43 @@ static inline void row_q6_k_x4_q8k(const int8_t *xq, const float *xd, const int1
                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), top2))};
 #pragma GCC unroll 4
-                    for (int part = 0; part < 4; part++) {
-                        int64_t xs;
-                        memcpy(&xs, xq + 128 * h + 32 * part + 8 * u, 8);
-                        p[part] = _mm256_add_epi16(p[part], _mm256_maddubs_epi16(
-                            codes[part], _mm256_set1_epi64x(xs)));
-                    }
+                    for (int part = 0; part < 4; part++)
+                        for (int r = 0; r < rows; r++) {
+                            int64_t xs;
+                            memcpy(&xs, xq + r * k + 256 * i + 128 * h + 32 * part + 8 * u, 8);
+                            p[r][part] = _mm256_add_epi16(p[r][part], _mm256_maddubs_epi16(
+                                codes[part], _mm256_set1_epi64x(xs)));
+                        }
                 }
 #pragma GCC unroll 4
                 for (int part = 0; part < 4; part++) { /* scale 8h + 2 part + pair */
                     const int s = 8 * h + 2 * part + pair;
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(
-                        p[part], q6_x4_scale(quartet[s / 4], s % 4)));
+                    const __m256i scale = q6_x4_scale(quartet[s / 4], s % 4);
+                    for (int r = 0; r < rows; r++)
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p[r][part], scale));
                 }
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
-        acc_off = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off), d, acc_off);
+        for (int r = 0; r < rows; r++) {
+            const int16_t *bs = bsums + r * (k / 16) + 16 * i;
+            __m256i off = _mm256_setzero_si256();
+            for (int q = 0; q < 4; q++) {
+                int64_t sums;
+                memcpy(&sums, bs + 4 * q, 8);
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_cvtepi8_epi16(quartet[q]),
+                                                              _mm256_set1_epi64x(sums)));
+            }
+            const __m256 d = _mm256_permutevar8x32_ps(
+                _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nsb + i])), d_lanes);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), d, acc[r]);
+            acc_off[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off), d, acc_off[r]);
+        }
     }
-    const __m256 r = _mm256_fnmadd_ps(_mm256_set1_ps(32.f), acc_off, acc);
-    const __m256 pairs = _mm256_hadd_ps(r, r); /* r0 r1 r0 r1 | r2 r3 r2 r3 */
-    _mm_storel_pi((__m64 *)out, _mm256_castps256_ps128(pairs));
-    _mm_storel_pi((__m64 *)(out + 2), _mm256_extractf128_ps(pairs, 1));
+    for (int r = 0; r < rows; r++) {
+        const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(32.f), acc_off[r], acc[r]);
+        const __m256 pairs = _mm256_hadd_ps(sums, sums); /* r0 r1 r0 r1 | r2 r3 r2 r3 */
+        _mm_storel_pi((__m64 *)(out + r * out_stride), _mm256_castps256_ps128(pairs));
+        _mm_storel_pi((__m64 *)(out + r * out_stride + 2), _mm256_extractf128_ps(pairs, 1));
+    }
 }
 #endif

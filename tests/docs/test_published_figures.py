@@ -156,6 +156,13 @@ def test_a_newer_machines_quantized_serving_joins_the_readme_below_the_headline(
     assert ("Serving bench-8b-q4_k_m.gguf at 1 request/s (4 requests a round, 2 rounds), "
             "kvserve's latency over llama.cpp's llama-server's (\"b1\"): P99 TPOT 0.80x") \
         in quantized
+    assert "| one prompt," not in quantized  # no prompt timed: no prompt table
+    decode["result"]["files"]["bench-8b-q4_k_m.gguf"]["prompt"] = {
+        "tokens": 512, "kvserve_tok_s": [9.0, 11.0, 10.0], "llamacpp_tok_s": [8.0] * 3,
+        "ratio": ratio}
+    (results / "decode-8b.json").write_text(json.dumps(decode))
+    readme = published.readme_section(published.load_results(tmp_path))
+    assert "| bench-8b Q4_K_M pp512 | 10.0 | 8.0 | 0.80x (0.70–0.90) |" in readme
 
 
 def _judged(bpb: float, repeating: int, chat: int) -> dict:

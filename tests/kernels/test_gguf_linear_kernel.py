@@ -111,6 +111,44 @@ def test_int8_activations_q8_0_with_an_odd_block_count(rows):
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
 
 
+ROUNDED = {"Q8_0": rounded_rows, "Q4_K": rounded_rows_q8_k, "Q5_K": rounded_rows_q8_k,
+           "Q6_K": rounded_rows_q8_k}
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_X4", "Q5_K_X4",
+                                  "Q6_K_X4"])
+@pytest.mark.parametrize("rows", [9, 37, 70])  # past ROW_BLOCK (32), and not whole steps
+def test_a_prompt_chunk_of_int8_rows_sums_each_row_as_alone(build, request, kind, rows):
+    """Many rows (a prompt chunk): the rounded rows' products; in runs of four rows, each
+    row's sums bit for bit what it gets on its own (a decode step), whichever rows share
+    its pass (the file's layouts have one-row kernels of their own, summing in another
+    order)."""
+    plain = kind.removesuffix("_X4")
+    n, k = 20, 512
+    blocks = weight(plain, n, k, seed=rows)
+    data = blocks if plain == kind else kernels.gguf_repack_k_x4(blocks, plain, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    want = ROUNDED[plain](x).double() @ dequantize(blocks, plain, (n, k)).double().t()
+    wide = torch.full((rows, n + 6), 7.0)
+    if request.node.callspec.params["build"] == "plain-c":  # no integer kernels: the caller's
+        assert not build.gguf_rows_int8(x, data, FORMAT_CODES[kind], wide[:, 3:3 + n])
+        return
+    assert build.gguf_rows_int8(x, data, FORMAT_CODES[kind], wide[:, 3:3 + n])
+    got = wide[:, 3:3 + n]
+    assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
+    assert (wide[:, :3] == 7.0).all() and (wide[:, 3 + n:] == 7.0).all()
+    for r in (0, rows // 2, rows - 1) if kind != plain else ():
+        alone = torch.empty(1, n)
+        build.gguf_rows(x[r:r + 1], data, FORMAT_CODES[kind], alone, int8_activations=True)
+        assert torch.equal(alone[0], got[r])
+
+
+def test_a_format_without_an_integer_kernel_is_left_to_the_caller():
+    blocks = weight("Q4_0", 8, 256, seed=2)
+    assert not kernels.gguf_rows_int8(torch.randn(12, 256), blocks, FORMAT_CODES["Q4_0"],
+                                      torch.empty(12, 8))
+
+
 # file format: runs, bytes
 RUNS = {"Q4_K": ("Q4_K_X4", 148), "Q5_K": ("Q5_K_X4", 180), "Q6_K": ("Q6_K_X4", 210)}
 

@@ -2,7 +2,8 @@
 parts come in different formats (as a Q4_K_M file's q, k and v do) and in float,
 computed on few rows (the native kernel), on many (dequantized tiles) and without
 kernels, against the layer's dequantized float weight (with float activations: the int8
-ones are the kernel tests'); the rows a llama file permutes."""
+ones are the kernel tests'); a prompt chunk with int8 activations row for row as decode
+steps; the rows a llama file permutes."""
 from __future__ import annotations
 
 import pytest
@@ -46,6 +47,29 @@ def fused_layer(bias: bool) -> tuple[Linear, torch.Tensor]:
 def test_a_fused_layer_of_mixed_formats_computes_its_float_weight(rows, native, bias):
     layer, dense = fused_layer(bias)
     assert_layer_computes(layer, dense, rows, native)
+
+
+def test_a_prompt_chunk_rounds_its_rows_as_decode_steps_do():
+    """With int8 activations a prompt chunk (more rows than a decode step) is computed on
+    the blocks as decode rows are, each row's outputs bit for bit those of a step of eight
+    rows; with float ones, on dequantized tiles."""
+    from kvserve.kernels import load_kernels
+    from kvserve.model.execution import ExecutionMode
+    kernels = load_kernels()
+    if not kernels.available:
+        pytest.fail(f"the native kernels did not build: {kernels.reason}")
+    layer, dense = fused_layer(bias=True)
+    layer.method.int8_activations = True
+    layer.configure(ExecutionMode(kernels=kernels))
+    x = torch.randn(40, K, generator=torch.Generator().manual_seed(3))
+    chunk = layer(x)
+    assert torch.equal(chunk, torch.cat([layer(x[r:r + 8]) for r in range(0, 40, 8)]))
+    floats = torch.nn.functional.linear(x.double(), dense.double(), layer.bias.double())
+    error = (chunk.double() - floats).abs().max() / floats.abs().max()
+    assert 1e-5 < error < 2e-2  # rounded, and only by the rounding
+    layer.method.int8_activations = False
+    error = (layer(x).double() - floats).abs().max() / floats.abs().max()
+    assert error < 2e-6
 
 
 def test_a_part_of_another_shape_is_refused():

@@ -17,8 +17,8 @@ tokens that file lists, chunk by chunk, with prompt logprobs. Reported per file:
 - each one's top-1 agreement with exact arithmetic: transformers loading the same file
   (``gguf_file=``, which dequantizes every tensor) and computing in float64, so that a
   disagreement between the two is laid at the door of the one that strays from the file's
-  own numbers (llama.cpp rounds activations to 8 bits against quantized blocks, keeps
-  its KV cache in f16).
+  own numbers (both round activations to 8 bits against quantized blocks, kvserve unless
+  run with ``gguf_activations=float``; llama.cpp's flash attention keeps f16 values).
 """
 from __future__ import annotations
 

@@ -8,6 +8,12 @@ Each round times both systems on each file, one after the other:
 - llama.cpp: ``llama-bench -p 0 -n TOKENS -r 1`` (its tg test: each token one decode
   call, from its own warm-up), its rate as it reports it.
 
+With ``--prompt-tokens N`` each round also times one prompt of N tokens:
+
+- kvserve: one request of N tokens (the prefix cache emptied first) to its first token,
+  N over that time;
+- llama.cpp: ``llama-bench -p N -n 0 -r 1`` (its pp test), its rate as it reports it.
+
 A file's figure is the median of its rounds' ratios (kvserve over llama.cpp). The floor
 is the bytes one decode step must read, the file's weights that take part in a matmul
 (every tensor but the token embedding, unless the embedding is the LM head too), over
@@ -75,9 +81,25 @@ def kvserve_decode_rate(llm, tokens: int, prompt: Sequence[int],
     return steps / (time.perf_counter() - start)
 
 
+def kvserve_prompt_rate(llm, prompt: Sequence[int]) -> float:
+    """Tokens per second of one prompt computed from nothing (the prefix cache emptied),
+    up to its first token."""
+    from kvserve import SamplingParams
+
+    engine = llm.engine
+    engine.reset_prefix_cache()
+    request_id = f"gguf-prompt-{time.monotonic_ns()}"
+    start = time.perf_counter()
+    engine.add_request(request_id, {"prompt_token_ids": list(prompt)},
+                       SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return len(prompt) / (time.perf_counter() - start)
+
+
 def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens: int,
                     threads: int, engine_args: dict[str, Any], depth: int = 0,
-                    log=print) -> dict[str, Any]:
+                    prompt_tokens: int = 0, log=print) -> dict[str, Any]:
     from kvserve.bench.instruments.roofline import measure_stream_bandwidth
     from kvserve.bench.instruments.throughput import load_llm
     from kvserve.bench.peers.llamacpp import run_llama_bench
@@ -90,7 +112,11 @@ def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens
             prompt = context_prompt(llm.engine.tokenizer.bos_token_id or 0, depth,
                                     llm.engine.vocab_size)
             kvserve_decode_rate(llm, 16, prompt)  # warm (and a deep context computed once)
+            if prompt_tokens:  # ids counted up from BOS, as the context's
+                long_prompt = context_prompt(prompt[0], prompt_tokens - 1, llm.engine.vocab_size)
+                kvserve_prompt_rate(llm, long_prompt)  # warm
             ours, theirs, round_bandwidth = [], [], []
+            ours_pp, theirs_pp = [], []
             watch = {"kvserve": CpuSampler(), "llama-bench": None}
             for r in range(rounds):
                 round_bandwidth.append(measure_stream_bandwidth())
@@ -106,6 +132,13 @@ def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens
                 log(f"  {path.name} round {r + 1}/{rounds}: kvserve {ours[-1]:.2f} tok/s, "
                     f"llama.cpp {theirs[-1]:.2f} tok/s, streaming read "
                     f"{round_bandwidth[-1]:.1f} GB/s")
+                if prompt_tokens:
+                    with watch["kvserve"]:
+                        ours_pp.append(kvserve_prompt_rate(llm, long_prompt))
+                    theirs_pp.append(run_llama_bench(llama_bench, path, threads, repetitions=1,
+                                                     prompt=prompt_tokens)["pp_tok_s"])
+                    log(f"  {path.name} round {r + 1}/{rounds}: pp{prompt_tokens} kvserve "
+                        f"{ours_pp[-1]:.1f} tok/s, llama.cpp {theirs_pp[-1]:.1f} tok/s")
         finally:
             llm.engine.close()
         cpus[path.name] = {"kvserve": watch["kvserve"].usage.to_dict(),
@@ -127,11 +160,18 @@ def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens
             **{f"{name}_step_ms": ms for name, ms in step.items()},
             **{f"{name}_vs_stream_floor": r.median for name, r in vs_floor.items()},
             "vs_stream_floor": vs_floor}
+        if prompt_tokens:
+            results[path.name]["prompt"] = {
+                "tokens": prompt_tokens, "kvserve_tok_s": ours_pp, "llamacpp_tok_s": theirs_pp,
+                "ratio": paired_ratio(ours_pp, theirs_pp)}
+            log(f"{path.name}: pp{prompt_tokens} kvserve / llama.cpp "
+                f"{describe_ratio(results[path.name]['prompt']['ratio'])}")
         log(f"{path.name}: kvserve / llama.cpp {describe_ratio(ratio)}; steps "
             f"{step['kvserve']:.1f} / {step['llamacpp']:.1f} ms, "
             f"{vs_floor['kvserve'].median:.2f}x / {vs_floor['llamacpp'].median:.2f}x their "
             "rounds' floors")
-    return {"tokens": tokens, "depth": depth, "rounds": rounds, "threads": threads,
+    return {"tokens": tokens, "depth": depth, "prompt_tokens": prompt_tokens,
+            "rounds": rounds, "threads": threads,
             "engine_args": engine_args, "stream_bandwidth_gbs": statistics.median(bandwidths),
             "llamacpp_build": build, "files": results, "cpus": cpus}
 
@@ -151,16 +191,24 @@ def cmd_gguf_decode(args: argparse.Namespace) -> int:
     threads = args.threads or engine_args.get("num_threads") or physical_cores()
     info = _header("kvserve gguf-decode", {"files": [f.name for f in files],
                                            "tokens": args.tokens, "depth": args.depth,
+                                           "prompt_tokens": args.prompt_tokens,
                                            "rounds": args.rounds,
                                            "threads": threads, "engine_args": engine_args})
     res = run_gguf_decode(files, args.llama_bench, args.rounds, args.tokens, threads,
-                          engine_args, depth=args.depth)
+                          engine_args, depth=args.depth, prompt_tokens=args.prompt_tokens)
     print(report.format_table(
         ["file", "kvserve tok/s", "llama.cpp tok/s", "kvserve / llama.cpp",
          "kvserve vs floor", "llama.cpp vs floor"],
         [(name, statistics.median(r["kvserve_tok_s"]), statistics.median(r["llamacpp_tok_s"]),
           ratio_cell(r["ratio"]), r["kvserve_vs_stream_floor"], r["llamacpp_vs_stream_floor"])
          for name, r in res["files"].items()]))
+    if args.prompt_tokens:
+        print(report.format_table(
+            ["file", f"pp{args.prompt_tokens} kvserve tok/s", "llama.cpp tok/s",
+             "kvserve / llama.cpp"],
+            [(name, statistics.median(p["kvserve_tok_s"]), statistics.median(p["llamacpp_tok_s"]),
+              ratio_cell(p["ratio"]))
+             for name, p in ((n, r["prompt"]) for n, r in res["files"].items())]))
     if args.json:
         out = {"machine": info, "model": args.model_name or files[0].stem, "result": res}
         print(f"wrote {report.write_json(args.json, out)}")
@@ -184,6 +232,9 @@ def add_gguf_decode_parser(sub: Any) -> None:
     p.add_argument("--depth", type=int, default=0,
                    help="context tokens before the timed steps, as llama-bench's -d: the "
                         "steps then attend to them (default 0)")
+    p.add_argument("--prompt-tokens", type=int, default=0,
+                   help="also time one prompt of this many tokens a round, as llama-bench's "
+                        "-p N -n 0 (default 0: decode only)")
     p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--threads", type=int, default=None,
                    help="llama.cpp threads (default: kvserve's, the physical cores)")

@@ -234,22 +234,29 @@ LLAMA_BENCH_AGREEMENT = 0.10  # llama-bench and the runner must agree within thi
 
 
 def run_llama_bench(binary: str, gguf: Path, threads: int, tokens: int = MAX_NEW_TOKENS,
-                    repetitions: int = 5, depth: int = 0) -> dict[str, Any]:
+                    repetitions: int = 5, depth: int = 0, prompt: int = 0) -> dict[str, Any]:
     """llama.cpp's own ``llama-bench`` on the same file and threads: tg``tokens`` (decode
     only, after ``depth`` context tokens it does not time), its mean tokens/s, its build,
-    and the CPUs its threads ran on."""
-    cmd = [binary, "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads),
-           "-r", str(repetitions), "-o", "json"] + (["-d", str(depth)] if depth else [])
+    and the CPUs its threads ran on. With ``prompt``, pp``prompt`` instead (one prompt of
+    that many tokens, computed in one batch): ``pp_tok_s``."""
+    cmd = [binary, "-m", str(gguf), "-p", str(prompt), "-n", "0" if prompt else str(tokens),
+           "-t", str(threads), "-r", str(repetitions), "-o", "json"] + (
+        ["-d", str(depth)] if depth else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with CpuSampler(proc.pid) as sampler:
         stdout, stderr = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"llama-bench failed (exit {proc.returncode}): {stderr[-2000:]}")
+    want = (prompt, 0) if prompt else (0, tokens)
     record = next(r for r in json.loads(stdout)
-                  if r.get("n_gen") == tokens and r.get("n_depth", 0) == depth)
-    return {"command": " ".join(cmd[:1] + ["-m", "MODEL.gguf"] + cmd[3:]),
-            "tg_tok_s": float(record["avg_ts"]), "tg_stddev_tok_s": float(record["stddev_ts"]),
-            "n_gen": tokens, "n_depth": depth, "n_threads": int(record["n_threads"]),
+                  if (r.get("n_prompt", 0), r.get("n_gen")) == want
+                  and r.get("n_depth", 0) == depth)
+    rate = ({"pp_tok_s": float(record["avg_ts"]), "pp_stddev_tok_s": float(record["stddev_ts"]),
+             "n_prompt": prompt} if prompt else
+            {"tg_tok_s": float(record["avg_ts"]), "tg_stddev_tok_s": float(record["stddev_ts"]),
+             "n_gen": tokens})
+    return {"command": " ".join(cmd[:1] + ["-m", "MODEL.gguf"] + cmd[3:]), **rate,
+            "n_depth": depth, "n_threads": int(record["n_threads"]),
             "version": tool_version(binary), "build_commit": record.get("build_commit"),
             "build_number": record.get("build_number"), "build_flags": cmake_build_flags(binary),
             "cpu_info": record.get("cpu_info"), "cpus": sampler.usage.to_dict()}

@@ -226,8 +226,20 @@ def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
                      f"\"{build.get('version') or 'unknown'}\" (GGML_NATIVE="
                      f"{(build.get('build_flags') or {}).get('GGML_NATIVE', '?')}), "
                      f"{_provenance(res, base)}")
+    prompts = [(res, name, f["prompt"]) for res in models
+               for name, f in res.data["result"]["files"].items() if "prompt" in f]
+    if prompts:
+        lines += ["", f"| one prompt, {'/'.join(map(str, sorted(threads)))} threads | "
+                  "kvserve tok/s | llama.cpp tok/s | kvserve against it |", "|---|---|---|---|"]
+        for res, name, pp in prompts:
+            kind = _GGUF_TYPES.get(name.removesuffix(".gguf").rsplit("-", 1)[-1], name)
+            median = {k: sorted(pp[k])[len(pp[k]) // 2] for k in ("kvserve_tok_s", "llamacpp_tok_s")}
+            lines.append(f"| {res.data.get('model')} {kind} pp{pp['tokens']} | "
+                         f"{median['kvserve_tok_s']:.1f} | {median['llamacpp_tok_s']:.1f} | "
+                         f"{_ratio(pp['ratio'])} |")
     return lines + ["", "Random weights (`make-model --format gguf-...`, quantized by "
-                    "llama-quantize); llama.cpp: `llama-bench` tgN; floor: a step's weight "
+                    "llama-quantize); llama.cpp: `llama-bench` tgN (ppN: `-p N -n 0`, against "
+                    "kvserve's time from a prompt's arrival to its first token); floor: a step's weight "
                     "bytes over the streaming read (after a context, a step also reads its K/V, "
                     "which the floor leaves out) (`bench gguf-decode`; " + "; ".join(notes)
                     + ")."]

@@ -6,10 +6,12 @@ qkv_proj, each in its own format, as a Q4_K_M file keeps some in Q6_K), never a 
 copy (16-bit float weights too: BF16 and F16 stay two bytes a weight). A step of up to
 ``NATIVE_MAX_ROWS`` rows (decode) runs the native kernel, which
 decodes each block in registers and uses it for every row
-(``kvserve/kernels/gguf_linear.c``); a longer step (a prompt chunk) decodes
-``TILE_ROWS`` weight rows at a time to float32 and multiplies them with torch's GEMM,
-so the float copy is one tile, reused across all of the step's rows. A part the file
-stores in F32 (llama.cpp keeps small tensors so) is a float buffer, multiplied as is.
+(``kvserve/kernels/gguf_linear.c``). A longer step (a prompt chunk) runs the same
+kernels with int8 activations, where the format has them (Q8_0 and the K formats);
+otherwise it decodes ``TILE_ROWS`` weight rows at a time to float32 and multiplies them
+with torch's GEMM, so the float copy is one tile, reused across all of the step's rows.
+A part the file stores in F32 (llama.cpp keeps small tensors so) is a float buffer,
+multiplied as is.
 
 With the native kernels, a Q4_K, Q5_K or Q6_K part is rearranged once, when the layer is
 configured, into runs of four rows (``Q4_K_X4``, ``Q5_K_X4``, ``Q6_K_X4``:
@@ -74,7 +76,7 @@ class GGUFLinearMethod(LinearMethod):
         self.embeddings: list[BlockEmbedding | None] = [None] * len(shard_rows)
         self.repacked_by = None  # the kernels that made the parts in runs of four rows
         self.native = None  # kvserve.kernels.Kernels, when configured with them
-        # decode rows rounded to int8 per 32 values and multiplied in integers, as
+        # rows (decode and prompt) rounded to int8 and multiplied in integers, as
         # llama.cpp does (Q8_0 and K-format parts, AVX2); False: in float, which equals
         # dequantize-then-multiply up to float rounding
         self.int8_activations = True
@@ -155,10 +157,12 @@ class GGUFLinearMethod(LinearMethod):
             cols = out[:, start:start + rows]
             if kind == "float":
                 cols.copy_(F.linear(x, data.to(x.dtype)))
-            elif (self.native is not None and x.shape[0] <= NATIVE_MAX_ROWS
-                  and x.device.type == "cpu"):
+            elif self.native is None or x.device.type != "cpu":
+                self._tiled(x, kind, data, layer.in_features, cols)
+            elif x.shape[0] <= NATIVE_MAX_ROWS:
                 self.native.gguf_rows(x, data, FORMAT_CODES[kind], cols, self.int8_activations)
-            else:
+            elif not (self.int8_activations
+                      and self.native.gguf_rows_int8(x, data, FORMAT_CODES[kind], cols)):
                 self._tiled(x, kind, data, layer.in_features, cols)
         if layer.bias is not None:
             out += layer.bias.float()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvserve.bench.cli import main
-from kvserve.bench.experiments.gguf_decode import context_prompt, kvserve_decode_rate
+from kvserve.bench.experiments.gguf_decode import context_prompt, kvserve_decode_rate, \
+    kvserve_prompt_rate
 from kvserve.bench.workloads.gguf_models import make_gguf_bench_model
 from kvserve.bench.workloads.models import BenchModelSpec
 from kvserve.default_model import default_model_dir
@@ -34,6 +35,22 @@ def test_only_the_decode_steps_after_a_deep_context_are_timed(llama_dir):
     assert not engine.has_unfinished_requests()
 
 
+def test_a_timed_prompt_is_computed_whole_every_time(llama_dir):
+    """The prefix cache is emptied first: each call computes all of the prompt's chunks."""
+    from kvserve import LLM
+
+    llm = LLM(llama_dir, block_size=4, max_num_batched_tokens=32)
+    engine, steps = llm.engine, []
+    step = engine.step
+    engine.step = lambda: steps.append(1) or step()
+    prompt = context_prompt(1, 79, engine.vocab_size)
+    for _ in range(2):
+        steps.clear()
+        assert kvserve_prompt_rate(llm, prompt) > 0
+        assert len(steps) == 3  # chunks of 32, 32 and 16 tokens; the last gives the token
+    assert not engine.has_unfinished_requests()
+
+
 # big enough that each system runs long enough for its threads to be seen on every core
 SEEN_ON_BOTH_CORES = BenchModelSpec(1024, 4, 8, 4, 2816)
 
@@ -54,7 +71,7 @@ def _gguf_decode(tmp_path, spec: BenchModelSpec, *options: str) -> dict:
 @pytest.mark.slow
 def test_both_systems_decode_the_same_file_on_the_same_cores(tmp_path):
     res = _gguf_decode(tmp_path, SEEN_ON_BOTH_CORES, "--rounds", "2",
-                       "--tokens", "128")
+                       "--tokens", "128", "--prompt-tokens", "64")
     row = res["files"]["tiny-q8_0.gguf"]
     assert len(row["kvserve_tok_s"]) == len(row["llamacpp_tok_s"]) == 2
     assert all(rate > 0 for rate in row["kvserve_tok_s"] + row["llamacpp_tok_s"])
@@ -68,6 +85,9 @@ def test_both_systems_decode_the_same_file_on_the_same_cores(tmp_path):
     assert cpus["kvserve"]["ran_on"] and cpus["llama-bench"]["allowed"] == \
         cpus["kvserve"]["allowed"]
     assert res["llamacpp_build"]["build_commit"]
+    pp = row["prompt"]  # one prompt of 64 tokens a round, timed by both
+    assert pp["tokens"] == res["prompt_tokens"] == 64 and pp["ratio"]["rounds"] == 2
+    assert all(rate > 0 for rate in pp["kvserve_tok_s"] + pp["llamacpp_tok_s"])
 
 
 @pytest.mark.slow

@@ -86,6 +86,16 @@ def test_llama_bench_at_a_depth_reads_that_record(tmp_path):
     assert out["command"].endswith("-d 512")
 
 
+def test_llama_bench_prompt_processing_reads_the_pp_record(tmp_path):
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\ncat <<'JSON'\n[{\"n_prompt\": 512, \"n_gen\": 0, \"n_depth\": 0, "
+                    "\"avg_ts\": 65.2, \"stddev_ts\": 3.0, \"n_threads\": 2}]\nJSON\n")
+    fake.chmod(0o755)
+    out = llamacpp.run_llama_bench(str(fake), tmp_path / "m.gguf", threads=2, prompt=512)
+    assert out["pp_tok_s"] == 65.2 and out["n_prompt"] == 512 and "tg_tok_s" not in out
+    assert "-p 512 -n 0 -t 2" in out["command"]
+
+
 def test_llama_bench_and_the_runner_must_agree_or_say_why():
     bench = {"tg_tok_s": 100.0}
     near = llamacpp.llama_bench_check(bench, [{"decode_tok_s": 95.0}, {"decode_tok_s": 97.0}])
