@@ -86,25 +86,57 @@ static inline __m256i fifth_bits(__m256i qh, int s) {
                             bit4);
 }
 
+/* The codes of eighth u of chunk c of a group (sub-blocks 2c, 2c + 1 of rows 0..3, 8
+ * bytes each): the low nibbles (and fifth bits) in lo, the high in hi, one byte a code. */
+static inline __attribute__((always_inline)) void k_x4_codes(int five, const uint8_t *g,
+                                                             int c, int u, __m256i *lo,
+                                                             __m256i *hi) {
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 80 + 32 * (4 * c + u)));
+    *lo = _mm256_and_si256(q, low4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+    if (five) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(g + X4_GROUP_BYTES + 32 * u));
+        *lo = _mm256_or_si256(*lo, fifth_bits(qh, 2 * c));
+        *hi = _mm256_or_si256(*hi, fifth_bits(qh, 2 * c + 1));
+    }
+}
+
+/* A run's codes one byte each (k_x4_codes's lo and hi of each (c, u), X4_CODES_BYTES a
+ * group), decoded once for the many rows of a prompt chunk. */
+#define X4_CODES_BYTES 1024
+static void k_x4_decode(int five, const uint8_t *g, int64_t k, uint8_t *codes) {
+    const int group = five ? X5_GROUP_BYTES : X4_GROUP_BYTES;
+    for (int64_t i = 0; i < k / 256; i++, g += group, codes += X4_CODES_BYTES)
+        for (int c = 0; c < 4; c++)
+            for (int u = 0; u < 4; u++) {
+                __m256i lo, hi;
+                k_x4_codes(five, g, c, u, &lo, &hi);
+                _mm256_storeu_si256((__m256i *)(codes + 64 * (4 * c + u)), lo);
+                _mm256_storeu_si256((__m256i *)(codes + 64 * (4 * c + u) + 32), hi);
+            }
+}
+
 /* The four rows of a run against `rows` Q8_K rows (1-4; k values each, row r's at
  * xq + r * k, its scales and 16-sums at xd + r * (k / 256), bsums + r * (k / 16)):
  * out[r * out_stride + 0..3]. Each weight load and decode serves every x row; each x
  * row's sums are those it gets alone (integers, then the same float operations in the
  * same order). The sums run in lanes r0 r0 r1 r1 | r2 r2 r3 r3; each row's pair is added
- * at the end. five: Q5_K_X4. */
+ * at the end. five: Q5_K_X4. codes: the run's codes from k_x4_decode, or NULL to decode
+ * them here. */
 static inline __attribute__((always_inline)) void k_x4_q8k(
     int five, int rows, const int8_t *xq, const float *xd, const int16_t *bsums, int64_t k,
-    const uint8_t *g, float *out, int64_t out_stride) {
+    const uint8_t *g, const uint8_t *codes, float *out, int64_t out_stride) {
     const int group = five ? X5_GROUP_BYTES : X4_GROUP_BYTES;
     const int64_t nsb = k / 256;
     __m256 acc[4], acc_m[4];
     for (int r = 0; r < rows; r++) acc[r] = acc_m[r] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0xF);
     const __m256i d_lanes = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     const __m256i dmin_lanes = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t i = 0; i < nsb; i++, g += group) {
-        for (int line = 0; line < group; line += 64)
-            _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
+        if (!codes)
+            for (int line = 0; line < group; line += 64)
+                _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
         const __m256i scales = _mm256_loadu_si256((const __m256i *)(g + 16));
         const __m256i mins_lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 48)));
@@ -124,14 +156,13 @@ static inline __attribute__((always_inline)) void k_x4_q8k(
             for (int r = 0; r < rows; r++) p_lo[r] = p_hi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int u = 0; u < 4; u++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 80 + 32 * (4 * c + u)));
-                __m256i lo = _mm256_and_si256(q, low4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-                if (five) {
-                    const __m256i qh = _mm256_loadu_si256(
-                        (const __m256i *)(g + X4_GROUP_BYTES + 32 * u));
-                    lo = _mm256_or_si256(lo, fifth_bits(qh, 2 * c));
-                    hi = _mm256_or_si256(hi, fifth_bits(qh, 2 * c + 1));
+                __m256i lo, hi;
+                if (codes) {
+                    const uint8_t *at = codes + i * X4_CODES_BYTES + 64 * (4 * c + u);
+                    lo = _mm256_loadu_si256((const __m256i *)at);
+                    hi = _mm256_loadu_si256((const __m256i *)(at + 32));
+                } else {
+                    k_x4_codes(five, g, c, u, &lo, &hi);
                 }
                 for (int r = 0; r < rows; r++) {
                     const int8_t *x = xq + r * k + 256 * i + 64 * c + 8 * u;

@@ -32,6 +32,9 @@
 #include "vec_math.h"
 
 #define MAX_ROWS 8
+#ifndef X4_CODES_ROWS /* more rows than this: a run's codes decoded once for them */
+#define X4_CODES_ROWS 4
+#endif
 #ifndef ROW_BLOCK /* the rows of x (int8) a weight row is read once for */
 #define ROW_BLOCK 32
 #endif
@@ -86,29 +89,6 @@ static inline void scale_min_k4(int s, const uint8_t *q, float *sc, float *mn) {
 
 #include "gguf_k_x4.h"
 #include "gguf_q6_k_x4.h"
-
-/* The file's format of a runs-of-four-rows format */
-static inline int64_t runs_plain(int64_t fmt) {
-    return fmt == Q4_K_X4 ? Q4_K : fmt == Q5_K_X4 ? Q5_K : Q6_K;
-}
-
-/* Four rows of the file's format plain (Q4_K, Q5_K or Q6_K), row_bytes apart, into one
- * run of its runs-of-four-rows layout; and back. */
-static void runs_pack(int64_t plain, const uint8_t *rows, int64_t row_bytes, int64_t k,
-                      uint8_t *out) {
-    if (plain == Q6_K)
-        q6_k_x4_pack(rows, row_bytes, k, out);
-    else
-        k_x4_pack(plain == Q5_K, rows, row_bytes, k, out);
-}
-
-static void runs_unpack(int64_t plain, const uint8_t *run, int64_t k, uint8_t *rows,
-                        int64_t row_bytes) {
-    if (plain == Q6_K)
-        q6_k_x4_unpack(run, k, rows, row_bytes);
-    else
-        k_x4_unpack(plain == Q5_K, run, k, rows, row_bytes);
-}
 
 /* fmt is known and k whole blocks of it; for the runs of four rows, n whole runs of at
  * most X4_MAX_K values */
@@ -268,72 +248,7 @@ static gguf_activations rows_from(int64_t kind, const gguf_activations *a, int64
     return s;
 }
 
-#ifdef __AVX2__
-/* `rows` Q8_K rows (1-4; Q6_K_X4: 1-2) against one run: each count its own copy of the
- * loop, so the rows' sums stay in registers */
-static void x4_q8k_rows(int64_t fmt, int rows, const gguf_activations *a, int64_t k,
-                        const uint8_t *g, float *out, int64_t out_stride) {
-    const int8_t *xq = a->xq;
-    const float *xd = a->xd;
-    const int16_t *bs = a->bsums;
-    if (fmt == Q6_K_X4) {
-        if (rows == 2) q6_k_x4_q8k(2, xq, xd, bs, k, g, out, out_stride);
-        else q6_k_x4_q8k(1, xq, xd, bs, k, g, out, out_stride);
-    } else if (fmt == Q5_K_X4) {
-        switch (rows) {
-        case 4: k_x4_q8k(1, 4, xq, xd, bs, k, g, out, out_stride); break;
-        case 3: k_x4_q8k(1, 3, xq, xd, bs, k, g, out, out_stride); break;
-        case 2: k_x4_q8k(1, 2, xq, xd, bs, k, g, out, out_stride); break;
-        default: k_x4_q8k(1, 1, xq, xd, bs, k, g, out, out_stride);
-        }
-    } else {
-        switch (rows) {
-        case 4: k_x4_q8k(0, 4, xq, xd, bs, k, g, out, out_stride); break;
-        case 3: k_x4_q8k(0, 3, xq, xd, bs, k, g, out, out_stride); break;
-        case 2: k_x4_q8k(0, 2, xq, xd, bs, k, g, out, out_stride); break;
-        default: k_x4_q8k(0, 1, xq, xd, bs, k, g, out, out_stride);
-        }
-    }
-}
-#endif
-
-/* The runs of four rows (fmt Q4_K_X4, Q5_K_X4 or Q6_K_X4): Q8_K rows in registers (AVX2),
- * a few x rows at a time against each run (read from memory once per ROW_BLOCK rows,
- * then from cache: at most X4_MAX_K / 256 groups, 53 KiB); float x through each run
- * unpacked on the stack. */
-static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
-                           const gguf_activations *a, int64_t m, int64_t k, const uint8_t *w,
-                           int64_t n, float *y, int64_t y_stride) {
-    const int64_t plain = runs_plain(fmt);
-    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[fmt];
-#ifdef __AVX2__
-    if (kind == GGUF_ACT_Q8_K) {
-        const int64_t step = fmt == Q6_K_X4 ? 2 : 4;
-        for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK) {
-            const int64_t end = r0 + ROW_BLOCK < m ? r0 + ROW_BLOCK : m;
-#pragma omp for schedule(static) nowait
-            for (int64_t run = 0; run < n / 4; run++)
-                for (int64_t r = r0; r < end; r += step) {
-                    const gguf_activations rows = rows_from(kind, a, r, k);
-                    x4_q8k_rows(fmt, (int)(end - r < step ? end - r : step), &rows, k,
-                                w + run * run_bytes, y + r * y_stride + 4 * run, y_stride);
-                }
-        }
-        return;
-    }
-#endif
-    const int64_t row_bytes = k / 256 * BLOCK_BYTES[plain];
-    uint8_t rows[4 * X4_MAX_K / 256 * 210];
-#pragma omp for schedule(static) nowait
-    for (int64_t run = 0; run < n / 4; run++) {
-        runs_unpack(plain, w + run * run_bytes, k, rows, row_bytes);
-        for (int r = 0; r < 4; r++) {
-            float sums[MAX_ROWS];
-            one_row(x, kind, a, m, k, rows + r * row_bytes, plain, sums);
-            for (int64_t i = 0; i < m; i++) y[i * y_stride + 4 * run + r] = sums[i];
-        }
-    }
-}
+#include "gguf_runs.h"
 
 /* y[r * y_stride + j] = x[r, :] . dequantized w[j, :] for r < m, j < n, from x prepared
  * as kind (gguf_prepare_part), the threads splitting the weight rows. More than MAX_ROWS

@@ -61,6 +61,110 @@ static inline __m256i q6_x4_scale(__m128i quartet, int s) {
         12 + s, 12 + s)));
 }
 
+/* The codes of eighth u of half h of a group (rows 0..3, 8 bytes each) in the four
+ * quarters p of the half, one byte a code (0-63). */
+static inline __attribute__((always_inline)) void q6_x4_codes(const uint8_t *g, int h, int u,
+                                                              __m256i codes[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0xF), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *c = g + 96 * (4 * h + u);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)c);
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(c + 32));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(c + 64));
+    /* bits 2p, 2p + 1 of qh to bits 4, 5 (16-bit shifts: what crosses a byte lands
+     * outside bits 4-5) */
+    codes[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
+                               _mm256_and_si256(_mm256_slli_epi16(hb, 4), top2));
+    codes[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                               _mm256_and_si256(_mm256_slli_epi16(hb, 2), top2));
+    codes[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                               _mm256_and_si256(hb, top2));
+    codes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), top2));
+}
+
+/* A run's codes one byte each: for half h, eighth u, quarter p, 32 bytes at
+ * 128 (4h + u) + 32p of a group's X4_CODES_BYTES (gguf_k_x4.h), decoded once for the many
+ * rows of a prompt chunk. */
+static void q6_k_x4_decode(const uint8_t *g, int64_t k, uint8_t *codes) {
+    for (int64_t i = 0; i < k / 256; i++, g += X6_GROUP_BYTES, codes += X4_CODES_BYTES)
+        for (int h = 0; h < 2; h++)
+            for (int u = 0; u < 4; u++) {
+                __m256i c[4];
+                q6_x4_codes(g, h, u, c);
+                for (int p = 0; p < 4; p++)
+                    _mm256_storeu_si256((__m256i *)(codes + 128 * (4 * h + u) + 32 * p), c[p]);
+            }
+}
+
+/* A group's sums into one x row's accumulators (lanes r0 r0 r1 r1 | r2 r2 r3 r3): its
+ * products isum, and the codes' offset of 32 (the rows' scales against x's 16-sums bs),
+ * each times the rows' d and x's scale xd. */
+static inline void q6_x4_add_group(const __m128i quartet[4], const int16_t *bs, __m256 dw,
+                                   float xd, __m256i isum, __m256 *acc, __m256 *acc_off) {
+    __m256i off = _mm256_setzero_si256();
+    for (int q = 0; q < 4; q++) {
+        int64_t sums;
+        memcpy(&sums, bs + 4 * q, 8);
+        off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_cvtepi8_epi16(quartet[q]),
+                                                      _mm256_set1_epi64x(sums)));
+    }
+    const __m256 d = _mm256_permutevar8x32_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd)),
+                                              _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, *acc);
+    *acc_off = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off), d, *acc_off);
+}
+
+/* One x row's sums of the four rows into out[0..3] */
+static inline void q6_x4_store(__m256 acc, __m256 acc_off, float *out) {
+    const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(32.f), acc_off, acc);
+    const __m256 pairs = _mm256_hadd_ps(sums, sums); /* r0 r1 r0 r1 | r2 r3 r2 r3 */
+    _mm_storel_pi((__m64 *)out, _mm256_castps256_ps128(pairs));
+    _mm_storel_pi((__m64 *)(out + 2), _mm256_extractf128_ps(pairs, 1));
+}
+
+/* The four rows of a run against `rows` Q8_K rows (1-4) with the run's codes decoded
+ * (q6_k_x4_decode): q6_k_x4_q8k's sums, a quarter at a time across the rows. */
+static inline __attribute__((always_inline)) void q6_k_x4_q8k_decoded(
+    int rows, const int8_t *xq, const float *xd, const int16_t *bsums, int64_t k,
+    const uint8_t *g, const uint8_t *codes, float *out, int64_t out_stride) {
+    const int64_t nsb = k / 256;
+    __m256 acc[4], acc_off[4];
+    for (int r = 0; r < rows; r++) acc[r] = acc_off[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++, g += X6_GROUP_BYTES, codes += X4_CODES_BYTES) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadl_epi64((const __m128i *)(g + 832)));
+        __m128i quartet[4];
+        for (int q = 0; q < 4; q++) quartet[q] = _mm_loadu_si128((const __m128i *)(g + 768 + 16 * q));
+        __m256i isum[4];
+        for (int r = 0; r < rows; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+            for (int pair = 0; pair < 2; pair++)
+#pragma GCC unroll 4
+                for (int part = 0; part < 4; part++) { /* scale 8h + 2 part + pair */
+                    const int s = 8 * h + 2 * part + pair;
+                    const __m256i scale = q6_x4_scale(quartet[s / 4], s % 4);
+                    const uint8_t *c0 = codes + 128 * (4 * h + 2 * pair) + 32 * part;
+                    const __m256i code0 = _mm256_loadu_si256((const __m256i *)c0);
+                    const __m256i code1 = _mm256_loadu_si256((const __m256i *)(c0 + 128));
+                    for (int r = 0; r < rows; r++) {
+                        const int8_t *x = xq + r * k + 256 * i + 128 * h + 32 * part + 16 * pair;
+                        int64_t x0, x1;
+                        memcpy(&x0, x, 8);
+                        memcpy(&x1, x + 8, 8);
+                        const __m256i p = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(code0, _mm256_set1_epi64x(x0)),
+                            _mm256_maddubs_epi16(code1, _mm256_set1_epi64x(x1)));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scale));
+                    }
+                }
+        for (int r = 0; r < rows; r++)
+            q6_x4_add_group(quartet, bsums + r * (k / 16) + 16 * i, dw, xd[r * nsb + i],
+                            isum[r], &acc[r], &acc_off[r]);
+    }
+    for (int r = 0; r < rows; r++) q6_x4_store(acc[r], acc_off[r], out + r * out_stride);
+}
+
 /* The four rows of a run against `rows` Q8_K rows (1-2, laid out as k_x4_q8k's):
  * out[r * out_stride + 0..3], each x row's sums those it gets alone. The sums run in
  * lanes r0 r0 r1 r1 | r2 r2 r3 r3, as k_x4_q8k's. */
@@ -70,8 +174,6 @@ static inline __attribute__((always_inline)) void q6_k_x4_q8k(
     const int64_t nsb = k / 256;
     __m256 acc[2], acc_off[2];
     for (int r = 0; r < rows; r++) acc[r] = acc_off[r] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0xF), top2 = _mm256_set1_epi8(0x30);
-    const __m256i d_lanes = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     for (int64_t i = 0; i < nsb; i++, g += X6_GROUP_BYTES) {
         for (int line = 0; line < X6_GROUP_BYTES; line += 64)
             _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
@@ -90,21 +192,8 @@ static inline __attribute__((always_inline)) void q6_k_x4_q8k(
 #pragma GCC unroll 2
                 for (int e = 0; e < 2; e++) {
                     const int u = 2 * pair + e;
-                    const uint8_t *c = g + 96 * (4 * h + u);
-                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)c);
-                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(c + 32));
-                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(c + 64));
-                    /* bits 2p, 2p + 1 of qh to bits 4, 5 (16-bit shifts: what crosses a
-                     * byte lands outside bits 4-5) */
-                    const __m256i codes[4] = {
-                        _mm256_or_si256(_mm256_and_si256(l0, low4),
-                                        _mm256_and_si256(_mm256_slli_epi16(hb, 4), top2)),
-                        _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                        _mm256_and_si256(_mm256_slli_epi16(hb, 2), top2)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                        _mm256_and_si256(hb, top2)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), top2))};
+                    __m256i codes[4];
+                    q6_x4_codes(g, h, u, codes);
 #pragma GCC unroll 4
                     for (int part = 0; part < 4; part++)
                         for (int r = 0; r < rows; r++) {
@@ -123,26 +212,10 @@ static inline __attribute__((always_inline)) void q6_k_x4_q8k(
                 }
             }
         }
-        for (int r = 0; r < rows; r++) {
-            const int16_t *bs = bsums + r * (k / 16) + 16 * i;
-            __m256i off = _mm256_setzero_si256();
-            for (int q = 0; q < 4; q++) {
-                int64_t sums;
-                memcpy(&sums, bs + 4 * q, 8);
-                off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_cvtepi8_epi16(quartet[q]),
-                                                              _mm256_set1_epi64x(sums)));
-            }
-            const __m256 d = _mm256_permutevar8x32_ps(
-                _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nsb + i])), d_lanes);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), d, acc[r]);
-            acc_off[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off), d, acc_off[r]);
-        }
+        for (int r = 0; r < rows; r++)
+            q6_x4_add_group(quartet, bsums + r * (k / 16) + 16 * i, dw, xd[r * nsb + i],
+                            isum[r], &acc[r], &acc_off[r]);
     }
-    for (int r = 0; r < rows; r++) {
-        const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(32.f), acc_off[r], acc[r]);
-        const __m256 pairs = _mm256_hadd_ps(sums, sums); /* r0 r1 r0 r1 | r2 r3 r2 r3 */
-        _mm_storel_pi((__m64 *)(out + r * out_stride), _mm256_castps256_ps128(pairs));
-        _mm_storel_pi((__m64 *)(out + r * out_stride + 2), _mm256_extractf128_ps(pairs, 1));
-    }
+    for (int r = 0; r < rows; r++) q6_x4_store(acc[r], acc_off[r], out + r * out_stride);
 }
 #endif

@@ -117,7 +117,7 @@ ROUNDED = {"Q8_0": rounded_rows, "Q4_K": rounded_rows_q8_k, "Q5_K": rounded_rows
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_X4", "Q5_K_X4",
                                   "Q6_K_X4"])
-@pytest.mark.parametrize("rows", [9, 37, 70])  # past ROW_BLOCK (32), and not whole steps
+@pytest.mark.parametrize("rows", [9, 37, 71])  # past ROW_BLOCK (32); 1, 2 and 3 rows over
 def test_a_prompt_chunk_of_int8_rows_sums_each_row_as_alone(build, request, kind, rows):
     """Many rows (a prompt chunk): the rounded rows' products; in runs of four rows, each
     row's sums bit for bit what it gets on its own (a decode step), whichever rows share
