@@ -55,7 +55,7 @@ def test_kvserve_scores_the_embedded_models_gguf_files_as_llama_cpp_does():
         return run_gguf_agreement(
             Path(default_model_dir()), tree, str(llama_cpp_tool(tree, "llama-quantize")),
             str(llama_cpp_tool(tree, "llama-perplexity")), ["Q8_0", "Q4_K_M"], text, ctx=256,
-            chunks=6, threads=2,
+            chunks=16, threads=2,
             engine_args={"num_kv_blocks": 256, "gguf_activations": activations},
             log=lambda msg: None)["quants"]
 
@@ -66,8 +66,12 @@ def test_kvserve_scores_the_embedded_models_gguf_files_as_llama_cpp_does():
         assert r["kvserve_top1_agreement_with_exact"] >= 0.998, (quant, r)
     # by default it rounds activations to 8 bits against the blocks, as llama.cpp does:
     # both then stray from exact arithmetic by about as much (98-99 % top-1 on this small
-    # model's near ties), not at the same positions; bits per byte is the tight check
+    # model's near ties), not at the same positions, and agree with llama.cpp about as
+    # well as llama.cpp's two attention paths agree with each other (2000 positions:
+    # 1.5 points is 30 of them, about four standard deviations of the difference between the
+    # two counts of disagreements); bits per byte is the tight check
     for quant, r in scores("int8").items():
         assert r["kvserve_top1_agreement_with_exact"] >= 0.97, (quant, r)
         assert r["top1_agreement"] >= 0.97, (quant, r)
+        assert r["top1_agreement"] >= r["llamacpp_top1_agreement_with_fa_off"] - 0.015, (quant, r)
         assert abs(r["kvserve_over_llamacpp_bits_per_byte"] - 1) < 0.01, (quant, r)
