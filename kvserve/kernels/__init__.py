@@ -25,9 +25,11 @@ NATIVE_KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: 
 # activation dtypes of the RMSNorm and rotary kernels (SiLU-and-multiply: float32)
 NATIVE_ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
 PANEL_COLUMNS = 16  # output columns of one panel of gemm_panels' weight layout
-# the K formats kept in runs of four rows: gguf_linear.c's code for the file's format,
-# its bytes a super-block row, and the runs' bytes a super-block row
-K_RUNS = {"Q4_K": (2, 144, 148), "Q5_K": (3, 176, 180), "Q6_K": (4, 210, 210)}
+# the formats kept in runs of rows: gguf_linear.c's code for the file's format, the values
+# of its block, its bytes a block of a row, the runs' bytes a block of a row, and the rows
+# of a run
+RUNS = {"Q4_K": (2, 256, 144, 148, 4), "Q5_K": (3, 256, 176, 180, 4),
+        "Q6_K": (4, 256, 210, 210, 4), "Q8_0": (0, 32, 34, 34, 8)}
 
 
 class Kernels:
@@ -72,7 +74,7 @@ class Kernels:
         self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
         self._gguf_dequantize = bind(lib, "gguf_dequantize")
         self._gguf_dequantize_row = bind(lib, "gguf_dequantize_row")
-        self._gguf_repack_k_x4 = bind(lib, "gguf_repack_k_x4")
+        self._gguf_repack_runs = bind(lib, "gguf_repack_runs")
         self._int4_rows = bind(lib, "int4_rows")
         self._int4_dequantize = bind(lib, "int4_dequantize")
         self._bind_threads = bind(lib, "bind_omp_threads")
@@ -283,7 +285,7 @@ class Kernels:
 
     def gguf_dequantize_row(self, blocks, row: int, k: int, fmt: int):
         """float32 [k] of row ``row`` of GGUF blocks of format ``fmt`` (uint8 [N, bytes],
-        runs of four rows too): a token embedding's lookup, as the captured step makes it."""
+        runs of rows too): a token embedding's lookup, as the captured step makes it."""
         if not (blocks.dtype == torch.uint8 and blocks.is_contiguous()
                 and 0 <= row < blocks.shape[0]):
             raise ValueError(f"gguf_dequantize_row takes contiguous uint8 blocks and a row "
@@ -293,27 +295,28 @@ class Kernels:
                                   out=out.data_ptr())
         return out
 
-    def gguf_repack_k_x4(self, blocks, kind: str, k: int, unpack: bool = False):
-        """Q4_K, Q5_K or Q6_K rows (``kind``; uint8 [N, k/256 * 144, 176 or 210]) as runs
-        of four rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: uint8 [N, k/256 * 148, 180 or 210],
-        ``gguf_k_x4.h``, ``gguf_q6_k_x4.h``), or back with ``unpack``; None where this
+    def gguf_repack_runs(self, blocks, kind: str, k: int, unpack: bool = False):
+        """Q4_K, Q5_K, Q6_K or Q8_0 rows (``kind``; uint8 [N, k/256 * 144, 176 or 210;
+        k/32 * 34]) as runs of rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: four rows, uint8
+        [N, k/256 * 148, 180 or 210], ``gguf_k_x4.h``, ``gguf_q6_k_x4.h``; Q8_0_X8: eight
+        rows, the same bytes, ``gguf_q8_0_x8.h``), or back with ``unpack``; None where this
         build has no kernel for the runs (the rows stay as the file has them)."""
-        if kind not in K_RUNS:
-            raise ValueError(f"gguf_repack_k_x4 takes {', '.join(K_RUNS)} rows, not {kind}")
-        code, file_bytes, run_bytes = K_RUNS[kind]
-        width = k // 256 * (run_bytes if unpack else file_bytes)
+        if kind not in RUNS:
+            raise ValueError(f"gguf_repack_runs takes {', '.join(RUNS)} rows, not {kind}")
+        code, values, file_bytes, run_bytes, rows = RUNS[kind]
+        width = k // values * (run_bytes if unpack else file_bytes)
         if not (blocks.dtype == torch.uint8 and blocks.is_contiguous() and blocks.dim() == 2
                 and blocks.shape[1] == width):
-            raise ValueError(f"gguf_repack_k_x4 takes contiguous uint8 rows of {width} "
+            raise ValueError(f"gguf_repack_runs takes contiguous uint8 rows of {width} "
                              f"bytes for K={k}; got {blocks.dtype} {tuple(blocks.shape)}")
-        out = torch.empty((blocks.shape[0], k // 256 * (file_bytes if unpack else run_bytes)),
+        out = torch.empty((blocks.shape[0], k // values * (file_bytes if unpack else run_bytes)),
                           dtype=torch.uint8)
-        status = self._gguf_repack_k_x4(src=blocks.data_ptr(), n=blocks.shape[0], k=k,
-                                        fmt=code, dst=out.data_ptr(),
-                                        unpack=int(unpack))
+        status = self._gguf_repack_runs(src=blocks.data_ptr(), n=blocks.shape[0], k=k,
+                                        fmt=code, dst=out.data_ptr(), unpack=int(unpack))
         if status < 0:
-            raise ValueError(f"gguf_repack_k_x4: {blocks.shape[0]} rows of K={k} are not "
-                             "whole runs of four rows of whole blocks (K at most 16384)")
+            raise ValueError(f"gguf_repack_runs: {blocks.shape[0]} rows of K={k} are not "
+                             f"whole runs of {rows} rows of whole {kind} blocks (K at most "
+                             "16384)")
         return None if status else out
 
     def int4_rows(self, x, codes, scales, zeros, group: int, out) -> None:

@@ -1,5 +1,5 @@
 /* Q4_K and Q5_K rows four at a time (formats Q4_K_X4, Q5_K_X4): kvserve's own layout of a
- * GGUF Q4_K or Q5_K tensor, made once at load (gguf_repack_k_x4) so that one decode row's
+ * GGUF Q4_K or Q5_K tensor, made once at load (gguf_repack_runs) so that one decode row's
  * products serve four weight rows per instruction. Included by gguf_linear.c.
  *
  * Each run of four rows is k / 256 groups, one a super-block of 256 values of each of

@@ -15,13 +15,13 @@
  *   (maddubs/madd), each block's scales applied in integers, one float multiply a block;
  *   one row (a single stream's step) has its own loops, kept in registers. The weight
  *   rows are prefetched ahead. Any number of rows: a prompt chunk's are summed as a
- *   decode step's (in runs of four rows, bit for bit as each row alone).
+ *   decode step's (in runs of rows, bit for bit as each row alone).
  *
  * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K, 5 BF16, 6 F16 (the 16-bit floats, kept as
  * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4, 8 Q5_K_X4 and 9
- * Q6_K_X4 (Q4_K, Q5_K and Q6_K four rows interleaved, gguf_k_x4.h and gguf_q6_k_x4.h:
- * int8 rows against each run in registers, float rows through each run unpacked on the
- * stack). Output columns j land at y[r * y_stride + j], so the parts of a fused layer
+ * Q6_K_X4 (Q4_K, Q5_K and Q6_K four rows interleaved, gguf_k_x4.h and gguf_q6_k_x4.h),
+ * 10 Q8_0_X8 (Q8_0 eight rows interleaved, gguf_q8_0_x8.h): runs of rows, int8 rows
+ * against each run in registers, float rows through each run unpacked on the stack. Output columns j land at y[r * y_stride + j], so the parts of a fused layer
  * write their own columns.
  */
 #include <math.h>
@@ -43,11 +43,12 @@
 #endif
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, BF16 = 5, F16 = 6, Q4_K_X4 = 7,
-       Q5_K_X4 = 8, Q6_K_X4 = 9 };
+       Q5_K_X4 = 8, Q6_K_X4 = 9, Q8_0_X8 = 10 };
 
-/* BF16 and F16 rows are taken 32 values at a time, as a block */
-static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256, 256, 256};
-static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148, 180, 210};
+/* BF16 and F16 rows are taken 32 values at a time, as a block; a format in runs of rows
+ * (Q4_K_X4 on) counts a row's bytes a block */
+static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32};
+static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148, 180, 210, 34};
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
@@ -89,12 +90,16 @@ static inline void scale_min_k4(int s, const uint8_t *q, float *sc, float *mn) {
 
 #include "gguf_k_x4.h"
 #include "gguf_q6_k_x4.h"
+#include "gguf_q8_0_x8.h"
 
-/* fmt is known and k whole blocks of it; for the runs of four rows, n whole runs of at
- * most X4_MAX_K values */
+/* The rows of a run of fmt (a format in runs of rows) */
+static inline int64_t run_rows(int64_t fmt) { return fmt == Q8_0_X8 ? 8 : 4; }
+
+/* fmt is known and k whole blocks of it; for the runs of rows, n whole runs of at most
+ * X4_MAX_K values */
 static inline int valid_layout(int64_t fmt, int64_t k, int64_t n) {
-    return fmt >= 0 && fmt <= Q6_K_X4 && k % BLOCK_VALUES[fmt] == 0 &&
-           (fmt < Q4_K_X4 || (n % 4 == 0 && k <= X4_MAX_K));
+    return fmt >= 0 && fmt <= Q8_0_X8 && k % BLOCK_VALUES[fmt] == 0 &&
+           (fmt < Q4_K_X4 || (n % run_rows(fmt) == 0 && k <= X4_MAX_K));
 }
 
 /* One block of format fmt as floats. */
@@ -177,8 +182,9 @@ static void decode_block(int fmt, const uint8_t *b, float *out) {
  * float registers (up to 16384 values a row: the sums of a call live on its stack). */
 int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k) {
 #ifdef __AVX2__
-    if (int8_activations && fmt == Q8_0) return GGUF_ACT_Q8_0;
-    if (int8_activations && (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K || fmt >= Q4_K_X4))
+    if (int8_activations && (fmt == Q8_0 || fmt == Q8_0_X8)) return GGUF_ACT_Q8_0;
+    if (int8_activations && (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K ||
+                             (fmt >= Q4_K_X4 && fmt <= Q6_K_X4)))
         return GGUF_ACT_Q8_K;
 #endif
     (void)int8_activations;
@@ -258,7 +264,7 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
                     int64_t k, const uint8_t *w, int64_t n, int64_t fmt, float *y,
                     int64_t y_stride) {
     if (fmt >= Q4_K_X4) {
-        k_x4_rows_part(fmt, x, kind, a, m, k, w, n, y, y_stride);
+        runs_rows_part(fmt, x, kind, a, m, k, w, n, y, y_stride);
         return;
     }
     const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
@@ -343,14 +349,17 @@ int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_
  * many-row GEMMs multiply, a few rows of the weight at a time. */
 void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, float *out) {
     if (fmt >= Q4_K_X4) {
-        const int64_t plain = runs_plain(fmt), row_bytes = k / 256 * BLOCK_BYTES[plain];
-        uint8_t rows[4 * X4_MAX_K / 256 * 210];
+        const int64_t plain = runs_plain(fmt), per_run = run_rows(fmt), bv = BLOCK_VALUES[fmt];
+        const int64_t row_bytes = k / bv * BLOCK_BYTES[plain];
+        uint8_t rows[UNPACKED_BYTES];
 #pragma omp for schedule(static) nowait
-        for (int64_t run = 0; run < n / 4; run++) {
-            runs_unpack(plain, w + run * 4 * (k / 256) * BLOCK_BYTES[fmt], k, rows, row_bytes);
-            for (int64_t b = 0; b < 4 * (k / 256); b++)
-                decode_block((int)plain, rows + b * BLOCK_BYTES[plain], out + 4 * run * k + b * 256);
-        }
+        for (int64_t run = 0; run < n / per_run; run++)
+            for (int first = 0; first < per_run; first += 4) {
+                runs_unpack(plain, w + run * runs_bytes(fmt, k), k, first, rows, row_bytes);
+                for (int64_t b = 0; b < 4 * (k / bv); b++)
+                    decode_block((int)plain, rows + b * BLOCK_BYTES[plain],
+                                 out + (per_run * run + first) * k + b * bv);
+            }
         return;
     }
     const int64_t bv = BLOCK_VALUES[fmt], bb = BLOCK_BYTES[fmt], per_row = k / bv;
@@ -361,16 +370,19 @@ void gguf_dequantize_part(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, f
 }
 
 /* Row `row` of a weight of fmt blocks (k values a row) at w into out [k]: a token
- * embedding's lookup (of a run of four rows, the run unpacked on the stack first). */
+ * embedding's lookup (of a run of rows, its four rows holding it unpacked on the stack
+ * first). */
 void gguf_dequantize_row(const uint8_t *w, int64_t row, int64_t k, int64_t fmt, float *out) {
     const int64_t bv = BLOCK_VALUES[fmt], bb = BLOCK_BYTES[fmt];
     if (fmt >= Q4_K_X4) {
-        const int64_t plain = runs_plain(fmt), row_bytes = k / 256 * BLOCK_BYTES[plain];
-        uint8_t rows[4 * X4_MAX_K / 256 * 210];
-        runs_unpack(plain, w + row / 4 * 4 * (k / 256) * bb, k, rows, row_bytes);
-        for (int64_t b = 0; b < k / 256; b++)
-            decode_block((int)plain, rows + row % 4 * row_bytes + b * BLOCK_BYTES[plain],
-                         out + b * 256);
+        const int64_t plain = runs_plain(fmt), per_run = run_rows(fmt);
+        const int64_t row_bytes = k / bv * BLOCK_BYTES[plain], first = row % per_run / 4 * 4;
+        uint8_t rows[UNPACKED_BYTES];
+        runs_unpack(plain, w + row / per_run * runs_bytes(fmt, k), k, (int)first, rows,
+                    row_bytes);
+        for (int64_t b = 0; b < k / bv; b++)
+            decode_block((int)plain, rows + (row % per_run - first) * row_bytes
+                                         + b * BLOCK_BYTES[plain], out + b * bv);
         return;
     }
     for (int64_t b = 0; b < k / bv; b++)
@@ -381,31 +393,5 @@ int64_t gguf_dequantize(const uint8_t *w, int64_t n, int64_t k, int64_t fmt, flo
     if (!valid_layout(fmt, k, n)) return -1;
 #pragma omp parallel
     gguf_dequantize_part(w, n, k, fmt, out);
-    return 0;
-}
-
-/* n rows of blocks of the file's format fmt (Q4_K, Q5_K or Q6_K; k values each) into its
- * runs of four rows (dst: 148 / 144 as many bytes as src, Q5_K 180 / 176, Q6_K as many);
- * back again with unpack. Returns 0; 1 where this build has no kernel for the layout (no
- * AVX2: keep the file's); -1 for another format, n not whole runs, k not whole blocks or
- * over X4_MAX_K. */
-int64_t gguf_repack_k_x4(const uint8_t *src, int64_t n, int64_t k, int64_t fmt, uint8_t *dst,
-                         int64_t unpack) {
-    if ((fmt != Q4_K && fmt != Q5_K && fmt != Q6_K) || n % 4 || k % 256 || n < 0 ||
-        k > X4_MAX_K)
-        return -1;
-#ifndef __AVX2__
-    if (!unpack) return 1;
-#endif
-    const int64_t runs = fmt == Q4_K ? Q4_K_X4 : fmt == Q5_K ? Q5_K_X4 : Q6_K_X4;
-    const int64_t row_bytes = k / 256 * BLOCK_BYTES[fmt];
-    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[runs];
-#pragma omp parallel for schedule(static)
-    for (int64_t run = 0; run < n / 4; run++) {
-        if (unpack)
-            runs_unpack(fmt, src + run * run_bytes, k, dst + run * 4 * row_bytes, row_bytes);
-        else
-            runs_pack(fmt, src + run * 4 * row_bytes, row_bytes, k, dst + run * run_bytes);
-    }
     return 0;
 }

@@ -1,28 +1,71 @@
-/* The runs of four rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: gguf_k_x4.h, gguf_q6_k_x4.h) as a
- * layer's weight: the file's rows into runs and back, and the products of a step's rows
- * against them. Included by gguf_linear.c (after one_row and rows_from). */
+/* The runs of rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: gguf_k_x4.h, gguf_q6_k_x4.h; Q8_0_X8:
+ * gguf_q8_0_x8.h) as a layer's weight: the file's rows into runs and back, and the
+ * products of a step's rows against them. Included by gguf_linear.c (after one_row and
+ * rows_from). */
 
-/* The file's format of a runs-of-four-rows format */
+/* The file's format of a runs-of-rows format */
 static inline int64_t runs_plain(int64_t fmt) {
-    return fmt == Q4_K_X4 ? Q4_K : fmt == Q5_K_X4 ? Q5_K : Q6_K;
+    return fmt == Q4_K_X4 ? Q4_K : fmt == Q5_K_X4 ? Q5_K : fmt == Q6_K_X4 ? Q6_K : Q8_0;
 }
 
-/* Four rows of the file's format plain (Q4_K, Q5_K or Q6_K), row_bytes apart, into one
- * run of its runs-of-four-rows layout; and back. */
+/* The bytes of one run of fmt, rows of k values */
+static inline int64_t runs_bytes(int64_t fmt, int64_t k) {
+    return run_rows(fmt) * (k / BLOCK_VALUES[fmt]) * BLOCK_BYTES[fmt];
+}
+
+/* Room for four rows unpacked (runs_unpack), the longest rows of the widest format */
+#define UNPACKED_BYTES (4 * X4_MAX_K / 32 * 34)
+
+/* A run's rows of the file's format plain (Q4_K, Q5_K, Q6_K or Q8_0), row_bytes apart,
+ * into one run of its layout; and rows first..first + 3 of a run back (first 0 but for
+ * Q8_0's eight). */
 static void runs_pack(int64_t plain, const uint8_t *rows, int64_t row_bytes, int64_t k,
                       uint8_t *out) {
-    if (plain == Q6_K)
+    if (plain == Q8_0)
+        q8_0_x8_pack(rows, row_bytes, k, out);
+    else if (plain == Q6_K)
         q6_k_x4_pack(rows, row_bytes, k, out);
     else
         k_x4_pack(plain == Q5_K, rows, row_bytes, k, out);
 }
 
-static void runs_unpack(int64_t plain, const uint8_t *run, int64_t k, uint8_t *rows,
-                        int64_t row_bytes) {
-    if (plain == Q6_K)
+static void runs_unpack(int64_t plain, const uint8_t *run, int64_t k, int first,
+                        uint8_t *rows, int64_t row_bytes) {
+    if (plain == Q8_0)
+        q8_0_x8_unpack(run, k, first, 4, rows, row_bytes);
+    else if (plain == Q6_K)
         q6_k_x4_unpack(run, k, rows, row_bytes);
     else
         k_x4_unpack(plain == Q5_K, run, k, rows, row_bytes);
+}
+
+/* n rows of blocks of the file's format fmt (Q4_K, Q5_K, Q6_K or Q8_0; k values each)
+ * into its runs of rows (dst: 148 / 144 as many bytes as src, Q5_K 180 / 176, Q6_K and
+ * Q8_0 as many); back again with unpack. Returns 0; 1 where this build has no kernel for
+ * the layout (no AVX2: keep the file's); -1 for another format, n not whole runs, k not
+ * whole blocks or over X4_MAX_K. */
+int64_t gguf_repack_runs(const uint8_t *src, int64_t n, int64_t k, int64_t fmt, uint8_t *dst,
+                         int64_t unpack) {
+    if (fmt != Q4_K && fmt != Q5_K && fmt != Q6_K && fmt != Q8_0) return -1;
+    const int64_t runs = fmt == Q4_K ? Q4_K_X4 : fmt == Q5_K ? Q5_K_X4
+                       : fmt == Q6_K ? Q6_K_X4 : Q8_0_X8;
+    const int64_t per_run = run_rows(runs);
+    if (n % per_run || k % BLOCK_VALUES[fmt] || n < 0 || k > X4_MAX_K) return -1;
+#ifndef __AVX2__
+    if (!unpack) return 1;
+#endif
+    const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
+    const int64_t run_bytes = runs_bytes(runs, k);
+#pragma omp parallel for schedule(static)
+    for (int64_t run = 0; run < n / per_run; run++) {
+        if (unpack)
+            for (int first = 0; first < per_run; first += 4)
+                runs_unpack(fmt, src + run * run_bytes, k, first,
+                            dst + (run * per_run + first) * row_bytes, row_bytes);
+        else
+            runs_pack(fmt, src + run * per_run * row_bytes, row_bytes, k, dst + run * run_bytes);
+    }
+    return 0;
 }
 
 #ifdef __AVX2__
@@ -68,17 +111,38 @@ static void x4_q8k_rows(int64_t fmt, int rows, const gguf_activations *a, int64_
 }
 #endif
 
-/* The runs of four rows (fmt Q4_K_X4, Q5_K_X4 or Q6_K_X4): Q8_K rows in registers (AVX2),
- * a few x rows at a time against each run: up to X4_CODES_ROWS rows decoding the run's
- * codes as they go, more (a prompt chunk, a larger decode step) from the codes decoded
- * once per ROW_BLOCK rows into a buffer on the stack (the run read from memory once for
- * them); float x through each run unpacked on the stack. */
-static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
+/* The runs of rows (fmt Q4_K_X4 on): int8 rows in registers (AVX2), a few x rows at a
+ * time against each run, ROW_BLOCK rows of x for each time a run is read from memory.
+ * Q8_0_X8: four rows at a time. The K formats: up to X4_CODES_ROWS rows decoding the
+ * run's codes as they go, more (a prompt chunk, a larger decode step) from the codes
+ * decoded once into a buffer on the stack. Float x through each run unpacked on the
+ * stack. */
+static void runs_rows_part(int64_t fmt, const float *x, int64_t kind,
                            const gguf_activations *a, int64_t m, int64_t k, const uint8_t *w,
                            int64_t n, float *y, int64_t y_stride) {
-    const int64_t plain = runs_plain(fmt);
-    const int64_t run_bytes = 4 * (k / 256) * BLOCK_BYTES[fmt];
+    const int64_t plain = runs_plain(fmt), per_run = run_rows(fmt);
+    const int64_t run_bytes = runs_bytes(fmt, k);
 #ifdef __AVX2__
+    if (kind == GGUF_ACT_Q8_0 && fmt == Q8_0_X8) {
+        for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK) {
+            const int64_t end = r0 + ROW_BLOCK < m ? r0 + ROW_BLOCK : m;
+#pragma omp for schedule(static) nowait
+            for (int64_t run = 0; run < n / 8; run++)
+                for (int64_t r = r0; r < end; r += 4) {
+                    const gguf_activations rows = rows_from(kind, a, r, k);
+                    const int count = (int)(end - r < 4 ? end - r : 4);
+                    const uint8_t *g = w + run * run_bytes;
+                    float *out = y + r * y_stride + 8 * run;
+                    switch (count) { /* each count its own loop: the sums stay in registers */
+                    case 4: q8_0_x8_q8(4, rows.xq, rows.xd, k, g, out, y_stride); break;
+                    case 3: q8_0_x8_q8(3, rows.xq, rows.xd, k, g, out, y_stride); break;
+                    case 2: q8_0_x8_q8(2, rows.xq, rows.xd, k, g, out, y_stride); break;
+                    default: q8_0_x8_q8(1, rows.xq, rows.xd, k, g, out, y_stride);
+                    }
+                }
+        }
+        return;
+    }
     if (kind == GGUF_ACT_Q8_K) {
         const int decoded = m > X4_CODES_ROWS;
         const int64_t step = fmt == Q6_K_X4 && !decoded ? 2 : 4;
@@ -102,15 +166,17 @@ static void k_x4_rows_part(int64_t fmt, const float *x, int64_t kind,
         return;
     }
 #endif
-    const int64_t row_bytes = k / 256 * BLOCK_BYTES[plain];
-    uint8_t rows[4 * X4_MAX_K / 256 * 210];
+    const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[plain];
+    uint8_t rows[UNPACKED_BYTES];
 #pragma omp for schedule(static) nowait
-    for (int64_t run = 0; run < n / 4; run++) {
-        runs_unpack(plain, w + run * run_bytes, k, rows, row_bytes);
-        for (int r = 0; r < 4; r++) {
-            float sums[MAX_ROWS];
-            one_row(x, kind, a, m, k, rows + r * row_bytes, plain, sums);
-            for (int64_t i = 0; i < m; i++) y[i * y_stride + 4 * run + r] = sums[i];
+    for (int64_t run = 0; run < n / per_run; run++)
+        for (int first = 0; first < per_run; first += 4) {
+            runs_unpack(plain, w + run * run_bytes, k, first, rows, row_bytes);
+            for (int r = 0; r < 4; r++) {
+                float sums[MAX_ROWS];
+                one_row(x, kind, a, m, k, rows + r * row_bytes, plain, sums);
+                for (int64_t i = 0; i < m; i++)
+                    y[i * y_stride + per_run * run + first + r] = sums[i];
+            }
         }
-    }
 }

@@ -54,7 +54,7 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
         "gguf_rows_int8": ("i64", "x:ptr m:i64 k:i64 w:ptr n:i64 fmt:i64 y:ptr y_stride:i64"),
         "gguf_dequantize": ("i64", "w:ptr n:i64 k:i64 fmt:i64 out:ptr"),
         "gguf_dequantize_row": (None, "w:ptr row:i64 k:i64 fmt:i64 out:ptr"),
-        "gguf_repack_k_x4": ("i64", "src:ptr n:i64 k:i64 fmt:i64 dst:ptr unpack:i64"),
+        "gguf_repack_runs": ("i64", "src:ptr n:i64 k:i64 fmt:i64 dst:ptr unpack:i64"),
         "int4_rows": ("i64", "x:ptr m:i64 k:i64 codes:ptr scales:ptr zeros:ptr group:i64 "
                              "n:i64 y:ptr y_stride:i64"),
         "int4_dequantize": ("i64", "codes:ptr scales:ptr zeros:ptr group:i64 n:i64 k:i64 "

@@ -1,20 +1,20 @@
 """The GGUF block kernels (gguf_linear.c) on their native, AVX2 and plain-C builds: the
 few-row products against the float32 product of the torch dequantization, every format,
 every row count the kernel takes, output columns written into a wider matrix; the tile
-dequantization bit for bit; Q4_K, Q5_K and Q6_K rearranged in runs of four rows giving back
-the file's bytes and the same products; what it refuses."""
+dequantization bit for bit; Q4_K, Q5_K and Q6_K rearranged in runs of four rows, Q8_0 in
+runs of eight, giving back the file's bytes and the same products; what it refuses."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kvserve.kernels import load_kernels
-from kvserve.model.gguf.linear import FORMAT_CODES
+from kvserve.model.gguf.linear import FORMAT_CODES, FROM_RUNS, RUN_ROWS
 from kvserve.model.gguf.quants import BLOCKS, dequantize
 from tests.helpers import random_blocks
 
 kernels = load_kernels()
-FILE_KINDS = [kind for kind in FORMAT_CODES if not kind.endswith("_X4")]  # GGUF's own
+FILE_KINDS = [kind for kind in FORMAT_CODES if kind not in FROM_RUNS]  # GGUF's own
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
 
 
@@ -116,17 +116,17 @@ ROUNDED = {"Q8_0": rounded_rows, "Q4_K": rounded_rows_q8_k, "Q5_K": rounded_rows
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_X4", "Q5_K_X4",
-                                  "Q6_K_X4"])
+                                  "Q6_K_X4", "Q8_0_X8"])
 @pytest.mark.parametrize("rows", [9, 37, 71])  # past ROW_BLOCK (32); 1, 2 and 3 rows over
 def test_a_prompt_chunk_of_int8_rows_sums_each_row_as_alone(build, request, kind, rows):
-    """Many rows (a prompt chunk): the rounded rows' products; in runs of four rows, each
-    row's sums bit for bit what it gets on its own (a decode step), whichever rows share
-    its pass (the file's layouts have one-row kernels of their own, summing in another
+    """Many rows (a prompt chunk): the rounded rows' products; in runs of rows, each row's
+    sums bit for bit what it gets on its own (a decode step), whichever rows share its
+    pass (the file's layouts have one-row kernels of their own, summing in another
     order)."""
-    plain = kind.removesuffix("_X4")
-    n, k = 20, 512
+    plain = FROM_RUNS.get(kind, kind)
+    n, k = 24, 512
     blocks = weight(plain, n, k, seed=rows)
-    data = blocks if plain == kind else kernels.gguf_repack_k_x4(blocks, plain, k)
+    data = blocks if plain == kind else kernels.gguf_repack_runs(blocks, plain, k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     want = ROUNDED[plain](x).double() @ dequantize(blocks, plain, (n, k)).double().t()
     wide = torch.full((rows, n + 6), 7.0)
@@ -149,57 +149,65 @@ def test_a_format_without_an_integer_kernel_is_left_to_the_caller():
                                       torch.empty(12, 8))
 
 
-# file format: runs, bytes
-RUNS = {"Q4_K": ("Q4_K_X4", 148), "Q5_K": ("Q5_K_X4", 180), "Q6_K": ("Q6_K_X4", 210)}
+# file format: its runs, and the runs' bytes a block of a row
+RUNS = {"Q4_K": ("Q4_K_X4", 148), "Q5_K": ("Q5_K_X4", 180), "Q6_K": ("Q6_K_X4", 210),
+        "Q8_0": ("Q8_0_X8", 34)}
 
 
 @pytest.mark.parametrize("kind", list(RUNS))
-def test_runs_of_four_rows_give_back_the_files_bytes_and_the_same_products(build, request,
-                                                                         kind):
-    n, k = 12, 1536
+def test_runs_of_rows_give_back_the_files_bytes_and_the_same_products(build, request, kind):
+    n, k = 16, 1536
     runs, width = RUNS[kind]
     blocks = weight(kind, n, k, seed=7)
-    x4 = kernels.gguf_repack_k_x4(blocks, kind, k)
-    assert x4 is not None and x4.shape == (n, 6 * width)  # this machine's build has AVX2
-    made = build.gguf_repack_k_x4(blocks, kind, k)
+    packed = kernels.gguf_repack_runs(blocks, kind, k)
+    # this machine's build has AVX2
+    assert packed is not None and packed.shape == (n, k // BLOCKS[kind][0] * width)
+    made = build.gguf_repack_runs(blocks, kind, k)
     if request.node.callspec.params["build"] == "plain-c":
         assert made is None  # no kernel for the layout: the file's stays
     else:
-        assert torch.equal(made, x4)
-    assert torch.equal(build.gguf_repack_k_x4(x4, kind, k, unpack=True), blocks)
+        assert torch.equal(made, packed)
+    assert torch.equal(build.gguf_repack_runs(packed, kind, k, unpack=True), blocks)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(7))
     want = x.double() @ dequantize(blocks, kind, (n, k)).double().t()
     got = torch.empty(3, n)
-    build.gguf_rows(x, x4, FORMAT_CODES[runs], got)
+    build.gguf_rows(x, packed, FORMAT_CODES[runs], got)
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
+    for row in (0, 5, n - 1):  # a token embedding's lookup, through its run unpacked
+        assert torch.equal(build.gguf_dequantize_row(packed, row, k, FORMAT_CODES[runs]),
+                           dequantize(blocks[row:row + 1], kind, (1, k))[0])
 
 
 @pytest.mark.parametrize("kind", list(RUNS))
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 @pytest.mark.parametrize("int8_activations", [True, False])
-def test_runs_of_four_rows_products_equal_the_files(kind, rows, int8_activations):
-    n, k = 28, 1024  # seven runs of four rows: the threads' shares are uneven
+def test_runs_of_rows_products_equal_the_files(kind, rows, int8_activations):
+    runs = RUNS[kind][0]
+    # seven runs: the threads' shares are uneven; Q8_0: an odd block count
+    n, k = 7 * RUN_ROWS[runs], 1024 if kind != "Q8_0" else 33 * 32
     blocks = weight(kind, n, k, seed=rows)
-    x4 = kernels.gguf_repack_k_x4(blocks, kind, k)
-    assert x4 is not None, "this machine's build has AVX2"
+    packed = kernels.gguf_repack_runs(blocks, kind, k)
+    assert packed is not None, "this machine's build has AVX2"
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    rounded = rounded_rows_q8_k(x) if int8_activations else x
+    rounded = ROUNDED[kind](x) if int8_activations else x
     want = rounded.double() @ dequantize(blocks, kind, (n, k)).double().t()
     wide = torch.full((rows, n + 6), 7.0)
-    kernels.gguf_rows(x, x4, FORMAT_CODES[RUNS[kind][0]], wide[:, 3:3 + n], int8_activations)
+    kernels.gguf_rows(x, packed, FORMAT_CODES[runs], wide[:, 3:3 + n], int8_activations)
     got = wide[:, 3:3 + n]
     assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
     assert (wide[:, :3] == 7.0).all() and (wide[:, 3 + n:] == 7.0).all()
-    assert torch.equal(kernels.gguf_dequantize(x4, FORMAT_CODES[RUNS[kind][0]], k),
+    assert torch.equal(kernels.gguf_dequantize(packed, FORMAT_CODES[runs], k),
                        dequantize(blocks, kind, (n, k)))
 
 
-def test_runs_of_four_rows_refuse_what_they_cannot_hold():
-    with pytest.raises(ValueError, match="whole runs of four rows"):
-        kernels.gguf_repack_k_x4(weight("Q4_K", 6, 256, seed=1), "Q4_K", 256)
+def test_runs_of_rows_refuse_what_they_cannot_hold():
+    with pytest.raises(ValueError, match="whole runs of 4 rows of whole Q4_K blocks"):
+        kernels.gguf_repack_runs(weight("Q4_K", 6, 256, seed=1), "Q4_K", 256)
+    with pytest.raises(ValueError, match="whole runs of 8 rows of whole Q8_0 blocks"):
+        kernels.gguf_repack_runs(weight("Q8_0", 12, 256, seed=1), "Q8_0", 256)
     with pytest.raises(ValueError, match="K at most 16384"):
-        kernels.gguf_repack_k_x4(weight("Q5_K", 4, 16640, seed=1), "Q5_K", 16640)
+        kernels.gguf_repack_runs(weight("Q5_K", 4, 16640, seed=1), "Q5_K", 16640)
     with pytest.raises(ValueError, match="rows of 144 bytes"):
-        kernels.gguf_repack_k_x4(weight("Q8_0", 4, 256, seed=1), "Q4_K", 256)
-    with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K rows, not Q8_0"):
-        kernels.gguf_repack_k_x4(weight("Q8_0", 4, 256, seed=1), "Q8_0", 256)
+        kernels.gguf_repack_runs(weight("Q8_0", 4, 256, seed=1), "Q4_K", 256)
+    with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K, Q8_0 rows, not Q4_0"):
+        kernels.gguf_repack_runs(weight("Q4_0", 4, 256, seed=1), "Q4_0", 256)

@@ -90,52 +90,56 @@ def test_permuted_rows_move_whole_rows():
     assert torch.equal(weight.permute_rows(order).dequantize(), weight.dequantize()[order])
 
 
-def test_k_parts_run_as_four_row_runs_with_the_kernels_and_go_back_without():
+def test_parts_run_as_runs_of_rows_with_the_kernels_and_go_back_without():
     from kvserve.kernels import load_kernels
     from kvserve.model.execution import ExecutionMode
     kernels = load_kernels()
     if not kernels.available:
         pytest.fail(f"the native kernels did not build: {kernels.reason}")
     layer, dense = fused_layer(bias=False)
-    file_bytes = [layer.gguf_part0.clone(), layer.gguf_part1.clone()]
+    file_bytes = [layer.gguf_part0.clone(), layer.gguf_part1.clone(), None,
+                  layer.gguf_part3.clone()]
     layer.configure(ExecutionMode(kernels=kernels))
-    assert layer.method.kinds == ["Q4_K_X4", "Q6_K_X4", "float", "Q8_0", "Q5_K_X4"]
+    assert layer.method.kinds == ["Q4_K_X4", "Q6_K_X4", "float", "Q8_0_X8", "Q5_K_X4"]
     assert layer.gguf_part0.shape == (64, 2 * 148) and layer.gguf_part4.shape == (32, 2 * 180)
-    assert not torch.equal(layer.gguf_part1, file_bytes[1])  # Q6_K's runs: the same size
+    for i in (1, 3):  # Q6_K's and Q8_0's runs: the same size
+        assert not torch.equal(getattr(layer, f"gguf_part{i}"), file_bytes[i])
+    assert_layer_computes(layer, dense, 2, native=True)
     layer.configure(ExecutionMode(kernels=None))
     assert layer.method.kinds == ["Q4_K", "Q6_K", "float", "Q8_0", "Q5_K"]
-    assert torch.equal(layer.gguf_part0, file_bytes[0])
-    assert torch.equal(layer.gguf_part1, file_bytes[1])
+    for i in (0, 1, 3):
+        assert torch.equal(getattr(layer, f"gguf_part{i}"), file_bytes[i])
     assert_layer_computes(layer, dense, 2, native=False)
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
 def test_an_embedding_sharing_the_blocks_follows_them_into_runs_and_back(kind):
     """A tied LM head: the head's method rearranges the table, the embedding's lookups
     (in torch and in the captured step's C) then unpack the runs they read."""
     from kvserve.kernels import load_kernels
     from kvserve.model.execution import ExecutionMode
-    from kvserve.model.gguf.linear import FORMAT_CODES, BlockEmbedding
+    from kvserve.model.gguf.linear import FORMAT_CODES, IN_RUNS, BlockEmbedding
     kernels = load_kernels()
     if not kernels.available:
         pytest.fail(f"the native kernels did not build: {kernels.reason}")
-    vocab = 12
+    vocab = 16  # two runs of eight rows, four of four
     with torch.device("meta"):
         head = Linear(K, vocab, bias=False)
     method = GGUFLinearMethod.install(head, [vocab])
     method.int8_activations = False  # the float sums: dequantize-then-multiply's
     head.to_empty(device="cpu")
-    blocks = torch.from_numpy(random_blocks(kind, vocab * K // 256, seed=1)).reshape(vocab, -1)
+    blocks = torch.from_numpy(random_blocks(kind, vocab * K // BLOCKS[kind][0], seed=1)
+                              ).reshape(vocab, -1)
     embedding = BlockEmbedding(vocab, K)
     embedding.load(BlockWeight(kind, blocks, K))
     method.load(head, None, BlockWeight(kind, embedding.gguf_blocks, K, embedding))
     table = BlockWeight(kind, blocks.clone(), K).dequantize()
     tokens = torch.tensor([[0, 5, 11], [7, 3, 3]])
     head.configure(ExecutionMode(kernels=kernels))
-    assert method.kinds == [f"{kind}_X4"] and embedding.kind == f"{kind}_X4"
+    assert method.kinds == [IN_RUNS[kind]] and embedding.kind == IN_RUNS[kind]
     assert embedding.gguf_blocks is head.gguf_part0  # one table, not a copy
     assert torch.equal(embedding(tokens), table[tokens])
-    for token in (0, 6, 11):  # the captured step's lookup
+    for token in (0, 6, 11, 15):  # the captured step's lookup
         assert torch.equal(kernels.gguf_dequantize_row(
             embedding.gguf_blocks, token, K, FORMAT_CODES[embedding.kind]), table[token])
     assert_layer_computes(head, table, 2, native=True)

@@ -16,8 +16,9 @@ multiplied as is.
 With the native kernels, a Q4_K, Q5_K or Q6_K part is rearranged once, when the layer is
 configured, into runs of four rows (``Q4_K_X4``, ``Q5_K_X4``, ``Q6_K_X4``:
 ``kernels/gguf_k_x4.h`` and ``gguf_q6_k_x4.h``, the same bytes but for Q4_K's and Q5_K's
-scales, one byte each), so that a decode row is multiplied
-with four weight rows per instruction; it goes back to the file's layout if configured
+scales, one byte each), and a Q8_0 part into runs of eight (``Q8_0_X8``,
+``gguf_q8_0_x8.h``, the same bytes), so that an activation row is multiplied with four
+or eight weight rows per instruction; it goes back to the file's layout if configured
 without them. A part whose blocks the token embedding shares (a tied LM head) is
 rearranged with the embedding, which then unpacks the runs holding the rows it looks up.
 """
@@ -34,11 +35,12 @@ from kvserve.model.linear_method import LinearMethod
 
 # the native kernels' codes for the block formats (kvserve/kernels/gguf_linear.c)
 FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "BF16": 5, "F16": 6,
-                "Q4_K_X4": 7, "Q5_K_X4": 8, "Q6_K_X4": 9}
-# a file's format -> its runs of four rows
-IN_RUNS = {"Q4_K": "Q4_K_X4", "Q5_K": "Q5_K_X4", "Q6_K": "Q6_K_X4"}
+                "Q4_K_X4": 7, "Q5_K_X4": 8, "Q6_K_X4": 9, "Q8_0_X8": 10}
+# a file's format -> its runs of rows, and the rows of a run
+IN_RUNS = {"Q4_K": "Q4_K_X4", "Q5_K": "Q5_K_X4", "Q6_K": "Q6_K_X4", "Q8_0": "Q8_0_X8"}
 FROM_RUNS = {runs: kind for kind, runs in IN_RUNS.items()}
-X4_MAX_COLS = 16384  # the longest rows the runs take
+RUN_ROWS = {"Q4_K_X4": 4, "Q5_K_X4": 4, "Q6_K_X4": 4, "Q8_0_X8": 8}
+RUNS_MAX_COLS = 16384  # the longest rows the runs take
 NATIVE_MAX_ROWS = 8
 TILE_ROWS = 256
 
@@ -74,7 +76,7 @@ class GGUFLinearMethod(LinearMethod):
         self.kinds: list[str | None] = [None] * len(shard_rows)
         # the token embedding that reads a part's blocks (a tied LM head's), by part
         self.embeddings: list[BlockEmbedding | None] = [None] * len(shard_rows)
-        self.repacked_by = None  # the kernels that made the parts in runs of four rows
+        self.repacked_by = None  # the kernels that made the parts in runs of rows
         self.native = None  # kvserve.kernels.Kernels, when configured with them
         # rows (decode and prompt) rounded to int8 and multiplied in integers, as
         # llama.cpp does (Q8_0 and K-format parts, AVX2); False: in float, which equals
@@ -121,19 +123,20 @@ class GGUFLinearMethod(LinearMethod):
         self._relayout(layer)
 
     def _relayout(self, layer: nn.Linear) -> None:
-        """Q4_K, Q5_K and Q6_K parts in runs of four rows with the native kernels (where they
-        have the layout), and back without them; an embedding sharing a part follows it."""
+        """Q4_K, Q5_K, Q6_K and Q8_0 parts in runs of rows with the native kernels (where
+        they have the layout), and back without them; an embedding sharing a part follows
+        it."""
         cols = layer.in_features
         for i, (kind, rows) in enumerate(zip(self.kinds, self.shard_rows)):
             data = getattr(layer, f"gguf_part{i}")
             if (kind in IN_RUNS and self.native is not None and data.device.type == "cpu"
-                    and rows % 4 == 0 and cols <= X4_MAX_COLS):
-                repacked = self.native.gguf_repack_k_x4(data, kind, cols)
+                    and rows % RUN_ROWS[IN_RUNS[kind]] == 0 and cols <= RUNS_MAX_COLS):
+                repacked = self.native.gguf_repack_runs(data, kind, cols)
                 if repacked is not None:
                     self.repacked_by = self.native
                     self._replace(layer, i, IN_RUNS[kind], repacked)
             elif kind in FROM_RUNS and self.native is None:
-                self._replace(layer, i, FROM_RUNS[kind], self.repacked_by.gguf_repack_k_x4(
+                self._replace(layer, i, FROM_RUNS[kind], self.repacked_by.gguf_repack_runs(
                     data, FROM_RUNS[kind], cols, unpack=True))
 
     def _replace(self, layer: nn.Linear, index: int, kind: str, data: torch.Tensor) -> None:
@@ -187,7 +190,7 @@ def is_block_kind(kind: str) -> bool:
 class BlockEmbedding(nn.Module):
     """A token embedding kept as the file's blocks: a lookup decodes the rows it reads.
     A tied LM head computes on the same blocks (GGUFLinearMethod), which its method may
-    rearrange in runs of four rows: a lookup then unpacks the runs it reads first."""
+    rearrange in runs of rows: a lookup then unpacks the runs it reads first."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
@@ -215,11 +218,12 @@ class BlockEmbedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         flat, kind = tokens.reshape(-1), self.kind
         if kind in FROM_RUNS:  # the runs holding the tokens' rows, unpacked
-            kind, first = FROM_RUNS[kind], flat - flat % 4
-            runs = self.gguf_blocks[(first[:, None] + torch.arange(4)).reshape(-1)]
-            rows = self.runs_kernels.gguf_repack_k_x4(runs, kind, self.embedding_dim,
+            per_run = RUN_ROWS[kind]
+            kind, first = FROM_RUNS[kind], flat - flat % per_run
+            runs = self.gguf_blocks[(first[:, None] + torch.arange(per_run)).reshape(-1)]
+            rows = self.runs_kernels.gguf_repack_runs(runs, kind, self.embedding_dim,
                                                       unpack=True)
-            rows = rows[torch.arange(flat.shape[0]) * 4 + flat % 4]
+            rows = rows[torch.arange(flat.shape[0]) * per_run + flat % per_run]
         else:
             rows = self.gguf_blocks[flat]
         values = rows if kind == "float" else dequantize(
