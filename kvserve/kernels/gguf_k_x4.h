@@ -8,11 +8,15 @@
  *   16  scales[4][8]     each row's 6-bit sub-block scales, a byte each
  *   48  mins             each row's 6-bit sub-block mins, a byte each: sub-blocks 0-3 of
  *                        rows 0..3, then sub-blocks 4-7 of rows 0..3
- *   80  qs               for chunk c = 0..3 (the file's 32 bytes of sub-blocks 2c and
- *                        2c + 1: low and high nibbles), for eighth u = 0..3, bytes
+ *   80  qs               Q4_K: for chunk c = 0..3 (the file's 32 bytes of sub-blocks 2c
+ *                        and 2c + 1: low and high nibbles), for eighth u = 0..3, bytes
  *                        8u..8u+7 of rows 0, 1, 2, 3: one 32-byte load
- *   592 qh               Q5_K: the fifth bits (bit s: sub-block s), for eighth u = 0..3,
- *                        bytes 8u..8u+7 of the file's 32 of rows 0, 1, 2, 3
+ *   80  codes            Q5_K: for eighth u = 0..3, five 32-byte vectors B0..B4, each
+ *                        values 8u..8u+7 of rows 0, 1, 2, 3: byte i holds sub-block i's
+ *                        5-bit code in bits 0-4 (i < 5), and in bits 5-7 three bits of
+ *                        sub-blocks 5-7's: the low three of 5, 6, 7 in B0, B1, B2; bits
+ *                        3-4 of 5 and bit 3 of 6 in B3; bit 4 of 6 and bits 3-4 of 7 in B4
+ *                        (sub-blocks 0-4: one AND a code; 5-7: five to eight operations)
  * Nothing is lost: unpacking gives back the file's bytes. 592 bytes hold what four rows
  * kept in 576 (Q5_K: 720 for 704): a row is BLOCK_BYTES[Q4_K_X4] = 148 bytes a
  * super-block (Q5_K_X4: 180).
@@ -23,6 +27,32 @@
 #define X4_GROUP_BYTES 592
 #define X5_GROUP_BYTES 720
 #define X4_MAX_K 16384 /* the longest rows the layout takes: unpacked runs go on the stack */
+
+/* Value l of a Q5_K super-block's eight sub-blocks (fifth bits qh, nibbles qs) into the
+ * five bytes at `at`, 32 apart; and back. */
+static void k5_pack_codes(const uint8_t *qh, const uint8_t *qs, int l, uint8_t *at) {
+    int code[8];
+    for (int s = 0; s < 8; s++)
+        code[s] = (qs[32 * (s / 2) + l] >> (4 * (s % 2)) & 0xF) | (qh[l] >> s & 1) << 4;
+    const int top[5] = {code[5] & 7, code[6] & 7, code[7] & 7,
+                        code[5] >> 3 | (code[6] >> 3 & 1) << 2, code[6] >> 4 | (code[7] >> 3) << 1};
+    for (int i = 0; i < 5; i++) at[32 * i] = (uint8_t)(code[i] | top[i] << 5);
+}
+
+static void k5_unpack_codes(const uint8_t *at, int l, uint8_t *qh, uint8_t *qs) {
+    int code[8], top[5];
+    for (int i = 0; i < 5; i++) {
+        code[i] = at[32 * i] & 0x1F;
+        top[i] = at[32 * i] >> 5;
+    }
+    code[5] = top[0] | (top[3] & 3) << 3;
+    code[6] = top[1] | (top[3] >> 2) << 3 | (top[4] & 1) << 4;
+    code[7] = top[2] | (top[4] >> 1) << 3;
+    qh[l] = 0;
+    for (int s = 0; s < 8; s++) qh[l] |= (uint8_t)((code[s] >> 4) << s);
+    for (int c = 0; c < 4; c++)
+        qs[32 * c + l] = (uint8_t)((code[2 * c] & 0xF) | (code[2 * c + 1] & 0xF) << 4);
+}
 
 /* Four rows of standard Q4_K (Q5_K with five) blocks, row_bytes apart, k values each,
  * into the layout. */
@@ -40,12 +70,13 @@ static void k_x4_pack(int five, const uint8_t *rows, int64_t row_bytes, int64_t 
                 out[16 + 8 * r + s] = (uint8_t)sc;
                 out[48 + 16 * (s / 4) + 4 * r + s % 4] = (uint8_t)mn;
             }
-            for (int c = 0; c < 4; c++)
-                for (int u = 0; u < 4; u++)
-                    memcpy(out + 80 + 32 * (4 * c + u) + 8 * r, b + qs + 32 * c + 8 * u, 8);
             if (five)
-                for (int u = 0; u < 4; u++)
-                    memcpy(out + X4_GROUP_BYTES + 32 * u + 8 * r, b + 16 + 8 * u, 8);
+                for (int l = 0; l < 32; l++)
+                    k5_pack_codes(b + 16, b + qs, l, out + 80 + 160 * (l / 8) + 8 * r + l % 8);
+            else
+                for (int c = 0; c < 4; c++)
+                    for (int u = 0; u < 4; u++)
+                        memcpy(out + 80 + 32 * (4 * c + u) + 8 * r, b + qs + 32 * c + 8 * u, 8);
         }
     }
 }
@@ -67,39 +98,50 @@ static void k_x4_unpack(int five, const uint8_t *g, int64_t k, uint8_t *rows,
                 q[s + 4] = (uint8_t)(mn[s] | (mn[s + 4] >> 4) << 6);
                 q[s + 8] = (uint8_t)((sc[s + 4] & 0xF) | (mn[s + 4] & 0xF) << 4);
             }
-            for (int c = 0; c < 4; c++)
-                for (int u = 0; u < 4; u++)
-                    memcpy(b + qs + 32 * c + 8 * u, g + 80 + 32 * (4 * c + u) + 8 * r, 8);
             if (five)
-                for (int u = 0; u < 4; u++)
-                    memcpy(b + 16 + 8 * u, g + X4_GROUP_BYTES + 32 * u + 8 * r, 8);
+                for (int l = 0; l < 32; l++)
+                    k5_unpack_codes(g + 80 + 160 * (l / 8) + 8 * r + l % 8, l, b + 16, b + qs);
+            else
+                for (int c = 0; c < 4; c++)
+                    for (int u = 0; u < 4; u++)
+                        memcpy(b + qs + 32 * c + 8 * u, g + 80 + 32 * (4 * c + u) + 8 * r, 8);
         }
     }
 }
 
 #ifdef __AVX2__
-/* Sub-block s's fifth bits (bit s of each byte of qh) moved to bit 4. In 16-bit lanes:
- * a shift by at most 4 brings no bit across the bytes into bit 4 of either. */
-static inline __m256i fifth_bits(__m256i qh, int s) {
-    const __m256i bit4 = _mm256_set1_epi8(0x10);
-    return _mm256_and_si256(s < 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4),
-                            bit4);
-}
-
 /* The codes of eighth u of chunk c of a group (sub-blocks 2c, 2c + 1 of rows 0..3, 8
- * bytes each): the low nibbles (and fifth bits) in lo, the high in hi, one byte a code. */
+ * bytes each): the low sub-block's in lo, the high's in hi, one byte a code. Q5_K:
+ * from the five bytes B0..B4 of each value (16-bit shifts: what crosses a byte lands
+ * outside the bits kept). */
 static inline __attribute__((always_inline)) void k_x4_codes(int five, const uint8_t *g,
                                                              int c, int u, __m256i *lo,
                                                              __m256i *hi) {
     const __m256i low4 = _mm256_set1_epi8(0xF);
-    const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 80 + 32 * (4 * c + u)));
-    *lo = _mm256_and_si256(q, low4);
-    *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-    if (five) {
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(g + X4_GROUP_BYTES + 32 * u));
-        *lo = _mm256_or_si256(*lo, fifth_bits(qh, 2 * c));
-        *hi = _mm256_or_si256(*hi, fifth_bits(qh, 2 * c + 1));
+    if (!five) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 80 + 32 * (4 * c + u)));
+        *lo = _mm256_and_si256(q, low4);
+        *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        return;
     }
+#define K5_B(i) _mm256_loadu_si256((const __m256i *)(g + 80 + 160 * u + 32 * (i)))
+#define K5_BITS(v, shift, mask) \
+    _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(mask))
+    const __m256i low5 = _mm256_set1_epi8(0x1F);
+    if (c < 2) {
+        *lo = _mm256_and_si256(K5_B(2 * c), low5);
+        *hi = _mm256_and_si256(K5_B(2 * c + 1), low5);
+    } else if (c == 2) {
+        *lo = _mm256_and_si256(K5_B(4), low5);
+        *hi = _mm256_or_si256(K5_BITS(K5_B(0), 5, 0x07), K5_BITS(K5_B(3), 2, 0x18));
+    } else {
+        const __m256i b3 = K5_B(3), b4 = K5_B(4);
+        *lo = _mm256_or_si256(_mm256_or_si256(K5_BITS(K5_B(1), 5, 0x07), K5_BITS(b3, 4, 0x08)),
+                              K5_BITS(b4, 1, 0x10));
+        *hi = _mm256_or_si256(K5_BITS(K5_B(2), 5, 0x07), K5_BITS(b4, 3, 0x18));
+    }
+#undef K5_B
+#undef K5_BITS
 }
 
 /* A run's codes one byte each (k_x4_codes's lo and hi of each (c, u), X4_CODES_BYTES a
