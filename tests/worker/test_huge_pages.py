@@ -114,53 +114,53 @@ def test_pool_pages_are_backed_on_a_thread_around_what_steps_write():
     pages.close()
 
 
-def _pages_with_a_probe(probe):
-    """PoolPages with a 16 MiB pool whose thread, once done, records probe() (what the
-    thread sees of itself) into the dict returned; None without the thread (a kernel
-    without MADV_POPULATE_WRITE backs the pool at once)."""
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU masks on this OS")
+def test_pool_pages_thread_is_not_bound_where_the_compute_thread_is():
     pages = PoolPages()
     pool = pages.zeros((16 * 2**20 // 4,), torch.float32)
-    if not pages._ranges:
+    if not pages._ranges:  # a kernel without MADV_POPULATE_WRITE: backed at once, no thread
         assert _resident_bytes(pool) >= 16 * 2**20
-        return None, None
-    seen = {}
+        return
+    masks = {}
     populate = pages._populate
 
     def recorded():
         populate()
-        seen["probe"] = probe()
-
-    pages._populate = recorded
-    return pages, seen
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU masks on this OS")
-def test_pool_pages_thread_is_not_bound_where_the_compute_thread_is():
-    pages, seen = _pages_with_a_probe(lambda: os.sched_getaffinity(0))
-    if pages is None:
-        return
+        masks["pages"] = os.sched_getaffinity(0)
 
     def bound_starter():  # as the compute thread, bound to one CPU, starts it
         os.sched_setaffinity(0, {min(allowed_cpus())})
+        pages._populate = recorded
         pages.start()
 
     starter = threading.Thread(target=bound_starter)
     starter.start()
     starter.join()
     pages.wait()
-    assert seen["probe"] == set(allowed_cpus())
+    assert masks["pages"] == set(allowed_cpus())
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE on this OS")
 def test_pool_pages_thread_runs_at_idle_priority_and_leaves_the_callers_alone():
-    pages, seen = _pages_with_a_probe(lambda: os.sched_getscheduler(0))
-    if pages is None:
+    pages = PoolPages()
+    pool = pages.zeros((16 * 2**20 // 4,), torch.float32)
+    if not pages._ranges:  # a kernel without MADV_POPULATE_WRITE: backed at once, no thread
+        assert _resident_bytes(pool) >= 16 * 2**20
         return
+    policies = {}
+    populate = pages._populate
+
+    def recorded():
+        populate()
+        policies["pages"] = os.sched_getscheduler(0)
+
+    pages._populate = recorded
     before = os.sched_getscheduler(0)
     pages.start()
     pages.wait()
-    assert seen["probe"] == os.SCHED_IDLE
+    assert policies["pages"] == os.SCHED_IDLE
     assert os.sched_getscheduler(0) == before
+    assert _resident_bytes(pool) >= 16 * 2**20
 
 
 def test_closing_pool_pages_stops_and_joins_the_thread():
