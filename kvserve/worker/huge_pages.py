@@ -14,9 +14,8 @@ allocates each KV pool as one. ``--no-huge-pages`` keeps torch's allocations.
 
 A KV pool's pages are backed before steps write them: left to the first write, each
 2 MiB fault would zero its page (and perhaps compact memory to find one) inside a step.
-Backing gigabytes takes seconds of a core, so ``PoolPages`` does it on a thread of its
-own once the engine has warmed up, at idle priority (``SCHED_IDLE``: only on CPU time
-the steps leave)
+Backing hundreds of MiB can take a second or more where memory must be compacted, so
+``PoolPages`` does it on a thread of its own once the engine has warmed up
 (``MADV_POPULATE_WRITE``, Linux 5.14 on, which backs pages without writing them: steps
 may write the pool meanwhile, the pages they reach first backed by their own writes);
 where the kernel lacks it, it writes zeros at once, as torch.zeros would.
@@ -146,13 +145,6 @@ class PoolPages:
         # it runs where the process may instead
         if allowed_cpus() and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, allowed_cpus())
-        # on CPU time nothing else wants: the first requests' steps do not share their
-        # cores with it (a page they reach first is backed by their own write)
-        if hasattr(os, "SCHED_IDLE"):
-            try:
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            except OSError:
-                logger.debug("the KV pages' thread keeps its scheduling policy")
         for address, nbytes in self._ranges:
             first = address - address % mmap.PAGESIZE
             end = address + nbytes

@@ -140,29 +140,6 @@ def test_pool_pages_thread_is_not_bound_where_the_compute_thread_is():
     assert masks["pages"] == set(allowed_cpus())
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE on this OS")
-def test_pool_pages_thread_runs_at_idle_priority_and_leaves_the_callers_alone():
-    pages = PoolPages()
-    pool = pages.zeros((16 * 2**20 // 4,), torch.float32)
-    if not pages._ranges:  # a kernel without MADV_POPULATE_WRITE: backed at once, no thread
-        assert _resident_bytes(pool) >= 16 * 2**20
-        return
-    policies = {}
-    populate = pages._populate
-
-    def recorded():
-        populate()
-        policies["pages"] = os.sched_getscheduler(0)
-
-    pages._populate = recorded
-    before = os.sched_getscheduler(0)
-    pages.start()
-    pages.wait()
-    assert policies["pages"] == os.SCHED_IDLE
-    assert os.sched_getscheduler(0) == before
-    assert _resident_bytes(pool) >= 16 * 2**20
-
-
 def test_closing_pool_pages_stops_and_joins_the_thread():
     pages = PoolPages()
     pages.zeros((256 * 2**20 // 4,), torch.float32)
