@@ -38,7 +38,7 @@ from kvserve.core.scheduler_output import ScheduledRequest
 from kvserve.worker.input_batch import StepInputs, decode_fields, decodes_only
 
 MAX_ROWS = 8     # the native GEMV reads the weights once for up to eight rows
-REQUIRED_GAIN = 0.02  # a row count is captured where it measured this much faster
+REQUIRED_GAIN = 0.02  # a row count stays eager only where eager measured this much faster
 # the row counts timed at start-up: powers of two, so a model whose step takes a second
 # (an 8B model on two cores) is timed on 15 rows' steps a mode and round, not 36; a step
 # of rows between two of them costs between theirs
@@ -234,8 +234,11 @@ class CapturedStep:
 def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 3) -> dict[int, tuple]:
     """Time decode steps of TIMED_ROWS requests eager and captured, in alternating
     rounds (a drifting machine then slows both alike); ``max_rows`` becomes the largest
-    timed count up to which the captured step's median was faster at every timed count by
-    REQUIRED_GAIN. Returns {rows: (eager s, captured s)}."""
+    timed count up to which eager's median was nowhere faster by REQUIRED_GAIN. A tie goes
+    to the captured step: it reads the same weights without Python between the layers, a
+    gain a start-up step of a bandwidth-bound model (a 1B BF16 GGUF: 105 ms either way)
+    hides and steady decoding shows (95 against 140 ms). Returns
+    {rows: (eager s, captured s)}."""
     counts = list(TIMED_ROWS)
     samples: dict[int, dict[int, list[float]]] = {0: {}, MAX_ROWS: {}}
     try:
@@ -251,7 +254,7 @@ def choose_captured_rows(runner, captured: CapturedStep, rounds: int = 3) -> dic
     eager, fast = ({n: statistics.median(v) for n, v in samples[m].items()} for m in (0, MAX_ROWS))
     chosen = 0
     for n in counts:
-        if n not in eager or n not in fast or fast[n] > (1 - REQUIRED_GAIN) * eager[n]:
+        if n not in eager or n not in fast or eager[n] < (1 - REQUIRED_GAIN) * fast[n]:
             break
         chosen = n
     captured.max_rows = chosen

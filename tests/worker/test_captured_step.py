@@ -208,18 +208,20 @@ class _TimedRunner:
         return {n: table[n] for n in counts if n in table}
 
 
-def test_rows_are_captured_up_to_the_first_count_not_clearly_faster(llama_dir):
+def test_rows_are_captured_up_to_the_first_count_eager_is_clearly_faster(llama_dir):
     captured = _runner(llama_dir).captured
     eager = {n: 1.0 for n in range(1, MAX_ROWS + 1)}
-    fast = {n: 0.5 for n in eager} | {1: 0.8, 2: 0.9, 4: 0.99, 3: 2.0}
+    fast = {n: 0.5 for n in eager} | {1: 0.8, 2: 1.01, 4: 1.05, 3: 2.0}
     runner = _TimedRunner(captured, eager, fast)
     times = choose_captured_rows(runner, captured, rounds=3)
     assert runner.calls == ["eager", "captured", "captured", "eager", "eager", "captured"]
     assert set(times) == set(captured_step.TIMED_ROWS) == {1, 2, 4, 8}  # 3 is not timed
-    assert captured.max_rows == 2  # 4 gained under REQUIRED_GAIN; 8 is not reached
-    assert times[4] == (1.0, 0.99)
+    assert captured.max_rows == 2  # 2 ties (captured); eager is clearly faster at 4
+    assert times[4] == (1.0, 1.05)
     choose_captured_rows(_TimedRunner(captured, eager, {n: 1.2 for n in eager}), captured)
     assert captured.max_rows == 0
+    choose_captured_rows(_TimedRunner(captured, eager, {n: 1.01 for n in eager}), captured)
+    assert captured.max_rows == 8  # ties everywhere
     # a pool too small for a count's context: counts from there on are not captured
     choose_captured_rows(_TimedRunner(captured, {1: 1.0}, {1: 0.5}), captured)
     assert captured.max_rows == 1
