@@ -21,8 +21,9 @@
  * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4, 8 Q5_K_X4 and 9
  * Q6_K_X4 (Q4_K, Q5_K and Q6_K four rows interleaved, gguf_k_x4.h and gguf_q6_k_x4.h),
  * 10 Q8_0_X8 (Q8_0 eight rows interleaved, gguf_q8_0_x8.h): runs of rows, int8 rows
- * against each run in registers, float rows through each run unpacked on the stack. Output columns j land at y[r * y_stride + j], so the parts of a fused layer
- * write their own columns.
+ * against each run in registers, float rows through each run unpacked on the stack.
+ * Output columns j land at y[r * y_stride + j], so the parts of a fused layer write their
+ * own columns.
  */
 #include <math.h>
 #include <stdint.h>

@@ -76,7 +76,8 @@ static inline __m256i q6_x4_quartet(const uint8_t *g, int q) {
  * lanes of a 32-byte product's pair sums (one in-lane shuffle: each lane holds its two
  * rows' scales). */
 static inline __m256i q6_x4_scale(__m256i quartet, int s) {
-    const char a = (char)(2 * s), b = (char)(2 * s + 1), c = (char)(8 + 2 * s), d = (char)(9 + 2 * s);
+    const char a = (char)(2 * s), b = (char)(2 * s + 1);
+    const char c = (char)(8 + 2 * s), d = (char)(9 + 2 * s);
     return _mm256_shuffle_epi8(quartet, _mm256_setr_epi8(
         a, b, a, b, a, b, a, b, c, d, c, d, c, d, c, d,
         a, b, a, b, a, b, a, b, c, d, c, d, c, d, c, d));
