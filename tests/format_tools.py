@@ -43,8 +43,11 @@ def llama_cpp_tool(tree: Path, name: str) -> Path:
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         raise RuntimeError(f"building llama.cpp's {name} needs {' and '.join(missing)}")
+    # the vendored tree has no git history: its programs name the release it came with
+    vendored_from = LLAMA_CPP_PYTHON.replace("==", "-")
     subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-DGGML_NATIVE=ON",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release"],
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release",
+                    f"-DLLAMA_BUILD_COMMIT={vendored_from}"],
                    check=True, capture_output=True)
     subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
                     "--target", name], check=True, capture_output=True)
