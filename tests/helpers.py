@@ -305,31 +305,6 @@ def peft_greedy(model_dir: str, adapter_dir: str | None, prompts: list[list[int]
     return outs
 
 
-# where each format keeps its f16 scales (byte offsets in a block): random bytes there
-# could spell infinities or NaNs
-HALVES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-
-
-def random_blocks(kind: str, count: int, seed: int):
-    """``count`` GGUF blocks of ``kind`` (uint8 [count, bytes]): random codes and scales."""
-    import numpy as np
-
-    from kvserve.model.gguf.quants import BLOCKS
-
-    rng = np.random.default_rng(seed)
-    if kind in ("BF16", "F16"):  # 32 random floats a "block", as the kernels take them
-        import torch
-        values = torch.from_numpy(rng.standard_normal(count * 32).astype(np.float32))
-        dtype = torch.bfloat16 if kind == "BF16" else torch.float16
-        return values.to(dtype).view(torch.uint8).numpy().reshape(count, 64)
-    values, nbytes = BLOCKS[kind]
-    raw = rng.integers(0, 256, size=(count, nbytes), dtype=np.uint8)
-    for at in HALVES[kind]:
-        raw[:, at:at + 2] = rng.uniform(-2, 2, count).astype(np.float16).view(np.uint8) \
-            .reshape(count, 2)
-    return raw
-
-
 def assert_layer_computes(layer, dense: torch.Tensor, rows: int, native: bool) -> None:
     """``layer``, configured with the native kernels or without, computes ``rows`` rows
     as F.linear on ``dense`` (its float weight) and its bias does, to float32 rounding."""

@@ -11,7 +11,7 @@ import torch
 from kvserve.kernels import load_kernels
 from kvserve.model.gguf.linear import FORMAT_CODES, FROM_RUNS, RUN_ROWS
 from kvserve.model.gguf.quants import BLOCKS, dequantize
-from tests.helpers import random_blocks
+from kvserve.model.gguf.quants import random_blocks
 
 kernels = load_kernels()
 FILE_KINDS = [kind for kind in FORMAT_CODES if kind not in FROM_RUNS]  # GGUF's own

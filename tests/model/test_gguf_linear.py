@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kvserve.model.gguf.linear import TILE_ROWS, BlockWeight, GGUFLinearMethod
-from kvserve.model.gguf.quants import BLOCKS
+from kvserve.model.gguf.quants import BLOCKS, random_blocks
 from kvserve.model.layers import Linear
-from tests.helpers import assert_layer_computes, random_blocks
+from tests.helpers import assert_layer_computes
 
 PARTS = [("Q4_K", 64), ("Q6_K", 32), ("float", 32), ("Q8_0", TILE_ROWS + 16), ("Q5_K", 32)]
 K = 512

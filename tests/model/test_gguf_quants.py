@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as reference, quantize
 
 from kvserve.model.gguf.quants import BLOCKS, dequantize
-from tests.helpers import random_blocks
+from kvserve.model.gguf.quants import random_blocks
 
 @pytest.mark.parametrize("kind", list(BLOCKS))
 def test_random_blocks_dequantize_as_gguf_py_does(kind):

@@ -245,6 +245,22 @@ def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
                     + ")."]
 
 
+def _gguf_layouts_lines(res: Result, base: str) -> list[str]:
+    d = res.data["result"]
+    n, k = d["shape"]
+    lines = ["", f"| GGUF kernels, a {n} x {k} weight, int8 rows | file's layout GMAC/s | "
+             "runs of rows GMAC/s | runs against the file's layout |", "|---|---|---|---|"]
+    for fmt, cases in d["formats"].items():
+        for name, c in cases.items():
+            file, runs = (sorted(c[key])[len(c[key]) // 2] for key in ("file_gmacs", "runs_gmacs"))
+            lines.append(f"| {fmt}, {name} | {file:.1f} | {runs:.1f} | "
+                         f"{_ratio(c['runs_over_file'])} |")
+    return lines + ["", f"GMAC/s: the median of the rounds'; from memory: copies of the weight "
+                    f"making {d['memory_bytes'] >> 20} MiB, each call reading the next "
+                    f"(`bench gguf-layouts`, {d['rounds']} round{'s' if d['rounds'] != 1 else ''}, "
+                    f"{_provenance(res, base)})."]
+
+
 def _default_model_row(label: str, r: dict[str, Any]) -> str:
     bpb, rep, chat, speed = r["bits_per_byte"], r["repetition"], r["chat"], r["speed"]
     doctests = f"{chat['doctest_passed']} of {chat['with_doctest']}"
@@ -305,4 +321,5 @@ def _default_model_lines(res: Result, base: str) -> list[str]:
 LINES_OF = {"compare": _compare_lines, "serving": _serving_lines, "startup": _startup_lines,
             "memory": _memory_lines, "moe": _moe_lines, "sinks": _sinks_lines,
             "lora": _lora_lines, "gguf_decode": _gguf_decode_lines,
+            "gguf_layouts": _gguf_layouts_lines,
             "default_model": _default_model_lines}

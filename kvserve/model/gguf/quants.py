@@ -26,6 +26,9 @@ FORMATS = tuple(FLOATS) + tuple(BLOCKS)
 # the formats whose weights are computed on as the file stores them (the rest are read
 # into float32): the blocks, and the 16-bit floats
 KEPT = (*BLOCKS, "BF16", "F16")
+# where each format keeps its f16 scales (byte offsets in a block): random bytes there
+# could spell infinities or NaNs
+SCALE_HALVES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def _half(raw: torch.Tensor) -> torch.Tensor:
@@ -102,3 +105,21 @@ def dequantize(raw: torch.Tensor, kind: str, shape: tuple[int, ...]) -> torch.Te
         raise ValueError(f"a {kind} row of {shape[-1]} values is not whole blocks of {values}")
     blocks = raw.reshape(-1, nbytes)
     return _DEQUANT[kind](blocks).reshape(shape)
+
+
+def random_blocks(kind: str, count: int, seed: int):
+    """``count`` blocks of ``kind`` (numpy uint8 [count, bytes]) of random codes and
+    scales, for tests and kernel benches; BF16 and F16: 32 random floats a "block", as the
+    kernels take them."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if kind in ("BF16", "F16"):
+        values = torch.from_numpy(rng.standard_normal(count * 32).astype(np.float32))
+        return values.to(FLOATS[kind]).view(torch.uint8).numpy().reshape(count, 64)
+    nbytes = BLOCKS[kind][1]
+    raw = rng.integers(0, 256, size=(count, nbytes), dtype=np.uint8)
+    for at in SCALE_HALVES[kind]:
+        raw[:, at:at + 2] = rng.uniform(-2, 2, count).astype(np.float16).view(np.uint8) \
+            .reshape(count, 2)
+    return raw
