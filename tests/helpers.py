@@ -51,6 +51,11 @@ def _config(arch: str):
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})
     if arch == "llama-256":  # rows of whole 256-value blocks: llama.cpp's K formats
         return LlamaConfig(**{**common, "hidden_size": 256, "intermediate_size": 512})
+    if arch == "qwen3-moe-256":  # every expert's rows whole 256-value blocks
+        from transformers import Qwen3MoeConfig
+        return Qwen3MoeConfig(**{**common, "hidden_size": 256}, num_experts=4,
+                              num_experts_per_tok=2, moe_intermediate_size=256, head_dim=64,
+                              norm_topk_prob=True)
     if arch == "llama-linear":
         return LlamaConfig(**{**common, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
     if arch == "llama-dynamic":  # trained on 48 positions, serves 4 x 48

@@ -60,13 +60,14 @@ def transformers_greedy(path: Path) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("arch, outtype", [
-    ("llama", "q8_0"), ("qwen3", "q8_0"), ("qwen2-wide", "q8_0"),
+    ("llama", "q8_0"), ("qwen3", "q8_0"), ("qwen2-wide", "q8_0"), ("qwen3-moe", "q8_0"),
     pytest.param("llama", "f32", marks=pytest.mark.slow),
     pytest.param("llama", "f16", marks=pytest.mark.slow),
     pytest.param("llama", "bf16", marks=pytest.mark.slow),
     pytest.param("qwen3", "bf16", marks=pytest.mark.slow),
     pytest.param("llama-256", "Q4_K_M", marks=pytest.mark.slow),
-    pytest.param("llama-256", "Q5_K_M", marks=pytest.mark.slow)])
+    pytest.param("llama-256", "Q5_K_M", marks=pytest.mark.slow),
+    pytest.param("qwen3-moe-256", "Q4_K_M", marks=pytest.mark.slow)])
 def test_greedy_tokens_equal_transformers_on_the_same_file(arch, outtype, gguf_files):
     """With the float products of dequantize-then-multiply (as transformers computes);
     the int8 activations llama.cpp uses are compared with llama.cpp itself."""
@@ -99,6 +100,26 @@ def test_quantized_weights_stay_blocks_with_no_float_copy(gguf_files):
     floats = sum(p.numel() for p in model.parameters())
     blocks = sum(b.numel() for name, b in model.named_buffers() if "gguf" in name)
     assert floats * 4 < blocks / 2
+
+
+@pytest.mark.parametrize("arch, outtype, kinds", [
+    ("qwen3-moe", "q8_0", {"Q8_0"}),
+    pytest.param("qwen3-moe-256", "Q4_K_M", {"Q4_K", "Q6_K"}, marks=pytest.mark.slow)])
+def test_each_expert_computes_on_its_own_blocks(gguf_files, arch, outtype, kinds):
+    """A mixture of experts' projections, one tensor of all experts in the file, become
+    each expert's own layer on that expert's rows of blocks."""
+    from kvserve.model.moe import SparseMoE
+    llm = LLM(str(gguf_files(arch, outtype)), num_kv_blocks=64, dtype="float32")
+    model = llm.engine.worker.model
+    moes = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    assert moes and all(len(m.experts) == 4 for m in moes)
+    for moe in moes:
+        for expert in moe.experts:
+            for layer in (expert.gate_up_proj, expert.down_proj):
+                assert isinstance(layer.method, GGUFLinearMethod) and layer.weight is None
+                assert {FROM_RUNS.get(k, k) for k in layer.method.kinds} <= kinds
+    rows = {tuple(e.gate_up_proj.gguf_part0[:2].flatten().tolist()) for e in moes[0].experts}
+    assert len(rows) == 4  # four experts, four different weights
 
 
 @pytest.mark.parametrize("outtype, kind", [("bf16", "BF16"),

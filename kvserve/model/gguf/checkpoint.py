@@ -10,7 +10,9 @@ strings, takes the gguf package seconds, so it is done once); the loader then re
 weights from the file at those places (``gguf_weights``): each tensor dequantized by
 ``quants.py``, renamed to the Hugging Face name, and for the ``llama`` architecture with q
 and k un-permuted (llama.cpp's converter interleaves each head's rotary halves;
-transformers' layout keeps them apart).
+transformers' layout keeps them apart). A mixture of experts keeps each projection of all
+its experts in one tensor [experts, rows, columns]: each expert's rows are a weight of
+their own, named as that expert's in a Hugging Face checkpoint.
 """
 from __future__ import annotations
 
@@ -41,11 +43,15 @@ _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
           "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+          "ffn_gate_inp": "mlp.gate"}
+# a mixture of experts' projections, all experts in one tensor [experts, rows, columns]
+_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
+            "ffn_down_exps": "down_proj"}
 # tensors a file may carry that the model computes from its config instead
 _DERIVED = ("rope_freqs.weight",)
 # those tested against transformers on converted files
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -56,15 +62,27 @@ def is_gguf(path: str | Path) -> bool:
         return f.read(4) == MAGIC
 
 
-def hf_name(name: str) -> str | None:
-    """The Hugging Face name of a llama.cpp tensor name (None: not a known one)."""
+def hf_name(name: str, expert: int | None = None) -> str | None:
+    """The Hugging Face name of a llama.cpp tensor name (None: not a known one); of an
+    experts' tensor, expert ``expert``'s."""
     stem, _, kind = name.rpartition(".")
     if stem in _GLOBAL:
         return f"{_GLOBAL[stem]}.{kind}"
     match = re.fullmatch(r"blk\.(\d+)\.(\w+)", stem)
     if match and match.group(2) in _LAYER:
         return f"model.layers.{match.group(1)}.{_LAYER[match.group(2)]}.{kind}"
+    if match and match.group(2) in _EXPERTS and expert is not None:
+        return (f"model.layers.{match.group(1)}.mlp.experts.{expert}."
+                f"{_EXPERTS[match.group(2)]}.{kind}")
     return None
+
+
+def _experts(tensor: dict) -> list[int | None]:
+    """The experts a tensor of the marker's table holds, one name each ([None]: a tensor
+    of one weight)."""
+    stem = tensor["name"].rpartition(".")[0]
+    is_experts = stem.rpartition(".")[2] in _EXPERTS and len(tensor["shape"]) == 3
+    return list(range(tensor["shape"][0])) if is_experts else [None]
 
 
 def _reader(path: Path):
@@ -112,6 +130,11 @@ def prepare_gguf(path: str | Path, root: Path | None = None) -> Path:
         head_dim = _field(reader, f"{arch}.attention.key_length")
         if head_dim:  # transformers' conversion leaves Qwen3's at its config's default
             config.head_dim = int(head_dim)
+        expert_rows = _field(reader, f"{arch}.expert_feed_forward_length")
+        if expert_rows:  # nor does it read an expert's width
+            config.moe_intermediate_size = int(expert_rows)
+        if arch == "qwen3moe":  # llama.cpp's Qwen3-MoE renormalises the chosen experts'
+            config.norm_topk_prob = True  # weights whatever the original config said
         config.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
         heads = _field(reader, f"{arch}.attention.head_count")
@@ -166,8 +189,9 @@ def gguf_tensor_kinds(model_dir: Path) -> dict[str, str]:
     """Hugging Face name -> the file's storage format (``Q4_K``, ``F16``, ...) of each
     weight of the GGUF file a prepared directory names."""
     _, marker = _marker(model_dir)
-    return {hf_name(t["name"]): t["format"] for t in marker["tensors"]
-            if t["name"] not in _DERIVED and hf_name(t["name"]) is not None}
+    return {hf_name(t["name"], e): t["format"] for t in marker["tensors"]
+            for e in _experts(t) if t["name"] not in _DERIVED
+            and hf_name(t["name"], e) is not None}
 
 
 def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda name: False
@@ -181,6 +205,12 @@ def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda na
     data = np.memmap(path, dtype=np.uint8, mode="r")
     for tensor in marker["tensors"]:
         if tensor["name"] in _DERIVED:
+            continue
+        experts = _experts(tensor)
+        if experts != [None]:  # each expert's rows, a weight of its own
+            names = [hf_name(tensor["name"], e) for e in experts]
+            for name, weight in _tensor_weights(data, tensor, names, keep_blocks):
+                yield name, weight, path.name
             continue
         name = hf_name(tensor["name"])
         if name is None:
@@ -203,3 +233,20 @@ def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda na
         if permuted:
             values = _unpermute(values, heads if ".q_proj." in name else kv_heads)
         yield name, values, path.name
+
+
+def _tensor_weights(data: np.ndarray, tensor: dict, names: list[str],
+                    keep_blocks: Callable[[str], bool]
+                    ) -> Iterator[tuple[str, torch.Tensor | BlockWeight]]:
+    """An experts' tensor [experts, rows, columns] as each expert's weight: its rows'
+    bytes as they are (a BlockWeight, where ``keep_blocks`` accepts the name and the
+    format is kept) or its float32 values."""
+    experts, rows, cols = tensor["shape"]
+    kind, start = tensor["format"], tensor["offset"]
+    each = tensor["bytes"] // experts
+    for e, name in enumerate(names):
+        raw = torch.from_numpy(np.array(data[start + e * each:start + (e + 1) * each]))
+        if kind in KEPT and keep_blocks(name):
+            yield name, BlockWeight(kind, raw.reshape(rows, -1), cols)
+        else:
+            yield name, dequantize(raw, kind, (rows, cols))
