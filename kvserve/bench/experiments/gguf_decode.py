@@ -37,17 +37,26 @@ DEFAULT_TOKENS = 128
 
 
 def decode_weight_bytes(path: Path) -> dict[str, Any]:
-    """Bytes a decode step reads of the GGUF file ``path``, and its tensors' formats."""
+    """Bytes a decode step reads of the GGUF file ``path``, and its tensors' formats. Of a
+    mixture of experts' tensors a token reads its routed experts' share (expert_used_count
+    of expert_count)."""
     from gguf import GGUFReader
 
-    tensors = GGUFReader(str(path)).tensors
+    reader = GGUFReader(str(path))
+    tensors = reader.tensors
+    arch = reader.fields["general.architecture"].contents()
+    used, count = (reader.fields[f"{arch}.{key}"].contents()
+                   if f"{arch}.{key}" in reader.fields else 1
+                   for key in ("expert_used_count", "expert_count"))
     names = {t.name for t in tensors}
     embedding_read = "output.weight" not in names  # tied: the table is the LM head
     total, formats = 0, {}
     for t in tensors:
         kind = t.tensor_type.name
         formats[kind] = formats.get(kind, 0) + int(t.n_bytes)
-        if t.name != "token_embd.weight" or embedding_read:
+        if t.name.endswith("_exps.weight"):
+            total += int(t.n_bytes) * used // count
+        elif t.name != "token_embd.weight" or embedding_read:
             total += int(t.n_bytes)
     return {"decode_bytes": total, "bytes_by_format": formats}
 

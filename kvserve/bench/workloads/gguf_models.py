@@ -4,7 +4,8 @@ gguf-...``): the sizes people run, which a float32 copy would not fit.
 Each weight is drawn from its own seeded generator in row chunks and stored as
 bfloat16, so the largest thing held at once is one tensor's bfloat16 values (the 8B
 shape's 128k x 4096 embedding table, 1 GiB). The file is what llama.cpp's converter
-writes for a Llama: its tensor names and metadata, the bench tokenizer's byte-level BPE
+writes for a Llama (or a Qwen3-MoE: q/k norms, a float32 router, each projection of all
+experts in one tensor): its tensor names and metadata, the bench tokenizer's byte-level BPE
 vocabulary padded with unused tokens up to the model's vocabulary (as the converter pads
 a Hugging Face vocabulary), norms in float32. Q8_0 and Q4_K_M files are then made from
 it by llama.cpp's own ``llama-quantize``: the same blocks, and the same mix of Q4_K and
@@ -17,6 +18,7 @@ sees the same model.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -28,15 +30,20 @@ from kvserve.bench.workloads.models import BenchModelSpec, _special_ids_from_tok
 # make-model's formats -> llama-quantize's type (None: the bfloat16 file as written)
 GGUF_FORMATS = {"gguf-bf16": None, "gguf-q8_0": "Q8_0", "gguf-q4_k_m": "Q4_K_M",
                 "gguf-q5_k_m": "Q5_K_M"}
+# bench architectures -> llama.cpp's names for them
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen3_moe": "qwen3moe"}
 INIT_STD = 0.02
 CHUNK_VALUES = 1 << 24  # random values drawn at a time
 
 
 def _tensors(spec: BenchModelSpec) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """(llama.cpp name, shape as rows x columns) of each weight, in the converter's order."""
+    """(llama.cpp name, shape as [experts x] rows x columns) of each weight, in the
+    converter's order. Qwen3-MoE: q/k norms per head, a router, and each projection of
+    all experts in one tensor."""
     head_dim = spec.hidden_size // spec.num_heads
     q, kv, h, ff = spec.num_heads * head_dim, spec.num_kv_heads * head_dim, \
         spec.hidden_size, spec.intermediate_size
+    moe = spec.architecture == "qwen3_moe"
     yield "token_embd.weight", (spec.vocab_size, h)
     for i in range(spec.num_layers):
         yield f"blk.{i}.attn_norm.weight", (h,)
@@ -44,13 +51,36 @@ def _tensors(spec: BenchModelSpec) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield f"blk.{i}.attn_k.weight", (kv, h)
         yield f"blk.{i}.attn_v.weight", (kv, h)
         yield f"blk.{i}.attn_output.weight", (h, q)
+        if moe:
+            yield f"blk.{i}.attn_q_norm.weight", (head_dim,)
+            yield f"blk.{i}.attn_k_norm.weight", (head_dim,)
         yield f"blk.{i}.ffn_norm.weight", (h,)
+        if moe:
+            e = spec.num_experts
+            yield f"blk.{i}.ffn_gate_inp.weight", (e, h)
+            yield f"blk.{i}.ffn_gate_exps.weight", (e, ff, h)
+            yield f"blk.{i}.ffn_up_exps.weight", (e, ff, h)
+            yield f"blk.{i}.ffn_down_exps.weight", (e, h, ff)
+            continue
         yield f"blk.{i}.ffn_gate.weight", (ff, h)
         yield f"blk.{i}.ffn_up.weight", (ff, h)
         yield f"blk.{i}.ffn_down.weight", (h, ff)
     yield "output_norm.weight", (h,)
     if not spec.tied_embeddings:
         yield "output.weight", (spec.vocab_size, h)
+
+
+def _is_router(tensor: str) -> bool:
+    """A MoE router's weight, kept in float32 as llama.cpp's converter keeps it."""
+    return tensor.endswith(".ffn_gate_inp.weight")
+
+
+def _float32_random(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Normal(0, INIT_STD) values in float32 (a small tensor: drawn at once)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * INIT_STD).numpy()
 
 
 def _bfloat16_random(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -99,12 +129,13 @@ def write_bfloat16_gguf(spec: BenchModelSpec, name: str, path: Path, tokenizer_d
     import gguf
     from tqdm import tqdm
 
-    if spec.architecture != "llama":
-        raise ValueError(f"GGUF bench models are Llamas; {name} is {spec.architecture}")
+    if spec.architecture not in GGUF_ARCHITECTURES:
+        raise ValueError(f"GGUF bench models are {' or '.join(GGUF_ARCHITECTURES)}; {name} "
+                         f"is {spec.architecture}")
     tokenizer_dir = Path(tokenizer_dir)
     special = _special_ids_from_tokenizer_dir(tokenizer_dir)
     tokens, types, merges = _vocabulary(tokenizer_dir, spec.vocab_size)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), GGUF_ARCHITECTURES[spec.architecture])
     writer.add_name(name)
     writer.add_context_length(spec.max_position_embeddings)
     writer.add_embedding_length(spec.hidden_size)
@@ -115,6 +146,12 @@ def write_bfloat16_gguf(spec: BenchModelSpec, name: str, path: Path, tokenizer_d
     writer.add_head_count_kv(spec.num_kv_heads)
     writer.add_layer_norm_rms_eps(spec.rms_norm_eps)
     writer.add_rope_freq_base(spec.rope_theta)
+    if spec.architecture == "qwen3_moe":
+        writer.add_key_length(spec.hidden_size // spec.num_heads)
+        writer.add_value_length(spec.hidden_size // spec.num_heads)
+        writer.add_expert_count(spec.num_experts)
+        writer.add_expert_used_count(spec.experts_per_token)
+        writer.add_expert_feed_forward_length(spec.intermediate_size)
     writer.add_vocab_size(spec.vocab_size)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     writer.add_tokenizer_model("gpt2")
@@ -130,10 +167,10 @@ def write_bfloat16_gguf(spec: BenchModelSpec, name: str, path: Path, tokenizer_d
         writer.add_chat_template(template.read_text())
     shapes = list(_tensors(spec))
     for tensor, shape in shapes:
-        if len(shape) == 1:
-            writer.add_tensor_info(tensor, shape, np.dtype(np.float32), 4 * shape[0])
+        if len(shape) == 1 or _is_router(tensor):
+            writer.add_tensor_info(tensor, shape, np.dtype(np.float32), 4 * math.prod(shape))
         else:
-            writer.add_tensor_info(tensor, shape, np.dtype(np.uint16), 2 * shape[0] * shape[1],
+            writer.add_tensor_info(tensor, shape, np.dtype(np.uint16), 2 * math.prod(shape),
                                    raw_dtype=gguf.GGMLQuantizationType.BF16)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -142,6 +179,8 @@ def write_bfloat16_gguf(spec: BenchModelSpec, name: str, path: Path, tokenizer_d
                                                  unit="tensor", disable=not progress)):
         if len(shape) == 1:
             writer.write_tensor_data(np.ones(shape, dtype=np.float32))
+        elif _is_router(tensor):
+            writer.write_tensor_data(_float32_random(shape, seed * 100_003 + index))
         else:
             writer.write_tensor_data(_bfloat16_random(shape, seed * 100_003 + index))
     writer.close()

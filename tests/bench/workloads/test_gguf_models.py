@@ -20,6 +20,8 @@ from tests.helpers import prompts_of_lengths
 # wider than the tokenizer (8192 ids): the vocabulary is padded, as bench-1b's is
 TINY = BenchModelSpec(256, 2, 4, 2, 512, vocab_size=8320)
 TINY_TIED = BenchModelSpec(256, 2, 4, 2, 512, vocab_size=8320, tied_embeddings=True)
+TINY_MOE = BenchModelSpec(256, 2, 4, 2, 256, vocab_size=8320, architecture="qwen3_moe",
+                          num_experts=4, experts_per_token=2)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +51,22 @@ def test_the_vocabulary_is_padded_with_unused_tokens():
         _vocabulary(default_model_dir(), 1000)
 
 
+@pytest.fixture(scope="module")
+def moe_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gguf-bench") / "tiny-moe-bf16.gguf"
+    return make_gguf_bench_model(TINY_MOE, "tiny-moe", "gguf-bf16", out, default_model_dir())
+
+
 @torch.inference_mode()
-def test_kvserve_reads_the_file_as_transformers_does(bf16_file):
+@pytest.mark.parametrize("which", ["llama", "qwen3_moe"])
+def test_kvserve_reads_the_file_as_transformers_does(which, bf16_file, moe_file):
     from transformers import AutoConfig, AutoModelForCausalLM
+    bf16_file = bf16_file if which == "llama" else moe_file
     config = AutoConfig.from_pretrained(prepare_gguf(bf16_file))
     assert (config.vocab_size, config.hidden_size, config.num_key_value_heads) == (8320, 256, 2)
+    if which == "qwen3_moe":
+        assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+                config.norm_topk_prob) == (4, 2, 256, True)
     hf = AutoModelForCausalLM.from_pretrained(bf16_file.parent, gguf_file=bf16_file.name,
                                               config=config, dtype=torch.float32).eval()
     prompts = prompts_of_lengths([5, 12])
@@ -93,14 +106,25 @@ def test_a_decode_step_reads_the_lm_head_but_not_an_untied_embedding(bf16_file, 
     assert tied["decode_bytes"] == sum(tied["bytes_by_format"].values()) == everything - table
 
 
+def test_a_token_reads_its_routed_experts_share_of_the_expert_tensors(moe_file):
+    from gguf import GGUFReader
+    tensors = GGUFReader(str(moe_file)).tensors
+    experts = sum(int(t.n_bytes) for t in tensors if t.name.endswith("_exps.weight"))
+    table = next(int(t.n_bytes) for t in tensors if t.name == "token_embd.weight")
+    read = decode_weight_bytes(moe_file)
+    assert experts == 2 * 3 * 4 * 256 * 256 * TINY_MOE.num_layers  # bf16, 3 projections
+    assert read["decode_bytes"] == sum(read["bytes_by_format"].values()) - table - experts // 2
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt, formats", [("gguf-q8_0", {"Q8_0"}),
-                                          ("gguf-q4_k_m", {"Q4_K", "Q6_K"}),
-                                          ("gguf-q5_k_m", {"Q5_K", "Q6_K"})])
-def test_llama_quantize_makes_the_quantized_files(fmt, formats, tmp_path):
+@pytest.mark.parametrize("fmt, formats, spec", [("gguf-q8_0", {"Q8_0"}, TINY),
+                                                ("gguf-q4_k_m", {"Q4_K", "Q6_K"}, TINY),
+                                                ("gguf-q5_k_m", {"Q5_K", "Q6_K"}, TINY),
+                                                ("gguf-q4_k_m", {"Q4_K", "Q6_K"}, TINY_MOE)])
+def test_llama_quantize_makes_the_quantized_files(fmt, formats, spec, tmp_path):
     from gguf import GGUFReader
     tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
-    out = make_gguf_bench_model(TINY, "tiny", fmt, tmp_path / f"tiny-{fmt}.gguf",
+    out = make_gguf_bench_model(spec, "tiny", fmt, tmp_path / f"tiny-{fmt}.gguf",
                                 default_model_dir(), llama_cpp_tool(tree, "llama-quantize"))
     kinds = {t.tensor_type.name for t in GGUFReader(str(out)).tensors}
     assert formats <= kinds
