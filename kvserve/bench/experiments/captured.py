@@ -165,7 +165,7 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
                        engine_args: dict[str, Any], rounds: int,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
     from kvserve.bench.instruments.decode import matmul_weight_bytes
-    from kvserve.bench.instruments.roofline import measure_stream_bandwidth
+    from kvserve.bench.instruments.roofline import measure_apart
     from kvserve.bench.instruments.throughput import load_llm
 
     if engine_args.get("enforce_eager") or engine_args.get("speculative_config"):
@@ -191,7 +191,8 @@ def run_captured_bench(model_dir: str, requests: Sequence[BenchRequest],
     try:
         _timed_rounds(engine, captured, chosen, prompts, 1, "warm")  # both modes, all sizes
         runs, outside, bandwidths, gemvs = _timed_rounds(
-            engine, captured, chosen, prompts, rounds, "run", log, measure_stream_bandwidth,
+            engine, captured, chosen, prompts, rounds, "run", log,
+            lambda: measure_apart("measure_stream_bandwidth"),
             lambda: compute_thread().call(gemv_pass_bandwidth, engine.worker.runner.model,
                                           engine.worker.kernels))
         read_pairs = {}

@@ -109,7 +109,7 @@ def kvserve_prompt_rate(llm, prompt: Sequence[int]) -> float:
 def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens: int,
                     threads: int, engine_args: dict[str, Any], depth: int = 0,
                     prompt_tokens: int = 0, log=print) -> dict[str, Any]:
-    from kvserve.bench.instruments.roofline import measure_stream_bandwidth
+    from kvserve.bench.instruments.roofline import measure_apart
     from kvserve.bench.instruments.throughput import load_llm
     from kvserve.bench.peers.llamacpp import run_llama_bench
 
@@ -128,7 +128,7 @@ def run_gguf_decode(files: Sequence[Path], llama_bench: str, rounds: int, tokens
             ours_pp, theirs_pp = [], []
             watch = {"kvserve": CpuSampler(), "llama-bench": None}
             for r in range(rounds):
-                round_bandwidth.append(measure_stream_bandwidth())
+                round_bandwidth.append(measure_apart("measure_stream_bandwidth"))
                 with watch["kvserve"]:
                     ours.append(kvserve_decode_rate(llm, tokens, prompt,
                                                     reset_prefix_cache=depth == 0))

@@ -60,7 +60,7 @@ def _same_captured_rows(engines) -> int:
 def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
                          engine_args: dict[str, Any], rounds: int,
                          log: Callable[[str], None] = print) -> dict[str, Any]:
-    from kvserve.bench.instruments.roofline import measure_sum_bandwidth
+    from kvserve.bench.instruments.roofline import measure_apart
     from kvserve.bench.instruments.throughput import load_llm
     from kvserve.worker.huge_pages import huge_pages_available, huge_pages_setting
 
@@ -105,7 +105,8 @@ def run_huge_pages_bench(model_dir: str, requests: Sequence[BenchRequest],
         for r in range(rounds):
             order = MODES if r % 2 == 0 else MODES[::-1]
             for mode in order:
-                bandwidth[mode].append(measure_sum_bandwidth(huge_pages=mode == "huge"))
+                bandwidth[mode].append(measure_apart("measure_sum_bandwidth",
+                                                           huge_pages=mode == "huge"))
             _round(engines, prompts, r, order, runs, "run")
             for mode in order:
                 tok_s[mode].append(_workload_tok_s(llms[mode], requests))

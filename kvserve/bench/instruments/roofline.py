@@ -22,6 +22,7 @@ __all__ = [
     "measure_gemm_gflops",
     "measure_sum_bandwidth",
     "measure_stream_bandwidth",
+    "measure_apart",
     "measure_gemv_bandwidth",
     "flops_per_token",
     "workload_flops",
@@ -178,6 +179,26 @@ def measure_stream_bandwidth(num_mb: int = 256, repeats: int = 5) -> float:
 
     kinds = [False, True] if huge_pages_available() else [False]
     return max(measure_sum_bandwidth(num_mb, repeats, huge) for huge in kinds)
+
+
+def measure_apart(name: str, **kwargs) -> float:
+    """``name`` (one of this module's measurements) with ``kwargs``, run in a child
+    process. A bench with an engine in its process measures reads there: torch's parallel
+    sum started from this thread leaves an OpenMP team behind, and with more threads
+    than cores libgomp stops spinning at its barriers, so every parallel torch op of the
+    engine's eager steps afterwards waits on a futex (a Qwen3-MoE's eager decode at a
+    third of its rate)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from kvserve.bench.instruments import roofline; "
+            "print(json.dumps(getattr(roofline, sys.argv[1])(**json.loads(sys.argv[2]))))")
+    proc = subprocess.run([sys.executable, "-c", code, name, json.dumps(kwargs)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring {name} in a child process failed: {proc.stderr[-2000:]}")
+    return float(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def measure_gemv_bandwidth(k: int = 4096, n: int = 8192, repeats: int = 5) -> float:

@@ -44,8 +44,8 @@ def test_both_engines_are_timed_and_the_figures_follow(tiny_model_dir: Path, mon
     monkeypatch.setattr(LLMEngine, "step", counted)
     kinds = []
     import kvserve.bench.instruments.roofline as roofline
-    monkeypatch.setattr(roofline, "measure_sum_bandwidth",
-                        lambda huge_pages=False: kinds.append(huge_pages) or
+    monkeypatch.setattr(roofline, "measure_apart",
+                        lambda name, huge_pages=False: kinds.append(huge_pages) or
                         (20.0 if huge_pages else 10.0))
     lines: list[str] = []
     result = bench.run_huge_pages_bench(str(tiny_model_dir), _requests(40, 24), {}, rounds=2,

@@ -10,6 +10,7 @@ from kvserve.bench.instruments.roofline import (
     RooflineResult,
     gemm_peak,
     decode_bandwidth_floor_s,
+    measure_apart,
     flops_per_token,
     matmul_params,
     measure_gemm_gflops,
@@ -84,6 +85,17 @@ def test_measure_smoke() -> None:
     r = RooflineResult(2, {"a": 10.0, "b": 30.0}, 35.0, 17.0)
     assert r.peak_gflops == 30.0 and r.bandwidth_gbs == 35.0
     assert r.to_dict()["peak_gflops"] == 30.0
+
+
+def test_a_read_measured_apart_runs_in_a_child_process() -> None:
+    """A streaming read measured for a bench with an engine in its process: the child's
+    sum, none of this process's threads."""
+    import os
+    threads = set(os.listdir("/proc/self/task"))
+    assert measure_apart("measure_sum_bandwidth", num_mb=8, repeats=1) > 0
+    assert set(os.listdir("/proc/self/task")) == threads
+    with pytest.raises(RuntimeError, match="no_such_measurement"):
+        measure_apart("no_such_measurement")
 
 
 def test_roofline_command_writes_json_and_plot(tmp_path) -> None:
