@@ -64,6 +64,7 @@ class Kernels:
         self._gemv_rows = bind(lib, "gemv_rows")
         self._gemm_panels = bind(lib, "gemm_panels")
         self._gemv_panels = bind(lib, "gemv_panels")
+        self._head_rms_norm = bind(lib, "head_rms_norm")
         self._rotary = {torch.float32: bind(lib, "rotary"),
                         torch.bfloat16: bind(lib, "rotary_bf16")}
         self._quantize_rows = bind(lib, "quantize_rows_int8")
@@ -195,6 +196,14 @@ class Kernels:
                           n=n, bias=bias.data_ptr() if bias is not None else None,
                           y=out.data_ptr())
         return out
+
+    def head_rms_norm_(self, qkv, q_weight, k_weight, num_q: int, num_k: int, head_dim: int,
+                       eps: float) -> None:
+        """RMSNorm each q head (weight q_weight) and k head (k_weight) at the start of each
+        qkv row in place (float32; rows of any stride, each row contiguous)."""
+        self._head_rms_norm(qkv=qkv.data_ptr(), row_stride=qkv.stride(0), rows=qkv.shape[0],
+                            q_weight=q_weight.data_ptr(), k_weight=k_weight.data_ptr(),
+                            num_q=num_q, num_k=num_k, head_dim=head_dim, eps=eps)
 
     def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):
         """Rotate the q and k heads at the start of each qkv row in place (qkv and the

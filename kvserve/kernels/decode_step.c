@@ -3,7 +3,8 @@
  * Eager, a step of one to four rows runs each layer as a dozen Python calls into torch,
  * oneDNN and the kernels here, and at those row counts their dispatch is a fifth of the
  * step. This runs the same kernels in the same order from C: embedding rows, then per
- * layer RMSNorm (the residual add fused), qkv GEMV, rotary in place, the K/V written to
+ * layer RMSNorm (the residual add fused), qkv GEMV, (Qwen3: each q and k head's RMSNorm
+ * in place), rotary in place, the K/V written to
  * the paged pool, paged attention, o_proj, add + RMSNorm, gate_up, SiLU-and-multiply,
  * down; the final norm and the LM head. The GEMVs are gemv_panels (kernels/gemm.c) when
  * the plan's weights are panels (P_PANELS), else gemv_rows (kernels/gemv.c), so a
@@ -30,10 +31,10 @@
 /* header: the sizes, then the model-wide tensors */
 enum { P_LAYERS, P_HIDDEN, P_HEADS, P_KV_HEADS, P_HEAD_DIM, P_INTER, P_VOCAB, P_BLOCK,
        P_WINDOW, P_PANELS, P_EMBED, P_FINAL_NORM, P_LM_HEAD, P_LM_BIAS, P_COS, P_SIN, P_GGUF,
-       P_EMBED_FMT, PLAN_HEADER };
-/* per layer */
+       P_EMBED_FMT, P_HEAD_NORMS, PLAN_HEADER };
+/* per layer (L_Q_NORM, L_K_NORM: with P_HEAD_NORMS, Qwen3's per-head q and k norms) */
 enum { L_IN_NORM, L_QKV_W, L_QKV_B, L_O_W, L_O_B, L_POST_NORM, L_GATE_UP_W, L_GATE_UP_B,
-       L_DOWN_W, L_DOWN_B, L_K_POOL, L_V_POOL, LAYER_FIELDS };
+       L_DOWN_W, L_DOWN_B, L_K_POOL, L_V_POOL, L_Q_NORM, L_K_NORM, LAYER_FIELDS };
 
 #define PTR(v) ((float *)(intptr_t)(v))
 
@@ -139,8 +140,11 @@ static void run_step(step *s) {
         sync_threads(s);
         TIMED(0, linear(s, s->h, hidden, L[L_QKV_W], qkv_n, L[L_QKV_B], s->qkv));
         TIMED(1, {
-            /* each thread writes the K/V of the rows it rotated: two static schedules
-             * over the same rows give a thread the same rows */
+            /* each thread norms, rotates and writes the K/V of the same rows: static
+             * schedules over the same rows give a thread the same rows */
+            if (plan[P_HEAD_NORMS])
+                head_rms_norm_part(s->qkv, qkv_n, rows, PTR(L[L_Q_NORM]), PTR(L[L_K_NORM]),
+                                   heads, kvh, d, eps);
             rotary_part(s->qkv, qkv_n, rows, s->positions, PTR(plan[P_COS]),
                         PTR(plan[P_SIN]), heads, kvh, d);
             write_kv_part_f32(s->qkv + q_size, s->qkv + q_size + kv_size, qkv_n, qkv_n,

@@ -34,6 +34,27 @@ void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int
     rms_norm_part(x, weight, out, rows, dim, eps);
 }
 
+/* Each q and k head of a fused qkv activation RMSNormed over its head_dim, in place
+ * (Qwen3's q_norm and k_norm): row t holds num_q then num_k heads from its start, rows
+ * row_stride floats apart; the q heads take q_weight, the k heads k_weight. */
+void head_rms_norm_part(float *qkv, int64_t row_stride, int64_t rows, const float *q_weight,
+                        const float *k_weight, int64_t num_q, int64_t num_k, int64_t head_dim,
+                        float eps) {
+#pragma omp for schedule(static) nowait
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t h = 0; h < num_q + num_k; h++) {
+            float *x = qkv + t * row_stride + h * head_dim;
+            rms_norm_row(x, h < num_q ? q_weight : k_weight, x, head_dim, eps);
+        }
+}
+
+void head_rms_norm(float *qkv, int64_t row_stride, int64_t rows, const float *q_weight,
+                   const float *k_weight, int64_t num_q, int64_t num_k, int64_t head_dim,
+                   float eps) {
+#pragma omp parallel
+    head_rms_norm_part(qkv, row_stride, rows, q_weight, k_weight, num_q, num_k, head_dim, eps);
+}
+
 /* residual += x, then out = RMSNorm(residual), row by row: the residual add and the next
  * norm in one pass over rows still in cache (as separate ops, each read the activation a
  * GEMM had just left in the other core's cache). The same sums as add, then rms_norm. */

@@ -35,6 +35,8 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
                                "eps:f32"),
         "add_rms_norm_bf16": (None, "x:ptr residual:ptr weight:ptr out:ptr rows:i64 dim:i64 "
                                     "eps:f32"),
+        "head_rms_norm": (None, "qkv:ptr row_stride:i64 rows:i64 q_weight:ptr k_weight:ptr "
+                                "num_q:i64 num_k:i64 head_dim:i64 eps:f32"),
         "silu_mul": (None, "gate_up:ptr out:ptr rows:i64 inter:i64"),
         "gemv_rows": (None, "x:ptr m:i64 k:i64 w:ptr n:i64 bias:ptr y:ptr"),
         "gemm_panels": ("i64", "x:ptr m:i64 k:i64 panels:ptr n:i64 bias:ptr y:ptr"),

@@ -16,6 +16,9 @@ void rms_norm_part(const float *x, const float *weight, float *out, int64_t rows
                    int64_t dim, float eps);
 void add_rms_norm_part(const float *x, float *residual, const float *weight, float *out,
                        int64_t rows, int64_t dim, float eps);
+void head_rms_norm_part(float *qkv, int64_t row_stride, int64_t rows, const float *q_weight,
+                        const float *k_weight, int64_t num_q, int64_t num_k, int64_t head_dim,
+                        float eps);
 void silu_mul_part(const float *gate_up, float *out, int64_t rows, int64_t inter);
 void rotary_part(float *qkv, int64_t row_stride, int64_t rows, const int64_t *positions,
                  const float *cos_table, const float *sin_table, int64_t num_q,

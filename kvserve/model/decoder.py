@@ -45,12 +45,24 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.kv_size, cfg.norm_eps)
         self.partial_rotary = (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim
 
+    def _norm_heads_(self, qkv: torch.Tensor) -> bool:
+        """Each q and k head RMSNormed in place inside qkv by the native kernel (float32),
+        as the captured step does; False: nothing done (the norms run on the split q, k)."""
+        native = self.q_norm.native
+        if (native is None or qkv.dtype != torch.float32 or qkv.stride(1) != 1
+                or self.q_norm.weight.dtype != torch.float32):
+            return False
+        native.head_rms_norm_(qkv, self.q_norm.weight, self.k_norm.weight, self.num_heads,
+                              self.num_kv_heads, self.head_dim, self.q_norm.eps)
+        return True
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
                 cache: KVCache, meta: AttentionMetadata,
                 out_rows: torch.Tensor | None = None) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        rotated = (self.qk_norm is None and not self.partial_rotary
+        normed = self.qk_norm == "head" and self._norm_heads_(qkv)
+        rotated = ((self.qk_norm is None or normed) and not self.partial_rotary
                    and rotary.rotate_qkv_(positions, qkv, self.num_heads, self.num_kv_heads,
                                           self.head_dim))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -59,7 +71,7 @@ class Attention(nn.Module):
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm == "head":
+        if self.qk_norm == "head" and not normed:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(t, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(t, self.num_kv_heads,
                                                                self.head_dim)

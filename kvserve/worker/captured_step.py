@@ -17,7 +17,8 @@ prefill chunk, no prompt logprobs) and the rows are at most ``max_rows``, which 
 worker sets by timing both paths at start (:func:`choose_captured_rows`). A step of
 decodes alone skips the StepInputs too (:meth:`CapturedStep.decode`): its inputs go
 straight into a buffer kept from start. The model it takes: LlamaForCausalLM (Llama,
-Mistral, Qwen2) in float32 with a float32 KV pool and SiLU MLPs, on one rank,
+Mistral, Qwen2) or Qwen3ForCausalLM (each q and k head RMSNormed in place before rotary,
+as its eager attention does natively) in float32 with a float32 KV pool and SiLU MLPs, on one rank,
 unquantized, or with every linear layer on a GGUF file's blocks (the same kernels as
 GGUFLinearMethod's, its embedding decoded a row at a time as BlockEmbedding's).
 ``--enforce-eager`` (vLLM's flag) turns it off.
@@ -34,6 +35,7 @@ from kvserve.model.gguf.linear import FORMAT_CODES, BlockEmbedding, GGUFLinearMe
 from kvserve.model.layers import Linear
 from kvserve.model.linear_method import FloatLinearMethod
 from kvserve.model.llama import LlamaForCausalLM
+from kvserve.model.qwen3 import Qwen3ForCausalLM
 from kvserve.core.scheduler_output import ScheduledRequest
 from kvserve.worker.input_batch import StepInputs, decode_fields, decodes_only
 
@@ -55,8 +57,12 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
     """Why the captured step cannot run this model (None: it can)."""
     if kernels is None:
         return "no native kernels"
-    if not isinstance(model, LlamaForCausalLM):
-        return f"{type(model).__name__}: the captured step runs Llama, Mistral and Qwen2 layers only"
+    if not isinstance(model, (LlamaForCausalLM, Qwen3ForCausalLM)):
+        return (f"{type(model).__name__}: the captured step runs Llama, Mistral, Qwen2 and "
+                "Qwen3 layers only")
+    cfg = model.config
+    if cfg.qk_norm not in (None, "head") or cfg.rotary_dim not in (None, cfg.head_dim):
+        return "q/k norms over whole projections, or a partial rotary"
     linears = _linears(model)
     if any(type(m) is not Linear for m in linears):
         return "sharded linear layers"
@@ -91,9 +97,9 @@ class CapturedStep:
     # the plan's layout: kernels/decode_step.c's PLAN_HEADER and LAYER_FIELDS
     HEADER = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "block",
               "window", "panels", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin",
-              "gguf", "embed_fmt")
+              "gguf", "embed_fmt", "head_norms")
     LAYER = ("in_norm", "qkv_w", "qkv_b", "o_w", "o_b", "post_norm", "gate_up_w",
-             "gate_up_b", "down_w", "down_b", "k_pool", "v_pool")
+             "gate_up_b", "down_w", "down_b", "k_pool", "v_pool", "q_norm", "k_norm")
 
     def __init__(self, model: LlamaForCausalLM, caches: list[KVCache], kernels) -> None:
         reason = unsupported_reason(model, caches, kernels)
@@ -133,7 +139,8 @@ class CapturedStep:
             "lm_head": self._address(weight(model.lm_head)),
             "lm_bias": self._address(model.lm_head.bias),
             "cos": self._address(model.rotary.cos), "sin": self._address(model.rotary.sin),
-            "gguf": int(self.gguf), "embed_fmt": FORMAT_CODES[embedding.kind] if blocks else -1}
+            "gguf": int(self.gguf), "embed_fmt": FORMAT_CODES[embedding.kind] if blocks else -1,
+            "head_norms": int(cfg.qk_norm == "head")}
         plan = [header[name] for name in self.HEADER]
         for layer, cache in zip(model.model.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
@@ -143,7 +150,9 @@ class CapturedStep:
                 "o_b": attn.o_proj.bias, "post_norm": layer.post_attention_layernorm.weight,
                 "gate_up_w": weight(mlp.gate_up_proj), "gate_up_b": mlp.gate_up_proj.bias,
                 "down_w": weight(mlp.down_proj), "down_b": mlp.down_proj.bias,
-                "k_pool": cache.k, "v_pool": cache.v}
+                "k_pool": cache.k, "v_pool": cache.v,
+                "q_norm": attn.q_norm.weight if cfg.qk_norm == "head" else None,
+                "k_norm": attn.k_norm.weight if cfg.qk_norm == "head" else None}
             plan += [self._address(fields[name]) for name in self.LAYER]
         self.plan = torch.tensor(plan, dtype=torch.int64)
         self._timings = torch.zeros(2, dtype=torch.float64)

@@ -20,7 +20,7 @@ from tests.helpers import hf_greedy, prompts_of_lengths
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
-LLAMA_FAMILY = ["llama", "llama3-tied", "qwen2", "mistral"]
+LLAMA_FAMILY = ["llama", "llama3-tied", "qwen2", "mistral", "qwen3"]
 
 
 def _runner(model_dir, **engine_args):
@@ -166,7 +166,10 @@ def test_enforce_eager_runs_no_captured_step(llama_dir):
 
 
 @pytest.mark.parametrize("arch, engine_args, reason", [
-    ("gpt2", {}, "GPT2LMHeadModel: the captured step runs Llama, Mistral and Qwen2 layers only"),
+    ("gpt2", {}, "GPT2LMHeadModel: the captured step runs Llama, Mistral, Qwen2 and Qwen3 "
+     "layers only"),
+    ("qwen3-moe", {}, "Qwen3MoeForCausalLM: the captured step runs Llama, Mistral, Qwen2 and "
+     "Qwen3 layers only"),
     ("llama", {"quantization": "int8"}, "quantized linear layers"),
     ("llama", {"dtype": "bfloat16"}, "weights are not float32"),
     ("llama", {"kv_cache_dtype": "float16"}, "the KV cache is not float32"),
