@@ -45,9 +45,9 @@ def decode_weight_bytes(path: Path) -> dict[str, Any]:
     reader = GGUFReader(str(path))
     tensors = reader.tensors
     arch = reader.fields["general.architecture"].contents()
-    used, count = (reader.fields[f"{arch}.{key}"].contents()
-                   if f"{arch}.{key}" in reader.fields else 1
-                   for key in ("expert_used_count", "expert_count"))
+    experts = {key: reader.fields[f"{arch}.{key}"].contents()
+               for key in ("expert_used_count", "expert_count") if f"{arch}.{key}" in reader.fields}
+    used, count = experts.get("expert_used_count", 1), experts.get("expert_count", 1)
     names = {t.name for t in tensors}
     embedding_read = "output.weight" not in names  # tied: the table is the LM head
     total, formats = 0, {}

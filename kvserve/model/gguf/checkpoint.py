@@ -77,12 +77,16 @@ def hf_name(name: str, expert: int | None = None) -> str | None:
     return None
 
 
-def _experts(tensor: dict) -> list[int | None]:
-    """The experts a tensor of the marker's table holds, one name each ([None]: a tensor
-    of one weight)."""
+def _parts(tensor: dict) -> list[tuple[str | None, int, int, tuple[int, ...]]]:
+    """(Hugging Face name or None, first byte, bytes, shape) of each weight a tensor of
+    the marker's table holds: itself, or each expert's rows of an experts' tensor."""
     stem = tensor["name"].rpartition(".")[0]
-    is_experts = stem.rpartition(".")[2] in _EXPERTS and len(tensor["shape"]) == 3
-    return list(range(tensor["shape"][0])) if is_experts else [None]
+    shape, start, nbytes = tuple(tensor["shape"]), tensor["offset"], tensor["bytes"]
+    if stem.rpartition(".")[2] not in _EXPERTS or len(shape) != 3:
+        return [(hf_name(tensor["name"]), start, nbytes, shape)]
+    each = nbytes // shape[0]
+    return [(hf_name(tensor["name"], e), start + e * each, each, shape[1:])
+            for e in range(shape[0])]
 
 
 def _reader(path: Path):
@@ -189,9 +193,8 @@ def gguf_tensor_kinds(model_dir: Path) -> dict[str, str]:
     """Hugging Face name -> the file's storage format (``Q4_K``, ``F16``, ...) of each
     weight of the GGUF file a prepared directory names."""
     _, marker = _marker(model_dir)
-    return {hf_name(t["name"], e): t["format"] for t in marker["tensors"]
-            for e in _experts(t) if t["name"] not in _DERIVED
-            and hf_name(t["name"], e) is not None}
+    return {name: t["format"] for t in marker["tensors"] if t["name"] not in _DERIVED
+            for name, *_ in _parts(t) if name is not None}
 
 
 def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda name: False
@@ -206,47 +209,23 @@ def gguf_weights(model_dir: Path, keep_blocks: Callable[[str], bool] = lambda na
     for tensor in marker["tensors"]:
         if tensor["name"] in _DERIVED:
             continue
-        experts = _experts(tensor)
-        if experts != [None]:  # each expert's rows, a weight of its own
-            names = [hf_name(tensor["name"], e) for e in experts]
-            for name, weight in _tensor_weights(data, tensor, names, keep_blocks):
+        for name, start, nbytes, shape in _parts(tensor):
+            if name is None:
+                raise ValueError(f"{path.name}: tensor {tensor['name']!r} has no place in a "
+                                 f"{arch} model")
+            kind = tensor["format"]
+            # the weight's bytes, copied out of the mapped file (the only copy made here)
+            raw = torch.from_numpy(np.array(data[start:start + nbytes]))
+            permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
+            if kind in KEPT and keep_blocks(name):
+                weight = BlockWeight(kind, raw.reshape(shape[0], -1).contiguous(), shape[-1])
+                if permuted:
+                    order = _unpermute(torch.arange(shape[0]),
+                                       heads if ".q_proj." in name else kv_heads)
+                    weight = weight.permute_rows(order)
                 yield name, weight, path.name
-            continue
-        name = hf_name(tensor["name"])
-        if name is None:
-            raise ValueError(f"{path.name}: tensor {tensor['name']!r} has no place in a "
-                             f"{arch} model")
-        shape, kind = tuple(tensor["shape"]), tensor["format"]
-        start = tensor["offset"]
-        # the tensor's bytes, copied out of the mapped file (the only copy made here)
-        raw = torch.from_numpy(np.array(data[start:start + tensor["bytes"]]))
-        permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
-        if kind in KEPT and keep_blocks(name):
-            weight = BlockWeight(kind, raw.reshape(shape[0], -1).contiguous(), shape[-1])
+                continue
+            values = dequantize(raw, kind, shape)
             if permuted:
-                order = _unpermute(torch.arange(shape[0]),
-                                   heads if ".q_proj." in name else kv_heads)
-                weight = weight.permute_rows(order)
-            yield name, weight, path.name
-            continue
-        values = dequantize(raw, kind, shape)
-        if permuted:
-            values = _unpermute(values, heads if ".q_proj." in name else kv_heads)
-        yield name, values, path.name
-
-
-def _tensor_weights(data: np.ndarray, tensor: dict, names: list[str],
-                    keep_blocks: Callable[[str], bool]
-                    ) -> Iterator[tuple[str, torch.Tensor | BlockWeight]]:
-    """An experts' tensor [experts, rows, columns] as each expert's weight: its rows'
-    bytes as they are (a BlockWeight, where ``keep_blocks`` accepts the name and the
-    format is kept) or its float32 values."""
-    experts, rows, cols = tensor["shape"]
-    kind, start = tensor["format"], tensor["offset"]
-    each = tensor["bytes"] // experts
-    for e, name in enumerate(names):
-        raw = torch.from_numpy(np.array(data[start + e * each:start + (e + 1) * each]))
-        if kind in KEPT and keep_blocks(name):
-            yield name, BlockWeight(kind, raw.reshape(rows, -1), cols)
-        else:
-            yield name, dequantize(raw, kind, (rows, cols))
+                values = _unpermute(values, heads if ".q_proj." in name else kv_heads)
+            yield name, values, path.name
