@@ -308,6 +308,11 @@ def _add_gguf_layouts(sub: Any) -> None:
     add_gguf_layouts_parser(sub)
 
 
+def _add_gguf_vnni(sub: Any) -> None:
+    from kvserve.bench.experiments.gguf_vnni import add_gguf_vnni_parser
+    add_gguf_vnni_parser(sub)
+
+
 def _add_sinks(sub: Any) -> None:
     from kvserve.bench.experiments.sinks import cmd_sinks
     p = sub.add_parser("sinks", help="perplexity past the training context with a sliding "
@@ -436,7 +441,8 @@ def add_bench_parser(subparsers: Any) -> None:
     for add in (_add_make_model, _add_roofline, _add_throughput, _add_serve, _add_compare,
                 _add_memory, _add_spec, _add_structured, _add_metrics, _add_captured,
                 _add_huge_pages, _add_startup, _add_moe, _add_lora, _add_sinks,
-                _add_gguf_agreement, _add_gguf_decode, _add_gguf_layouts, _add_overlap,
+                _add_gguf_agreement, _add_gguf_decode, _add_gguf_layouts, _add_gguf_vnni,
+                _add_overlap,
                 _add_serving, _add_server_ab, _add_tp, _add_batch, _add_replicas, _add_report):
         add(sub)
     for command in sub.choices.values():

@@ -1,5 +1,5 @@
 /* The integer products of GGUF blocks against decode rows rounded to int8, as llama.cpp
- * sums them (AVX2): x rounded per 32 values (its Q8_0) against Q8_0 blocks, per 256 with
+ * sums them (AVX2; VNNI's fused dot products where the build has them, vec_math.h): x rounded per 32 values (its Q8_0) against Q8_0 blocks, per 256 with
  * 16-value sums (its Q8_K) against the K formats; each block's scales applied in
  * integers, one float multiply a block. Few-row kernels first, then one row's (a single
  * stream's step) kept in registers. Included by gguf_linear.c, after gguf_float_rows.h
@@ -35,8 +35,7 @@ static void quantize_blocks_q8(const float *x, int64_t count, int8_t *xq, float 
 
 /* 32 int8 products of a signed weight block and an activation block, as 8 int32 sums */
 static inline __m256i dot_s8(__m256i w, __m256i x) {
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    return dot_u8s8_add(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 
 static void row_q8_0_q8(const int8_t *xq, const float *xd, int64_t m, int64_t k,
@@ -164,7 +163,7 @@ static void row_k_q8k(int five, const int8_t *xq, const float *xd, const int16_t
             for (int s = 0; s < 8; s++) {
                 const __m256i p = _mm256_maddubs_epi16(
                     codes[s], _mm256_loadu_si256((const __m256i *)(q8 + 32 * s)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale[s], p));
+                sumi = madd_s16_add(sumi, scale[s], p);
             }
             /* the 32-sums (pairs of 16-sums) against the mins */
             const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
@@ -227,7 +226,7 @@ static void row_q6_k_q8k(const int8_t *xq, const float *xd, const int16_t *bsums
             for (int v = 0; v < 8; v++) {
                 const __m256i p = _mm256_maddubs_epi16(
                     codes[v], _mm256_loadu_si256((const __m256i *)(q8 + 32 * v)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales[v], p));
+                sumi = madd_s16_add(sumi, scales[v], p);
             }
             /* the codes' offset: 32 x each 16 values' scale x their 16-sum */
             const __m256i off = _mm256_madd_epi16(sc16, bs);
@@ -295,8 +294,8 @@ static float row_q4_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
             const __m256i p1 = _mm256_maddubs_epi16(
                 _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4),
                 _mm256_loadu_si256((const __m256i *)(xq + 64 * c + 32)));
-            sumi0 = _mm256_add_epi32(sumi0, _mm256_madd_epi16(k4_scale(scales, 2 * c), p0));
-            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(k4_scale(scales, 2 * c + 1), p1));
+            sumi0 = madd_s16_add(sumi0, k4_scale(scales, 2 * c), p0);
+            sumi1 = madd_s16_add(sumi1, k4_scale(scales, 2 * c + 1), p1);
         }
         const float dx = xd[i];
         acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w) * dx),
@@ -335,14 +334,14 @@ static void row_q4_k_q8k_pair(const int8_t *xq, const float *xd, const int16_t *
             const __m256i xhi = _mm256_loadu_si256((const __m256i *)(xq + 64 * c + 32));
             const __m256i q0 = _mm256_loadu_si256((const __m256i *)(w0 + 16 + 32 * c));
             const __m256i q1 = _mm256_loadu_si256((const __m256i *)(w1 + 16 + 32 * c));
-            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(k4_scale(scales0, 2 * c),
-                 _mm256_maddubs_epi16(_mm256_and_si256(q0, low4), xlo)));
-            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(k4_scale(scales0, 2 * c + 1),
-                 _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q0, 4), low4), xhi)));
-            b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(k4_scale(scales1, 2 * c),
-                 _mm256_maddubs_epi16(_mm256_and_si256(q1, low4), xlo)));
-            b1 = _mm256_add_epi32(b1, _mm256_madd_epi16(k4_scale(scales1, 2 * c + 1),
-                 _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q1, 4), low4), xhi)));
+            a0 = madd_s16_add(a0, k4_scale(scales0, 2 * c),
+                              _mm256_maddubs_epi16(_mm256_and_si256(q0, low4), xlo));
+            a1 = madd_s16_add(a1, k4_scale(scales0, 2 * c + 1), _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(q0, 4), low4), xhi));
+            b0 = madd_s16_add(b0, k4_scale(scales1, 2 * c),
+                              _mm256_maddubs_epi16(_mm256_and_si256(q1, low4), xlo));
+            b1 = madd_s16_add(b1, k4_scale(scales1, 2 * c + 1), _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(q1, 4), low4), xhi));
         }
         const float dx = xd[i];
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w0) * dx),
@@ -388,12 +387,12 @@ static float row_q6_k_q8k_1(const int8_t *xq, const float *xd, const int16_t *bs
                             b = (short)(0x0100 + 0x0202 * (2 * part + 1));
                 const __m256i scale = _mm256_shuffle_epi8(
                     half, _mm256_setr_epi16(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b));
-                const __m256i p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(
-                    codes, _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * part))));
+                const __m256i p = _mm256_maddubs_epi16(
+                    codes, _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * part)));
                 if (part & 1)
-                    sumi1 = _mm256_add_epi32(sumi1, p);
+                    sumi1 = madd_s16_add(sumi1, scale, p);
                 else
-                    sumi0 = _mm256_add_epi32(sumi0, p);
+                    sumi0 = madd_s16_add(sumi0, scale, p);
             }
         }
         const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bsums));

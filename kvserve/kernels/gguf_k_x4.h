@@ -194,6 +194,9 @@ static inline __attribute__((always_inline)) void k_x4_q8k(
                 lo0, lo0, lo0, lo0, lo1, lo1, lo1, lo1, lo0, lo0, lo0, lo0, lo1, lo1, lo1, lo1));
             const __m256i scale_hi = _mm256_shuffle_epi8(scales, _mm256_setr_epi16(
                 hi0, hi0, hi0, hi0, hi1, hi1, hi1, hi1, hi0, hi0, hi0, hi0, hi1, hi1, hi1, hi1));
+            /* AVX2: each 16-bit pair sum over the eighths, then madd by the scales; VNNI:
+             * each 4 products' sum over the eighths in 32 bits, then times the scale (each
+             * 32-bit lane of scale_lo holds its scale twice): madd's integers */
             __m256i p_lo[4], p_hi[4];
             for (int r = 0; r < rows; r++) p_lo[r] = p_hi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -211,16 +214,28 @@ static inline __attribute__((always_inline)) void k_x4_q8k(
                     int64_t x_lo, x_hi;
                     memcpy(&x_lo, x, 8);
                     memcpy(&x_hi, x + 32, 8);
+#ifdef VNNI_DOT
+                    p_lo[r] = dot_u8s8_add(p_lo[r], lo, _mm256_set1_epi64x(x_lo));
+                    p_hi[r] = dot_u8s8_add(p_hi[r], hi, _mm256_set1_epi64x(x_hi));
+#else
                     p_lo[r] = _mm256_add_epi16(p_lo[r],
                                                _mm256_maddubs_epi16(lo, _mm256_set1_epi64x(x_lo)));
                     p_hi[r] = _mm256_add_epi16(p_hi[r],
                                                _mm256_maddubs_epi16(hi, _mm256_set1_epi64x(x_hi)));
+#endif
                 }
             }
+#ifdef VNNI_DOT
+            const __m256i scale32_lo = _mm256_srli_epi32(scale_lo, 16),
+                          scale32_hi = _mm256_srli_epi32(scale_hi, 16);
             for (int r = 0; r < rows; r++)
                 isum[r] = _mm256_add_epi32(isum[r],
-                                           _mm256_add_epi32(_mm256_madd_epi16(p_lo[r], scale_lo),
-                                                            _mm256_madd_epi16(p_hi[r], scale_hi)));
+                                           _mm256_add_epi32(_mm256_mullo_epi32(p_lo[r], scale32_lo),
+                                                            _mm256_mullo_epi32(p_hi[r], scale32_hi)));
+#else
+            for (int r = 0; r < rows; r++)
+                isum[r] = madd_s16_add(madd_s16_add(isum[r], p_lo[r], scale_lo), p_hi[r], scale_hi);
+#endif
         }
         for (int r = 0; r < rows; r++) {
             /* the 32-value sums of x: sub-blocks 0-3 in every quarter, then 4-7 */

@@ -12,7 +12,8 @@
  * - int8 activations (gguf_rows_int8; the kernels in gguf_int8_rows.h), as llama.cpp
  *   sums: x rounded to int8 (per 32 values against Q8_0, per 256 with 16-sums against the
  *   K formats, its Q8_0 and Q8_K) and the products summed in integers with AVX2
- *   (maddubs/madd), each block's scales applied in integers, one float multiply a block;
+ *   (maddubs/madd; AVX-512 VNNI's dpbusd/dpwssd where the build has them, the same
+ *   integers), each block's scales applied in integers, one float multiply a block;
  *   one row (a single stream's step) has its own loops, kept in registers. The weight
  *   rows are prefetched ahead. Any number of rows: a prompt chunk's are summed as a
  *   decode step's (in runs of rows, bit for bit as each row alone).

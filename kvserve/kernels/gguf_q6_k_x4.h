@@ -126,8 +126,7 @@ static inline void q6_x4_add_group(const __m256i quartet[4], const int16_t *bs, 
     for (int q = 0; q < 4; q++) {
         int64_t sums;
         memcpy(&sums, bs + 4 * q, 8);
-        off = _mm256_add_epi32(off, _mm256_madd_epi16(quartet[q],
-                                                      _mm256_set1_epi64x(sums)));
+        off = madd_s16_add(off, quartet[q], _mm256_set1_epi64x(sums));
     }
     const __m256 d = _mm256_permutevar8x32_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd)),
                                               _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
@@ -176,7 +175,7 @@ static inline __attribute__((always_inline)) void q6_k_x4_q8k_decoded(
                         const __m256i p = _mm256_add_epi16(
                             _mm256_maddubs_epi16(code0, _mm256_set1_epi64x(x0)),
                             _mm256_maddubs_epi16(code1, _mm256_set1_epi64x(x1)));
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scale));
+                        isum[r] = madd_s16_add(isum[r], p, scale);
                     }
                 }
         for (int r = 0; r < rows; r++)
@@ -220,16 +219,27 @@ static inline __attribute__((always_inline)) void q6_k_x4_q8k(
                         for (int r = 0; r < rows; r++) {
                             int64_t xs;
                             memcpy(&xs, xq + r * k + 256 * i + 128 * h + 32 * part + 8 * u, 8);
+#ifdef VNNI_DOT /* 4 products' sums in 32 bits, times the scale below: madd's integers */
+                            p[r][part] = dot_u8s8_add(p[r][part], codes[part],
+                                                      _mm256_set1_epi64x(xs));
+#else
                             p[r][part] = _mm256_add_epi16(p[r][part], _mm256_maddubs_epi16(
                                 codes[part], _mm256_set1_epi64x(xs)));
+#endif
                         }
                 }
 #pragma GCC unroll 4
                 for (int part = 0; part < 4; part++) { /* scale 8h + 2 part + pair */
                     const int s = 8 * h + 2 * part + pair;
                     const __m256i scale = q6_x4_scale(quartet[s / 4], s % 4);
+#ifdef VNNI_DOT /* each 32-bit lane of scale holds its int16 scale twice */
+                    const __m256i scale32 = _mm256_srai_epi32(scale, 16);
                     for (int r = 0; r < rows; r++)
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p[r][part], scale));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(p[r][part], scale32));
+#else
+                    for (int r = 0; r < rows; r++)
+                        isum[r] = madd_s16_add(isum[r], p[r][part], scale);
+#endif
                 }
             }
         }

@@ -11,8 +11,8 @@
  * The same 272 bytes as the eight rows' blocks in the file; unpacking gives them back.
  *
  * Against x rounded per 32 values (llama.cpp's Q8_0 for activations), as row_q8_0_q8:
- * the signs moved onto x so that |w| is the unsigned operand of maddubs (pairs at most
- * 2 x 128 x 127), each block's 32 products summed in integers, then one float multiply
+ * the signs moved onto x so that |w| is the unsigned operand of maddubs or VNNI's dpbusd
+ * (pairs at most 2 x 128 x 127), each block's 32 products summed in integers, then one float multiply
  * by the row's and x's scales. */
 #define X8_GROUP_BYTES 272
 
@@ -45,7 +45,6 @@ static inline __attribute__((always_inline)) void q8_0_x8_q8(
     int rows, const int8_t *xq, const float *xd, int64_t k, const uint8_t *g, float *out,
     int64_t out_stride) {
     const int64_t nb = k / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4];
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, g += X8_GROUP_BYTES) {
@@ -62,8 +61,7 @@ static inline __attribute__((always_inline)) void q8_0_x8_q8(
                 int32_t quad;
                 memcpy(&quad, xq + r * k + 32 * b + 4 * c, 4);
                 const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(quad), w);
-                isum[r] = _mm256_add_epi32(
-                    isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, x), ones));
+                isum[r] = dot_u8s8_add(isum[r], w_abs, x);
             }
         }
         for (int r = 0; r < rows; r++)

@@ -1,4 +1,4 @@
-/* Small AVX2 helpers shared by the kernels. */
+/* Small AVX2 (and AVX-512) helpers shared by the kernels. */
 #ifndef KVSERVE_VEC_MATH_H
 #define KVSERVE_VEC_MATH_H
 #ifdef __AVX2__
@@ -56,6 +56,32 @@ static inline __m512 exp_avx512(__m512 x) {
     return _mm512_maskz_mul_ps((__mmask16)~underflow, p, _mm512_castsi512_ps(bits));
 }
 #endif
+/* Integer dot products of 32 bytes, in the int32 lanes of 4 bytes each: AVX-512 VNNI's
+ * vpdpbusd and vpdpwssd on 256-bit registers where the build has them (one instruction,
+ * the sum taken in 32 bits), else AVX2's vpmaddubsw and vpmaddwd (pairs summed in 16
+ * bits first). The lanes are the same integers either way wherever a pair of byte
+ * products fits in 16 bits, as every caller's operands do (a code or |w| <= 128 against
+ * |x| <= 127). */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define VNNI_DOT 1
+/* acc + the sums of 4 products u * s (u unsigned bytes, s signed) */
+static inline __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_dpbusd_epi32(acc, u, s);
+}
+/* acc + the sums of 2 products a * b (int16) */
+static inline __m256i madd_s16_add(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_dpwssd_epi32(acc, a, b);
+}
+#else
+static inline __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
+}
+static inline __m256i madd_s16_add(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
+#endif
+
 /* The widest float32 vector of the build, for loops written once for either width:
  * sixteen lanes with AVX-512 (full speed where the CPU runs 512-bit ops whole), eight with
  * AVX2. A lane computes the same bits in both; only sums across lanes differ. */

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvserve.kernels import load_kernels
+from kvserve.kernels import Kernels, load_kernels
 from kvserve.model.gguf.linear import FORMAT_CODES, FROM_RUNS, RUN_ROWS
 from kvserve.model.gguf.quants import BLOCKS, dequantize
 from kvserve.model.gguf.quants import random_blocks
+from tests.helpers import KERNEL_BUILD_FLAGS
 
 kernels = load_kernels()
 FILE_KINDS = [kind for kind in FORMAT_CODES if kind not in FROM_RUNS]  # GGUF's own
@@ -198,6 +199,27 @@ def test_runs_of_rows_products_equal_the_files(kind, rows, int8_activations):
     assert (wide[:, :3] == 7.0).all() and (wide[:, 3 + n:] == 7.0).all()
     assert torch.equal(kernels.gguf_dequantize(packed, FORMAT_CODES[runs], k),
                        dequantize(blocks, kind, (n, k)))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_X4", "Q5_K_X4",
+                                  "Q6_K_X4", "Q8_0_X8"])
+def test_integer_sums_are_the_same_bits_on_each_vector_build(kind):
+    """Where the CPU has AVX-512 VNNI, the native build sums with vpdpbusd/vpdpwssd and
+    the AVX2 build with vpmaddubsw/vpmaddwd: the same integers, so the same outputs, bit
+    for bit, for a decode step's rows and a prompt chunk's (on an AVX2-only CPU both
+    builds run the AVX2 code)."""
+    avx2 = Kernels(KERNEL_BUILD_FLAGS["avx2"])
+    assert avx2.available, avx2.reason
+    plain = FROM_RUNS.get(kind, kind)
+    n, k = 8 * 5, 2048
+    blocks = weight(plain, n, k, seed=3)
+    data = blocks if plain == kind else kernels.gguf_repack_runs(blocks, plain, k)
+    for rows in (1, 2, 3, 4, 8, 37):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 3
+        native, vector = torch.empty(rows, n), torch.empty(rows, n)
+        assert kernels.gguf_rows_int8(x, data, FORMAT_CODES[kind], native)
+        assert avx2.gguf_rows_int8(x, data, FORMAT_CODES[kind], vector)
+        assert torch.equal(native, vector), (kind, rows)
 
 
 def test_runs_of_rows_refuse_what_they_cannot_hold():

@@ -72,9 +72,13 @@ def _call_s(kernels, x, code: int, weights, out) -> float:
     return best
 
 
-def run_gguf_layouts_bench(rounds: int, formats=FORMATS, shape: tuple[int, int] = SHAPE,
-                           cases=CASES, memory_bytes: int = MEMORY_BYTES,
-                           log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_paired_variants(rounds: int, variants: dict[str, tuple[Any, str]], formats=FORMATS,
+                        shape: tuple[int, int] = SHAPE, cases=CASES,
+                        memory_bytes: int = MEMORY_BYTES,
+                        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Two variants of the int8 GGUF kernels, {name: (kernels, layout)} (layout "file" or
+    "runs"; the baseline first), timed on every case in alternating rounds. Per format
+    and case: each variant's GMAC/s a round and the baseline's time over the other's."""
     import torch
 
     from kvserve.kernels import load_kernels
@@ -82,32 +86,35 @@ def run_gguf_layouts_bench(rounds: int, formats=FORMATS, shape: tuple[int, int] 
     kernels = load_kernels()
     if not kernels.available:
         raise ValueError("the native kernels are not built here: there is nothing to compare")
+    (base, _), (other, _) = variants.items()
     n, k = shape
-    times = {f: {c: {"file": [], "runs": []} for c in cases} for f in formats}
+    times = {f: {c: {v: [] for v in variants} for c in cases} for f in formats}
     weights = {f: {where: _weights(kernels, f, where, shape, memory_bytes)
                    for where in {w for _, w in cases}} for f in formats}
     for f in formats:  # the same sums either way, to float rounding (of the largest)
         x = torch.randn(max(rows for rows, _ in cases), k)
         outs = {}
-        for layout, (code, ws) in weights[f]["cache"].items():
-            outs[layout] = torch.empty(x.shape[0], n)
-            if not kernels.gguf_rows_int8(x, ws[0], code, outs[layout]):
+        for v, (built, layout) in variants.items():
+            code, ws = weights[f]["cache"][layout]
+            outs[v] = torch.empty(x.shape[0], n)
+            if not built.gguf_rows_int8(x, ws[0], code, outs[v]):
                 raise ValueError(f"this build has no int8 kernel for {f}")
-        if (outs["file"] - outs["runs"]).abs().max() > 1e-5 * outs["file"].abs().max():
-            raise ValueError(f"{f}: the runs of rows and the file's layout give other sums")
+        if (outs[base] - outs[other]).abs().max() > 1e-5 * outs[base].abs().max():
+            raise ValueError(f"{f}: {base} and {other} give other sums")
     for r in range(-1, rounds):  # round -1 warms up, unrecorded
-        order = ("file", "runs") if r % 2 == 0 else ("runs", "file")
+        order = (base, other) if r % 2 == 0 else (other, base)
         for f in formats:
             for rows, where in cases:
                 x, out = torch.randn(rows, k), torch.empty(rows, n)
-                for layout in order:
+                for v in order:
+                    built, layout = variants[v]
                     code, ws = weights[f][where][layout]
-                    seconds = _call_s(kernels, x, code, ws, out)
+                    seconds = _call_s(built, x, code, ws, out)
                     if r >= 0:
-                        times[f][(rows, where)][layout].append(seconds)
+                        times[f][(rows, where)][v].append(seconds)
         if r >= 0:
             log(f"  round {r + 1} of {rounds}: " + "; ".join(
-                f"{f} " + " ".join(f"{times[f][c]['file'][-1] / times[f][c]['runs'][-1]:.2f}x"
+                f"{f} " + " ".join(f"{times[f][c][base][-1] / times[f][c][other][-1]:.2f}x"
                                    for c in cases) for f in formats))
     macs = {c: c[0] * n * k for c in cases}
     return {
@@ -115,41 +122,62 @@ def run_gguf_layouts_bench(rounds: int, formats=FORMATS, shape: tuple[int, int] 
         "activations": "int8",
         "formats": {f: {_case_name(*c): {
             "rows": c[0], "where": c[1],
-            "file_gmacs": [macs[c] / s / 1e9 for s in times[f][c]["file"]],
-            "runs_gmacs": [macs[c] / s / 1e9 for s in times[f][c]["runs"]],
-            # the file layout's time over the runs'
-            "runs_over_file": paired_ratio(times[f][c]["file"], times[f][c]["runs"]).to_dict(),
+            **{f"{v}_gmacs": [macs[c] / s / 1e9 for s in times[f][c][v]] for v in variants},
+            # the baseline's time over the other's
+            f"{other}_over_{base}": paired_ratio(times[f][c][base], times[f][c][other]).to_dict(),
         } for c in cases} for f in formats},
     }
 
 
-def cmd_gguf_layouts(args) -> int:
-    """``kvserve bench gguf-layouts``: the runs of rows against the file's layout."""
+def run_gguf_layouts_bench(rounds: int, formats=FORMATS, shape: tuple[int, int] = SHAPE,
+                           cases=CASES, memory_bytes: int = MEMORY_BYTES,
+                           log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The file's layout (the baseline) against runs of rows, on this CPU's own build."""
+    from kvserve.kernels import load_kernels
+
+    kernels = load_kernels()
+    return run_paired_variants(rounds, {"file": (kernels, "file"), "runs": (kernels, "runs")},
+                               formats, shape, cases, memory_bytes, log)
+
+
+def run_paired_command(args, command: str, settings: dict[str, Any],
+                       run: Callable[[], dict[str, Any]], keys: tuple[str, str],
+                       title: str) -> int:
+    """A kernels' A/B as a command: its settings and machine, ``run()``'s result as a
+    table of the two variants (``keys``: the baseline's, the other's), and its JSON."""
     import statistics
 
     from kvserve.bench.reports import report
 
     info = report.machine_info()
-    report.print_settings("kvserve gguf-layouts", {
-        "formats": list(FORMATS), "shape": list(SHAPE),
-        "cases": [_case_name(*c) for c in CASES], "rounds": args.rounds})
+    report.print_settings(f"kvserve {command}", {**settings, "rounds": args.rounds})
     print(report.machine_line(info))
     try:
-        result = run_gguf_layouts_bench(args.rounds, FORMATS, SHAPE, CASES, MEMORY_BYTES)
+        result = run()
     except ValueError as exc:
         raise SystemExit(f"kvserve: error: {exc}") from None
+    base, other = keys
     rows = []
     for f, cases in result["formats"].items():
         for name, c in cases.items():
-            rows.append((f, name, f"{statistics.median(c['file_gmacs']):.1f}",
-                         f"{statistics.median(c['runs_gmacs']):.1f}",
-                         f"{c['runs_over_file']['median']:.2f}x "
-                         f"({c['runs_over_file']['min']:.2f}–{c['runs_over_file']['max']:.2f})"))
-    print(report.format_table(["format", "case", "file layout GMAC/s", "runs GMAC/s",
-                               "runs against the file's layout"], rows))
+            ratio = c[f"{other}_over_{base}"]
+            rows.append((f, name, f"{statistics.median(c[f'{base}_gmacs']):.1f}",
+                         f"{statistics.median(c[f'{other}_gmacs']):.1f}",
+                         f"{ratio['median']:.2f}x ({ratio['min']:.2f}–{ratio['max']:.2f})"))
+    print(report.format_table(["format", "case", f"{base} GMAC/s", f"{other} GMAC/s", title],
+                              rows))
     if args.json:
         print(f"wrote {report.write_json(args.json, {'machine': info, 'result': result})}")
     return 0
+
+
+def cmd_gguf_layouts(args) -> int:
+    """``kvserve bench gguf-layouts``: the runs of rows against the file's layout."""
+    return run_paired_command(
+        args, "gguf-layouts", {"formats": list(FORMATS), "shape": list(SHAPE),
+                               "cases": [_case_name(*c) for c in CASES]},
+        lambda: run_gguf_layouts_bench(args.rounds, FORMATS, SHAPE, CASES, MEMORY_BYTES),
+        ("file", "runs"), "runs against the file's layout")
 
 
 def add_gguf_layouts_parser(sub) -> None:

@@ -245,20 +245,37 @@ def _gguf_decode_lines(by_model: dict[str, Result], base: str) -> list[str]:
                     + ")."]
 
 
-def _gguf_layouts_lines(res: Result, base: str) -> list[str]:
+def _paired_kernel_lines(res: Result, base: str, columns: tuple[str, str, str], keys:
+                         tuple[str, str], command: str, note: str = "") -> list[str]:
+    """The table of a kernels' A/B (run_paired_variants: `bench gguf-layouts`, `gguf-vnni`)."""
     d = res.data["result"]
     n, k = d["shape"]
-    lines = ["", f"| GGUF kernels, a {n} x {k} weight, int8 rows | file's layout GMAC/s | "
-             "runs of rows GMAC/s | runs against the file's layout |", "|---|---|---|---|"]
+    first, second = keys
+    lines = ["", f"| GGUF kernels, a {n} x {k} weight, int8 rows | {' | '.join(columns)} |",
+             "|---|---|---|---|"]
     for fmt, cases in d["formats"].items():
         for name, c in cases.items():
-            file, runs = (sorted(c[key])[len(c[key]) // 2] for key in ("file_gmacs", "runs_gmacs"))
-            lines.append(f"| {fmt}, {name} | {file:.1f} | {runs:.1f} | "
-                         f"{_ratio(c['runs_over_file'])} |")
+            a, b = (sorted(c[f"{v}_gmacs"])[len(c[f"{v}_gmacs"]) // 2] for v in keys)
+            lines.append(f"| {fmt}, {name} | {a:.1f} | {b:.1f} | "
+                         f"{_ratio(c[f'{second}_over_{first}'])} |")
     return lines + ["", f"GMAC/s: the median of the rounds'; from memory: copies of the weight "
-                    f"making {d['memory_bytes'] >> 20} MiB, each call reading the next "
-                    f"(`bench gguf-layouts`, {d['rounds']} round{'s' if d['rounds'] != 1 else ''}, "
+                    f"making {d['memory_bytes'] >> 20} MiB, each call reading the next{note} "
+                    f"(`bench {command}`, {d['rounds']} round{'s' if d['rounds'] != 1 else ''}, "
                     f"{_provenance(res, base)})."]
+
+
+def _gguf_layouts_lines(res: Result, base: str) -> list[str]:
+    return _paired_kernel_lines(res, base, ("file's layout GMAC/s", "runs of rows GMAC/s",
+                                            "runs against the file's layout"),
+                                ("file", "runs"), "gguf-layouts")
+
+
+def _gguf_vnni_lines(res: Result, base: str) -> list[str]:
+    flags = " ".join(res.data["result"]["baseline_build_flags"])
+    return _paired_kernel_lines(res, base, ("AVX2 build GMAC/s", "VNNI build GMAC/s",
+                                            "VNNI against AVX2"), ("avx2", "vnni"), "gguf-vnni",
+                                f"; runs of rows; the AVX2 build is the same sources with "
+                                f"`{flags}`, bit for bit the same outputs")
 
 
 def _default_model_row(label: str, r: dict[str, Any]) -> str:
@@ -321,5 +338,5 @@ def _default_model_lines(res: Result, base: str) -> list[str]:
 LINES_OF = {"compare": _compare_lines, "serving": _serving_lines, "startup": _startup_lines,
             "memory": _memory_lines, "moe": _moe_lines, "sinks": _sinks_lines,
             "lora": _lora_lines, "gguf_decode": _gguf_decode_lines,
-            "gguf_layouts": _gguf_layouts_lines,
+            "gguf_layouts": _gguf_layouts_lines, "gguf_vnni": _gguf_vnni_lines,
             "default_model": _default_model_lines}

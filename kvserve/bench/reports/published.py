@@ -70,6 +70,8 @@ class Result:
             return "lora"
         if "stream_bandwidth_gbs" in self.data.get("result", {}):
             return "gguf_decode"
+        if "baseline_build_flags" in self.data.get("result", {}):
+            return "gguf_vnni"
         if {"formats", "memory_bytes"} <= set(self.data.get("result", {})):
             return "gguf_layouts"
         if "repetition" in (self.data.get("result", {}).get("model") or {}):
@@ -95,6 +97,7 @@ class MachineResults:
     lora: Result | None = None
     default_model: Result | None = None
     gguf_layouts: Result | None = None
+    gguf_vnni: Result | None = None
     gguf_decode: dict[str, Result] = field(default_factory=dict)  # by model
     others: list[Result] = field(default_factory=list)
 
@@ -105,7 +108,7 @@ class MachineResults:
     @property
     def results(self) -> list[Result]:
         return [r for r in (self.memory, self.moe, self.sinks, self.lora, self.default_model,
-                            self.gguf_layouts,
+                            self.gguf_layouts, self.gguf_vnni,
                             *self.compare.values(), *self.serving.values(), *self.startup.values(),
                             *self.gguf_decode.values(), *self.others)
                 if r is not None]
@@ -141,8 +144,8 @@ def _by_machine(results: Iterable[Result]) -> list[MachineResults]:
     return sorted(groups.values(), key=lambda g: g.date, reverse=True)
 
 
-KINDS = ("compare", "serving", "gguf_decode", "gguf_layouts", "startup", "memory", "moe",
-         "sinks", "lora", "default_model")
+KINDS = ("compare", "serving", "gguf_decode", "gguf_layouts", "gguf_vnni", "startup", "memory",
+         "moe", "sinks", "lora", "default_model")
 BY_MODEL = ("compare", "gguf_decode", "startup", "serving")  # the kinds kept a model each
 
 
