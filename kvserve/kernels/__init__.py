@@ -65,6 +65,7 @@ class Kernels:
         self._gemm_panels = bind(lib, "gemm_panels")
         self._gemv_panels = bind(lib, "gemv_panels")
         self._head_rms_norm = bind(lib, "head_rms_norm")
+        self._moe_route = bind(lib, "moe_route")
         self._rotary = {torch.float32: bind(lib, "rotary"),
                         torch.bfloat16: bind(lib, "rotary_bf16")}
         self._quantize_rows = bind(lib, "quantize_rows_int8")
@@ -204,6 +205,22 @@ class Kernels:
         self._head_rms_norm(qkv=qkv.data_ptr(), row_stride=qkv.stride(0), rows=qkv.shape[0],
                             q_weight=q_weight.data_ptr(), k_weight=k_weight.data_ptr(),
                             num_q=num_q, num_k=num_k, head_dim=head_dim, eps=eps)
+
+    def moe_route(self, x, router, top_k: int, norm: bool):
+        """Each row's top_k experts [T, top_k] int64 and their weights [T, top_k] float32
+        (the largest first) from float32 rows x [T, H] and a router weight [E, H], both
+        contiguous: softmax over the logits, the top k, renormalised with ``norm``
+        (kernels/moe_route.c; the captured step routes through the same loops)."""
+        rows, experts = x.shape[0], router.shape[0]
+        logits = x.new_empty((rows, experts))
+        chosen = torch.empty((rows, top_k), dtype=torch.int64)
+        weights = x.new_empty((rows, top_k))
+        if rows and self._moe_route(x=x.data_ptr(), rows=rows, hidden=x.shape[1], w=router.data_ptr(),
+                           experts=experts, top_k=top_k, norm=int(norm),
+                           logits=logits.data_ptr(), chosen=chosen.data_ptr(),
+                           weights=weights.data_ptr()):
+            raise ValueError(f"moe_route: {rows} rows, top {top_k} of {experts} experts")
+        return chosen, weights
 
     def rotary_(self, qkv, positions, cos, sin, num_q: int, num_k: int, head_dim: int):
         """Rotate the q and k heads at the start of each qkv row in place (qkv and the

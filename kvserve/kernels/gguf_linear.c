@@ -178,6 +178,7 @@ static void decode_block(int fmt, const uint8_t *b, float *out) {
 
 #include "gguf_float_rows.h"
 #include "gguf_int8_rows.h"
+#include "gguf_bf16_rows.h"
 
 /* What x becomes before the products with fmt's rows (step_parts.h): rounded to int8
  * where asked and this build has the integer kernel, with its 32-value sums for Q4_K in
@@ -189,7 +190,7 @@ int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k) {
                              (fmt >= Q4_K_X4 && fmt <= Q6_K_X4)))
         return GGUF_ACT_Q8_K;
 #endif
-    (void)int8_activations;
+    if (int8_activations && fmt == BF16) return GGUF_ACT_BF16; /* on every build */
     return (fmt == Q4_K || fmt == Q4_K_X4) && k / 32 <= 512 ? GGUF_ACT_XSUM : GGUF_ACT_FLOAT;
 }
 
@@ -203,6 +204,9 @@ void gguf_prepare_part(const float *x, int64_t m, int64_t k, int64_t kind,
             for (int t = 0; t < 32; t++) s += x[32 * g + t];
             a->xsum[g] = s;
         }
+    } else if (kind == GGUF_ACT_BF16) {
+#pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < m; r++) round_row_bf16(x + r * k, k, a->xr + r * k);
     }
 #ifdef __AVX2__
     else if (kind == GGUF_ACT_Q8_0) {
@@ -220,6 +224,10 @@ void gguf_prepare_part(const float *x, int64_t m, int64_t k, int64_t kind,
 /* sums[r] = x[r, :] . dequantized wr for r < m: one weight row of fmt (not in runs) */
 static void one_row(const float *x, int64_t kind, const gguf_activations *a, int64_t m,
                     int64_t k, const uint8_t *wr, int64_t fmt, float *sums) {
+    if (kind == GGUF_ACT_BF16) {
+        row_bf16_rounded(a->xr, m, k, wr, sums);
+        return;
+    }
 #ifdef __AVX2__
     if (kind == GGUF_ACT_Q8_0 && m == 1)
         sums[0] = row_q8_0_q8_1(a->xq, a->xd, k, wr);
@@ -253,6 +261,7 @@ static gguf_activations rows_from(int64_t kind, const gguf_activations *a, int64
     if (s.xd) s.xd += r0 * (k / (kind == GGUF_ACT_Q8_0 ? 32 : 256));
     if (s.bsums) s.bsums += r0 * (k / 16);
     if (s.xsum) s.xsum += r0 * (k / 32);
+    if (s.xr) s.xr += r0 * k;
     return s;
 }
 
@@ -302,19 +311,30 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
     }
 }
 
-/* As gguf_rows, with x rounded to int8 and the products summed in integers, as llama.cpp
- * computes them: Q8_0 against x in blocks of 32 with one scale each (its Q8_0), Q4_K and
- * Q6_K against x in blocks of 256 (its Q8_K), with AVX2. Returns 1 where it does not apply
- * (another format, no AVX2), and the caller runs gguf_rows instead; -1 without memory for
- * the rounded rows. */
+/* As gguf_rows, with x rounded as llama.cpp rounds it: to int8 with the products summed
+ * in integers, Q8_0 against x in blocks of 32 with one scale each (its Q8_0), Q4_K, Q5_K
+ * and Q6_K against x in blocks of 256 (its Q8_K), with AVX2; to bfloat16 against BF16,
+ * on every build. Returns 1 where it does not apply (another format, no AVX2 for the
+ * integer kernels), and the caller runs gguf_rows instead; -1 without memory for the
+ * rounded rows. */
 int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n,
                        int64_t fmt, float *y, int64_t y_stride) {
     if (!valid_layout(fmt, k, n) || m < 1) return 1;
     const int64_t kind = gguf_activation_kind(fmt, 1, k);
-    if (kind != GGUF_ACT_Q8_0 && kind != GGUF_ACT_Q8_K) return 1;
-    gguf_activations a = {malloc((size_t)(m * k)), malloc(sizeof(float) * (size_t)(m * k / 32)),
-                          malloc(sizeof(int16_t) * (size_t)(m * k / 16)), NULL};
-    if (a.xq && a.xd && a.bsums) {
+    gguf_activations a = {NULL, NULL, NULL, NULL, NULL};
+    int ok;
+    if (kind == GGUF_ACT_BF16) {
+        a.xr = aligned_alloc(64, sizeof(float) * (size_t)((m * k + 15) / 16 * 16));
+        ok = a.xr != NULL;
+    } else if (kind == GGUF_ACT_Q8_0 || kind == GGUF_ACT_Q8_K) {
+        a.xq = malloc((size_t)(m * k));
+        a.xd = malloc(sizeof(float) * (size_t)(m * k / 32));
+        a.bsums = malloc(sizeof(int16_t) * (size_t)(m * k / 16));
+        ok = a.xq && a.xd && a.bsums;
+    } else {
+        return 1;
+    }
+    if (ok) {
 #pragma omp parallel
         {
             gguf_prepare_part(x, m, k, kind, &a);
@@ -322,11 +342,11 @@ int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, i
             gguf_rows_part(x, kind, &a, m, k, w, n, fmt, y, y_stride);
         }
     }
-    const int64_t status = a.xq && a.xd && a.bsums ? 0 : -1;
     free(a.xq);
     free(a.xd);
     free(a.bsums);
-    return status;
+    free(a.xr);
+    return ok ? 0 : -1;
 }
 
 /* y[r * y_stride + j] = x[r, :] . dequantized w[j, :] for r < m, j < n; w holds n rows
@@ -336,7 +356,7 @@ int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_
                   int64_t fmt, float *y, int64_t y_stride) {
     if (!valid_layout(fmt, k, n) || m < 1 || m > MAX_ROWS) return -1;
     float xsum[MAX_ROWS * 512];
-    const gguf_activations a = {NULL, NULL, NULL, xsum};
+    const gguf_activations a = {NULL, NULL, NULL, xsum, NULL};
     const int64_t kind = gguf_activation_kind(fmt, 0, k);
 #pragma omp parallel
     {

@@ -63,6 +63,8 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
                                    "out:ptr"),
         "bind_omp_threads": ("i64", "cpus:ptr n:i64"),
         "release_omp_threads": ("i64", "cpus:ptr ncpus:i64 n:i64"),
+        "moe_route": ("i64", "x:ptr rows:i64 hidden:i64 w:ptr experts:i64 top_k:i64 norm:i64 "
+                             "logits:ptr chosen:ptr weights:ptr"),
         "captured_step": ("i64", "plan:ptr tokens:ptr positions:ptr slots:ptr tables:ptr "
                                  "table_stride:i64 seq_lens:ptr rows:i64 eps:f32 scale:f32 "
                                  "logits:ptr timings:ptr"),

@@ -35,6 +35,12 @@ void paged_attention_rows_part_f32(const float *q, int64_t q_stride, const float
                                    int64_t head_dim, int64_t block_size, float scale,
                                    int64_t window);
 
+/* moe_route.c: a router's logits (threads split rows x experts), then each row's top k */
+void moe_logits_part(const float *x, int64_t rows, int64_t hidden, const float *w,
+                     int64_t experts, float *logits);
+void moe_pick_part(float *logits, int64_t rows, int64_t experts, int64_t top_k,
+                   int64_t norm, int64_t *chosen, float *weights);
+
 /* gemv.c, gemm.c: dense float32 weights, [N, K] rows or packed panels */
 void gemv_rows_part(const float *x, int64_t m, int64_t k, const float *w, int64_t n,
                     const float *bias, float *y);
@@ -44,16 +50,18 @@ void gemv_panels_part(const float *x, int64_t m, int64_t k, const float *panels,
 /* gguf_linear.c: what x becomes before a format's products, then the products.
  * GGUF_ACT_FLOAT: x as is; GGUF_ACT_XSUM: x and its sums over 32 values (Q4_K in
  * registers); GGUF_ACT_Q8_0 / GGUF_ACT_Q8_K: x rounded to int8 per 32 values / per 256
- * with its 16-sums (gguf_rows_int8). */
-enum { GGUF_ACT_FLOAT, GGUF_ACT_XSUM, GGUF_ACT_Q8_0, GGUF_ACT_Q8_K };
+ * with its 16-sums (gguf_rows_int8); GGUF_ACT_BF16: x rounded to bfloat16 (against BF16
+ * weights, gguf_bf16_rows.h). */
+enum { GGUF_ACT_FLOAT, GGUF_ACT_XSUM, GGUF_ACT_Q8_0, GGUF_ACT_Q8_K, GGUF_ACT_BF16 };
 
 /* room for the prepared rows of x: m * k int8, m * k / 32 scales and sums, m * k / 16
- * 16-sums */
+ * 16-sums, m * k floats for the rows rounded to bfloat16 */
 typedef struct {
     int8_t *xq;
     float *xd;
     int16_t *bsums;
     float *xsum;
+    float *xr;
 } gguf_activations;
 
 int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k);

@@ -28,10 +28,37 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
         self.expert_calls = 0   # experts run, and tokens routed, since start (bench moe)
         self.tokens_routed = 0
+        self.native = None  # kvserve.kernels.Kernels: routing through moe_route
+
+    def configure(self, mode) -> None:
+        kernels = getattr(mode, "kernels", None)
+        self.native = kernels if kernels is not None and kernels.available else None
+
+    def router_weight(self) -> torch.Tensor | None:
+        """The router's float32 [experts, hidden] weight in memory, where the native
+        router can read it (a float weight, or a GGUF file's F32 tensor); else None."""
+        method = self.gate.method
+        parts = list(method.parts(self.gate)) if hasattr(method, "parts") else None
+        if parts is not None:
+            weight = parts[0][3] if len(parts) == 1 and parts[0][2] == "float" else None
+        else:
+            weight = getattr(self.gate, "weight", None)
+        if (weight is None or self.gate.bias is not None or weight.dtype != torch.float32
+                or weight.device.type != "cpu" or not weight.is_contiguous()
+                or getattr(self.gate, "lora", None) is not None):
+            return None
+        return weight
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's chosen experts [T, k] and their weights [T, k] (softmax over all
-        experts in float32, the top k kept, renormalised where the model says)."""
+        experts in float32, the top k kept, renormalised where the model says). With the
+        native kernels, a float32 step routes through their loops, as the captured step
+        does."""
+        router = self.router_weight() if self.native is not None else None
+        if router is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            chosen, weights = self.native.moe_route(x.contiguous(), router, self.top_k,
+                                                    self.norm_topk_prob)
+            return chosen, weights
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

@@ -17,8 +17,10 @@ prefill chunk, no prompt logprobs) and the rows are at most ``max_rows``, which 
 worker sets by timing both paths at start (:func:`choose_captured_rows`). A step of
 decodes alone skips the StepInputs too (:meth:`CapturedStep.decode`): its inputs go
 straight into a buffer kept from start. The model it takes: LlamaForCausalLM (Llama,
-Mistral, Qwen2) or Qwen3ForCausalLM (each q and k head RMSNormed in place before rotary,
-as its eager attention does natively) in float32 with a float32 KV pool and SiLU MLPs, on one rank,
+Mistral, Qwen2), Qwen3ForCausalLM (each q and k head RMSNormed in place before rotary,
+as its eager attention does natively) or Qwen3MoeForCausalLM (the router's float32
+weight read by the same native routing as the eager SparseMoE's, each chosen expert run
+over its rows in expert order, as eager) in float32 with a float32 KV pool and SiLU MLPs, on one rank,
 unquantized, or with every linear layer on a GGUF file's blocks (the same kernels as
 GGUFLinearMethod's, its embedding decoded a row at a time as BlockEmbedding's).
 ``--enforce-eager`` (vLLM's flag) turns it off.
@@ -35,6 +37,8 @@ from kvserve.model.gguf.linear import FORMAT_CODES, BlockEmbedding, GGUFLinearMe
 from kvserve.model.layers import Linear
 from kvserve.model.linear_method import FloatLinearMethod
 from kvserve.model.llama import LlamaForCausalLM
+from kvserve.model.moe import SparseMoE
+from kvserve.model.moe_models import Qwen3MoeForCausalLM
 from kvserve.model.qwen3 import Qwen3ForCausalLM
 from kvserve.core.scheduler_output import ScheduledRequest
 from kvserve.worker.input_batch import StepInputs, decode_fields, decodes_only
@@ -47,19 +51,34 @@ REQUIRED_GAIN = 0.02  # a row count stays eager only where eager measured this m
 TIMED_ROWS = tuple(2 ** i for i in range(MAX_ROWS.bit_length()) if 2 ** i <= MAX_ROWS)
 
 
+def _mlps(layer) -> list:
+    """A layer's gated MLPs: itself, or a mixture's experts."""
+    return list(layer.mlp.experts) if isinstance(layer.mlp, SparseMoE) else [layer.mlp]
+
+
 def _linears(model) -> list:
+    """Every linear layer the step multiplies by (a router's weight is read as is)."""
     return [model.lm_head] + [m for layer in model.model.layers
                               for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                        layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+                                        *(p for mlp in _mlps(layer)
+                                          for p in (mlp.gate_up_proj, mlp.down_proj)))]
 
 
 def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
     """Why the captured step cannot run this model (None: it can)."""
     if kernels is None:
         return "no native kernels"
-    if not isinstance(model, (LlamaForCausalLM, Qwen3ForCausalLM)):
-        return (f"{type(model).__name__}: the captured step runs Llama, Mistral, Qwen2 and "
-                "Qwen3 layers only")
+    if not isinstance(model, (LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)):
+        return (f"{type(model).__name__}: the captured step runs Llama, Mistral, Qwen2, "
+                "Qwen3 and Qwen3-MoE layers only")
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        if isinstance(mlp, SparseMoE) and (
+                mlp.shared_expert is not None or mlp.router_weight() is None
+                or any(p.bias is not None for e in mlp.experts
+                       for p in (e.gate_up_proj, e.down_proj))):
+            return ("a shared expert, experts with biases, or a router weight that is not "
+                    "float32 in memory")
     cfg = model.config
     if cfg.qk_norm not in (None, "head") or cfg.rotary_dim not in (None, cfg.head_dim):
         return "q/k norms over whole projections, or a partial rotary"
@@ -88,7 +107,7 @@ def unsupported_reason(model, caches: list[KVCache], kernels) -> str | None:
         return "a weight or KV pool is not contiguous"
     if len(caches) != len(model.model.layers):
         return "the KV pools are not one per layer"
-    if not all(layer.mlp.act.is_silu for layer in model.model.layers):
+    if not all(mlp.act.is_silu for layer in model.model.layers for mlp in _mlps(layer)):
         return "the MLP activation is not SiLU"
     return None
 
@@ -97,9 +116,11 @@ class CapturedStep:
     # the plan's layout: kernels/decode_step.c's PLAN_HEADER and LAYER_FIELDS
     HEADER = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "block",
               "window", "panels", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin",
-              "gguf", "embed_fmt", "head_norms")
+              "gguf", "embed_fmt", "head_norms", "moe_experts", "moe_top_k", "moe_norm",
+              "moe_inter")
     LAYER = ("in_norm", "qkv_w", "qkv_b", "o_w", "o_b", "post_norm", "gate_up_w",
-             "gate_up_b", "down_w", "down_b", "k_pool", "v_pool", "q_norm", "k_norm")
+             "gate_up_b", "down_w", "down_b", "k_pool", "v_pool", "q_norm", "k_norm",
+             "router", "experts")
 
     def __init__(self, model: LlamaForCausalLM, caches: list[KVCache], kernels) -> None:
         reason = unsupported_reason(model, caches, kernels)
@@ -140,16 +161,26 @@ class CapturedStep:
             "lm_bias": self._address(model.lm_head.bias),
             "cos": self._address(model.rotary.cos), "sin": self._address(model.rotary.sin),
             "gguf": int(self.gguf), "embed_fmt": FORMAT_CODES[embedding.kind] if blocks else -1,
-            "head_norms": int(cfg.qk_norm == "head")}
+            "head_norms": int(cfg.qk_norm == "head"),
+            "moe_experts": cfg.num_experts or 0, "moe_top_k": cfg.num_experts_per_tok or 0,
+            "moe_norm": int(bool(cfg.norm_topk_prob)),
+            "moe_inter": cfg.moe_intermediate_size or 0}
         plan = [header[name] for name in self.HEADER]
         for layer, cache in zip(model.model.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
+            moe = isinstance(mlp, SparseMoE)
+            experts = torch.tensor([self._address(weight(p)) for e in _mlps(layer)
+                                    for p in (e.gate_up_proj, e.down_proj)],
+                                   dtype=torch.int64) if moe else None
             fields = {
                 "in_norm": layer.input_layernorm.weight, "qkv_w": weight(attn.qkv_proj),
                 "qkv_b": attn.qkv_proj.bias, "o_w": weight(attn.o_proj),
                 "o_b": attn.o_proj.bias, "post_norm": layer.post_attention_layernorm.weight,
-                "gate_up_w": weight(mlp.gate_up_proj), "gate_up_b": mlp.gate_up_proj.bias,
-                "down_w": weight(mlp.down_proj), "down_b": mlp.down_proj.bias,
+                "gate_up_w": None if moe else weight(mlp.gate_up_proj),
+                "gate_up_b": None if moe else mlp.gate_up_proj.bias,
+                "down_w": None if moe else weight(mlp.down_proj),
+                "down_b": None if moe else mlp.down_proj.bias,
+                "router": mlp.router_weight() if moe else None, "experts": experts,
                 "k_pool": cache.k, "v_pool": cache.v,
                 "q_norm": attn.q_norm.weight if cfg.qk_norm == "head" else None,
                 "k_norm": attn.k_norm.weight if cfg.qk_norm == "head" else None}

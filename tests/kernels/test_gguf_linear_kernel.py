@@ -144,6 +144,31 @@ def test_a_prompt_chunk_of_int8_rows_sums_each_row_as_alone(build, request, kind
         assert torch.equal(alone[0], got[r])
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8, 37])
+def test_bf16_weights_take_rows_rounded_to_bfloat16(build, rows):
+    """Against BF16 weights the activations are rounded to bfloat16 (to nearest even), as
+    llama.cpp multiplies a BF16 tensor, on every build (AVX512-BF16's vdpbf16ps where the
+    build has it): the rounded rows' products, exact in float32, summed in float32."""
+    n, k = 37, 1056  # an odd count of 32-value blocks: the kernels' remainders
+    blocks = weight("BF16", n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    rounded = x.to(torch.bfloat16).float()
+    assert not torch.equal(rounded, x)
+    want = rounded.double() @ dequantize(blocks, "BF16", (n, k)).double().t()
+    wide = torch.full((rows, n + 6), 7.0)
+    assert build.gguf_rows_int8(x, blocks, FORMAT_CODES["BF16"], wide[:, 3:3 + n])
+    got = wide[:, 3:3 + n]
+    assert ((got.double() - want).abs().max() / want.abs().max()) < 2e-6
+    assert (wide[:, :3] == 7.0).all() and (wide[:, 3 + n:] == 7.0).all()
+    if rows <= 8:  # a decode step's rows: the same through gguf_rows
+        again = torch.empty(rows, n)
+        build.gguf_rows(x, blocks, FORMAT_CODES["BF16"], again, int8_activations=True)
+        assert torch.equal(again, got)
+        floats = torch.empty(rows, n)
+        build.gguf_rows(x, blocks, FORMAT_CODES["BF16"], floats)
+        assert not torch.equal(floats, got)  # float activations: the rows as they are
+
+
 def test_a_format_without_an_integer_kernel_is_left_to_the_caller():
     blocks = weight("Q4_0", 8, 256, seed=2)
     assert not kernels.gguf_rows_int8(torch.randn(12, 256), blocks, FORMAT_CODES["Q4_0"],

@@ -20,7 +20,7 @@ from tests.helpers import hf_greedy, prompts_of_lengths
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(not kernels.available, reason=f"no C compiler: {kernels.reason}")
-LLAMA_FAMILY = ["llama", "llama3-tied", "qwen2", "mistral", "qwen3"]
+LLAMA_FAMILY = ["llama", "llama3-tied", "qwen2", "mistral", "qwen3", "qwen3-moe"]
 
 
 def _runner(model_dir, **engine_args):
@@ -123,19 +123,28 @@ def test_a_decode_step_without_step_inputs_gives_the_same_logits(arch, model_dir
 
 
 @pytest.fixture(scope="module")
-def q8_0_file(model_dirs, tmp_path_factory):
+def q8_0_files(model_dirs, tmp_path_factory):
+    """arch -> the test model converted to a Q8_0 GGUF file by llama.cpp's converter."""
     from pathlib import Path
     from tests.format_tools import convert_to_gguf, llama_cpp_source
     tree = llama_cpp_source(Path.home() / ".cache" / "kvserve-tests" / "llama-cpp")
-    return convert_to_gguf(tree, model_dirs("llama"), "q8_0",
-                           tmp_path_factory.mktemp("gguf") / "llama-q8_0.gguf")
+    made = {}
+
+    def get(arch: str) -> Path:
+        if arch not in made:
+            made[arch] = convert_to_gguf(tree, model_dirs(arch), "q8_0",
+                                         tmp_path_factory.mktemp("gguf") / f"{arch}-q8_0.gguf")
+        return made[arch]
+    return get
 
 
-@pytest.mark.parametrize("activations", ["int8", "float"])
-def test_a_gguf_models_step_is_bitwise_the_eager_one(q8_0_file, activations):
-    """Every linear layer on the file's blocks and the embedding decoded a row at a time,
-    in one native call: the same kernels, so the same logits."""
-    runner = _runner(str(q8_0_file), gguf_activations=activations)
+@pytest.mark.parametrize("arch, activations", [("llama", "int8"), ("llama", "float"),
+                                               ("qwen3-moe", "int8")])
+def test_a_gguf_models_step_is_bitwise_the_eager_one(q8_0_files, arch, activations):
+    """Every linear layer on the file's blocks (a Qwen3-MoE's experts each on its own rows
+    of the file's tensors, its router the file's F32 tensor) and the embedding decoded a
+    row at a time, in one native call: the same kernels, so the same logits."""
+    runner = _runner(str(q8_0_files(arch)), gguf_activations=activations)
     captured = runner.captured
     assert captured is not None and captured.gguf and captured.max_rows > 0
     captured.max_rows = MAX_ROWS
@@ -166,10 +175,10 @@ def test_enforce_eager_runs_no_captured_step(llama_dir):
 
 
 @pytest.mark.parametrize("arch, engine_args, reason", [
-    ("gpt2", {}, "GPT2LMHeadModel: the captured step runs Llama, Mistral, Qwen2 and Qwen3 "
-     "layers only"),
-    ("qwen3-moe", {}, "Qwen3MoeForCausalLM: the captured step runs Llama, Mistral, Qwen2 and "
-     "Qwen3 layers only"),
+    ("gpt2", {}, "GPT2LMHeadModel: the captured step runs Llama, Mistral, Qwen2, Qwen3 and "
+     "Qwen3-MoE layers only"),
+    ("qwen2-moe", {}, "Qwen2MoeForCausalLM: the captured step runs Llama, Mistral, Qwen2, "
+     "Qwen3 and Qwen3-MoE layers only"),
     ("llama", {"quantization": "int8"}, "quantized linear layers"),
     ("llama", {"dtype": "bfloat16"}, "weights are not float32"),
     ("llama", {"kv_cache_dtype": "float16"}, "the KV cache is not float32"),

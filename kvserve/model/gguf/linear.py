@@ -7,8 +7,8 @@ copy (16-bit float weights too: BF16 and F16 stay two bytes a weight). A step of
 ``NATIVE_MAX_ROWS`` rows (decode) runs the native kernel, which
 decodes each block in registers and uses it for every row
 (``kvserve/kernels/gguf_linear.c``). A longer step (a prompt chunk) runs the same
-kernels with int8 activations, where the format has them (Q8_0 and the K formats);
-otherwise it decodes ``TILE_ROWS`` weight rows at a time to float32 and multiplies them
+kernels with the activations rounded as llama.cpp rounds them, where the format has
+such a kernel (Q8_0 and the K formats: int8; BF16: bfloat16); otherwise it decodes ``TILE_ROWS`` weight rows at a time to float32 and multiplies them
 with torch's GEMM, so the float copy is one tile, reused across all of the step's rows.
 A part the file stores in F32 (llama.cpp keeps small tensors so) is a float buffer,
 multiplied as is.
@@ -78,9 +78,10 @@ class GGUFLinearMethod(LinearMethod):
         self.embeddings: list[BlockEmbedding | None] = [None] * len(shard_rows)
         self.repacked_by = None  # the kernels that made the parts in runs of rows
         self.native = None  # kvserve.kernels.Kernels, when configured with them
-        # rows (decode and prompt) rounded to int8 and multiplied in integers, as
-        # llama.cpp does (Q8_0 and K-format parts, AVX2); False: in float, which equals
-        # dequantize-then-multiply up to float rounding
+        # rows (decode and prompt) rounded as llama.cpp rounds them: to int8 and
+        # multiplied in integers (Q8_0 and K-format parts, AVX2), to bfloat16 against
+        # BF16 parts; False: in float, which equals dequantize-then-multiply up to float
+        # rounding
         self.int8_activations = True
 
     @classmethod
