@@ -35,84 +35,76 @@ static void round_row_bf16(const float *x, int64_t k, float *out) {
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
+#define BF16_TILES 1
 static inline __m512bh bf16_load(const void *p) {
     return (__m512bh)_mm512_loadu_si512(p);
 }
 
-static inline __m256bh bf16_load_256(const void *p) {
-    return (__m256bh)_mm256_loadu_si256((const __m256i *)p);
+/* The products of nx x rows (x[0..nx-1]: packed, k values; nx 1 or 4) with four BF16
+ * weight rows (w[0..3]): out[4 a + b] = x_a . w_b. Every pair is summed in one order,
+ * whatever the tile: one sum of 16 lanes, 32 values a step, then its lanes added. So a
+ * row's products are the same bits in a decode step as in a prompt chunk's tiles. Four
+ * by four keeps sixteen sums in flight and loads 8 vectors for 16 vdpbf16ps (a prompt's
+ * rows are bound by them); one row by four, four sums, enough for a read from memory. */
+static inline __attribute__((always_inline)) void bf16_tile(
+    const uint16_t *const *x, int nx, const uint8_t *const *w, int64_t k, int prefetch,
+    float *out) {
+    __m512 s[16];
+    for (int p = 0; p < 4 * nx; p++) s[p] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += 32) {
+        if (prefetch)
+            for (int b = 0; b < 4; b++)
+                _mm_prefetch((const char *)(w[b] + 2 * i + PREFETCH_BYTES), _MM_HINT_T0);
+        __m512bh wv[4];
+        for (int b = 0; b < 4; b++) wv[b] = bf16_load(w[b] + 2 * i);
+        for (int a = 0; a < nx; a++) {
+            const __m512bh xv = bf16_load(x[a] + i);
+            for (int b = 0; b < 4; b++) s[4 * a + b] = _mm512_dpbf16_ps(s[4 * a + b], wv[b], xv);
+        }
+    }
+    for (int p = 0; p < 4 * nx; p++) out[p] = _mm512_reduce_add_ps(s[p]);
 }
 
-/* sums[r] = xr[r] . w for r < m (m <= MAX_ROWS): w one row of k bfloat16 weights, row r
- * of x packed at xr + r * k floats; k a multiple of 32 */
-static void row_bf16_packed(const float *xr, int64_t m, int64_t k, const uint8_t *w,
-                            float *sums) {
-    if (m == 1) { /* four sums in flight, 256 bits a load (512: a tenth slower from memory) */
-        const uint16_t *x = (const uint16_t *)xr;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int64_t i = 0;
-        for (; i + 64 <= k; i += 64) {
-            _mm_prefetch((const char *)(w + 2 * i + PREFETCH_BYTES), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w + 2 * i + PREFETCH_BYTES + 64), _MM_HINT_T0);
-            a0 = _mm256_dpbf16_ps(a0, bf16_load_256(w + 2 * i), bf16_load_256(x + i));
-            a1 = _mm256_dpbf16_ps(a1, bf16_load_256(w + 2 * i + 32), bf16_load_256(x + i + 16));
-            a2 = _mm256_dpbf16_ps(a2, bf16_load_256(w + 2 * i + 64), bf16_load_256(x + i + 32));
-            a3 = _mm256_dpbf16_ps(a3, bf16_load_256(w + 2 * i + 96), bf16_load_256(x + i + 48));
+/* y[r * y_stride + j] for r < m, j < n: BF16 weight rows (k values, 2k bytes each)
+ * against x's packed rows (xr, k floats apart), in tiles of four weight rows by four x
+ * rows (one by four for the last m % 4), BF16_ROW_BLOCK rows of x at a time (their
+ * rounded rows stay in L2 while the weight streams past), the threads splitting the
+ * weight rows; a short last run of weight rows repeats its last. */
+#define BF16_ROW_BLOCK 64
+static void bf16_rows_part(const float *xr, int64_t m, int64_t k, const uint8_t *w,
+                           int64_t n, float *y, int64_t y_stride) {
+    for (int64_t r0 = 0; r0 < m; r0 += BF16_ROW_BLOCK) {
+        const int64_t end = r0 + BF16_ROW_BLOCK < m ? r0 + BF16_ROW_BLOCK : m;
+#pragma omp for schedule(static) nowait
+        for (int64_t j = 0; j < n; j += 4) {
+            const uint8_t *wj[4];
+            for (int b = 0; b < 4; b++) wj[b] = w + 2 * k * (j + b < n ? j + b : n - 1);
+            for (int64_t r = r0; r < end;) {
+                const int nx = end - r >= 4 ? 4 : 1;
+                const uint16_t *xs[4];
+                for (int a = 0; a < nx; a++) xs[a] = (const uint16_t *)(xr + (r + a) * k);
+                float sums[16];
+                if (nx == 4)
+                    bf16_tile(xs, 4, wj, k, r == r0, sums);
+                else
+                    bf16_tile(xs, 1, wj, k, r == r0, sums);
+                for (int a = 0; a < nx; a++)
+                    for (int b = 0; b < 4 && j + b < n; b++)
+                        y[(r + a) * y_stride + j + b] = sums[4 * a + b];
+                r += nx;
+            }
         }
-        for (; i < k; i += 32) {
-            _mm_prefetch((const char *)(w + 2 * i + PREFETCH_BYTES), _MM_HINT_T0);
-            a0 = _mm256_dpbf16_ps(a0, bf16_load_256(w + 2 * i), bf16_load_256(x + i));
-            a1 = _mm256_dpbf16_ps(a1, bf16_load_256(w + 2 * i + 32), bf16_load_256(x + i + 16));
-        }
-        sums[0] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        return;
-    }
-    /* four rows at a time, two sums in flight a row (a short last group repeats its last
-     * row; the weight row is in cache after the first group) */
-    for (int64_t r0 = 0; r0 < m; r0 += 4) {
-        const uint16_t *x0 = (const uint16_t *)(xr + r0 * k);
-        const uint16_t *x1 = (const uint16_t *)(xr + (r0 + 1 < m ? r0 + 1 : m - 1) * k);
-        const uint16_t *x2 = (const uint16_t *)(xr + (r0 + 2 < m ? r0 + 2 : m - 1) * k);
-        const uint16_t *x3 = (const uint16_t *)(xr + (r0 + 3 < m ? r0 + 3 : m - 1) * k);
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0,
-               d0 = a0, d1 = a0;
-        int64_t i = 0;
-        for (; i + 64 <= k; i += 64) {
-            const __m512bh w0 = bf16_load(w + 2 * i), w1 = bf16_load(w + 2 * i + 64);
-            a0 = _mm512_dpbf16_ps(a0, w0, bf16_load(x0 + i));
-            b0 = _mm512_dpbf16_ps(b0, w0, bf16_load(x1 + i));
-            c0 = _mm512_dpbf16_ps(c0, w0, bf16_load(x2 + i));
-            d0 = _mm512_dpbf16_ps(d0, w0, bf16_load(x3 + i));
-            a1 = _mm512_dpbf16_ps(a1, w1, bf16_load(x0 + i + 32));
-            b1 = _mm512_dpbf16_ps(b1, w1, bf16_load(x1 + i + 32));
-            c1 = _mm512_dpbf16_ps(c1, w1, bf16_load(x2 + i + 32));
-            d1 = _mm512_dpbf16_ps(d1, w1, bf16_load(x3 + i + 32));
-        }
-        if (i < k) { /* one block of 32 over */
-            const __m512bh w0 = bf16_load(w + 2 * i);
-            a0 = _mm512_dpbf16_ps(a0, w0, bf16_load(x0 + i));
-            b0 = _mm512_dpbf16_ps(b0, w0, bf16_load(x1 + i));
-            c0 = _mm512_dpbf16_ps(c0, w0, bf16_load(x2 + i));
-            d0 = _mm512_dpbf16_ps(d0, w0, bf16_load(x3 + i));
-        }
-        const float group[4] = {_mm512_reduce_add_ps(_mm512_add_ps(a0, a1)),
-                                _mm512_reduce_add_ps(_mm512_add_ps(b0, b1)),
-                                _mm512_reduce_add_ps(_mm512_add_ps(c0, c1)),
-                                _mm512_reduce_add_ps(_mm512_add_ps(d0, d1))};
-        for (int64_t t = 0; t < 4 && r0 + t < m; t++) sums[r0 + t] = group[t];
     }
 }
-#endif
-
+#else
 /* sums[r] = (x row r rounded to bfloat16) . w for r < m: w one row of k BF16 weights, xr
- * the rows as round_row_bf16 left them */
+ * the rows as round_row_bf16 left them, through the widening kernels */
 static void row_bf16_rounded(const float *xr, int64_t m, int64_t k, const uint8_t *w,
                              float *sums) {
-#if defined(__AVX512BF16__) && defined(__AVX512VL__)
-    row_bf16_packed(xr, m, k, w, sums);
-#elif defined(__AVX2__)
+#ifdef __AVX2__
     row_16bit(1, xr, m, k, w, sums);
 #else
     row_buffered(BF16, xr, m, k, w, sums);
 #endif
 }
+#endif

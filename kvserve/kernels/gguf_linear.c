@@ -224,10 +224,12 @@ void gguf_prepare_part(const float *x, int64_t m, int64_t k, int64_t kind,
 /* sums[r] = x[r, :] . dequantized wr for r < m: one weight row of fmt (not in runs) */
 static void one_row(const float *x, int64_t kind, const gguf_activations *a, int64_t m,
                     int64_t k, const uint8_t *wr, int64_t fmt, float *sums) {
+#ifndef BF16_TILES /* else gguf_rows_part takes them in tiles */
     if (kind == GGUF_ACT_BF16) {
         row_bf16_rounded(a->xr, m, k, wr, sums);
         return;
     }
+#endif
 #ifdef __AVX2__
     if (kind == GGUF_ACT_Q8_0 && m == 1)
         sums[0] = row_q8_0_q8_1(a->xq, a->xd, k, wr);
@@ -279,6 +281,12 @@ void gguf_rows_part(const float *x, int64_t kind, const gguf_activations *a, int
         return;
     }
     const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
+#ifdef BF16_TILES
+    if (kind == GGUF_ACT_BF16) {
+        bf16_rows_part(a->xr, m, k, w, n, y, y_stride);
+        return;
+    }
+#endif
 #ifdef __AVX2__
     if (kind == GGUF_ACT_Q8_K && fmt == Q4_K && m == 1) { /* weight rows two at a time */
 #pragma omp for schedule(static) nowait

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvserve.kernels import Kernels, load_kernels
+from kvserve.kernels.build import cpu_has_any
 from kvserve.model.gguf.linear import FORMAT_CODES, FROM_RUNS, RUN_ROWS
 from kvserve.model.gguf.quants import BLOCKS, dequantize
 from kvserve.model.gguf.quants import random_blocks
@@ -167,6 +168,26 @@ def test_bf16_weights_take_rows_rounded_to_bfloat16(build, rows):
         floats = torch.empty(rows, n)
         build.gguf_rows(x, blocks, FORMAT_CODES["BF16"], floats)
         assert not torch.equal(floats, got)  # float activations: the rows as they are
+
+
+def test_bf16_prompt_rows_are_the_bits_each_row_gets_alone():
+    """With AVX512-BF16 every row and weight row is summed in one order, so a prompt
+    chunk's rows are bit for bit what each gets as a decode step (elsewhere the widening
+    kernels sum a few rows in other orders than one)."""
+    if not cpu_has_any("avx512_bf16"):
+        pytest.skip("this CPU has no AVX512-BF16")
+    n, k = 21, 2080
+    blocks = weight("BF16", n, k, seed=4)
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(4))
+    chunk = torch.empty(70, n)
+    assert kernels.gguf_rows_int8(x, blocks, FORMAT_CODES["BF16"], chunk)
+    for r in (0, 1, 33, 64, 69):
+        alone = torch.empty(1, n)
+        kernels.gguf_rows(x[r:r + 1], blocks, FORMAT_CODES["BF16"], alone, int8_activations=True)
+        assert torch.equal(alone[0], chunk[r]), r
+    few = torch.empty(5, n)
+    kernels.gguf_rows(x[:5], blocks, FORMAT_CODES["BF16"], few, int8_activations=True)
+    assert torch.equal(few, chunk[:5])
 
 
 def test_a_format_without_an_integer_kernel_is_left_to_the_caller():
