@@ -54,7 +54,7 @@ def test_kvserve_scores_the_embedded_models_gguf_files_as_llama_cpp_does():
     def scores(activations: str) -> dict:
         return run_gguf_agreement(
             Path(default_model_dir()), tree, str(llama_cpp_tool(tree, "llama-quantize")),
-            str(llama_cpp_tool(tree, "llama-perplexity")), ["Q8_0", "Q4_K_M"], text, ctx=256,
+            str(llama_cpp_tool(tree, "llama-perplexity")), ["Q8_0", "Q4_K_M", "BF16"], text, ctx=256,
             chunks=16, threads=2,
             engine_args={"num_kv_blocks": 256, "gguf_activations": activations},
             log=lambda msg: None)["quants"]
@@ -64,7 +64,8 @@ def test_kvserve_scores_the_embedded_models_gguf_files_as_llama_cpp_does():
     # embedded model; a near tie may flip between float32 and float64)
     for quant, r in scores("float").items():
         assert r["kvserve_top1_agreement_with_exact"] >= 0.998, (quant, r)
-    # by default it rounds activations to 8 bits against the blocks, as llama.cpp does:
+    # by default it rounds activations as llama.cpp does (to 8 bits against the blocks, to
+    # bfloat16 against BF16 weights):
     # both then stray from exact arithmetic by about as much (98-99 % top-1 on this small
     # model's near ties), not at the same positions, and agree with llama.cpp about as
     # well as llama.cpp's two attention paths agree with each other (2000 positions:
