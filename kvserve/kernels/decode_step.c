@@ -33,7 +33,7 @@
 enum { P_LAYERS, P_HIDDEN, P_HEADS, P_KV_HEADS, P_HEAD_DIM, P_INTER, P_VOCAB, P_BLOCK,
        P_WINDOW, P_PANELS, P_EMBED, P_FINAL_NORM, P_LM_HEAD, P_LM_BIAS, P_COS, P_SIN, P_GGUF,
        P_EMBED_FMT, P_HEAD_NORMS, P_MOE_EXPERTS, P_MOE_TOP_K, P_MOE_NORM, P_MOE_INTER,
-       PLAN_HEADER };
+       P_MOE_COUNTS, PLAN_HEADER };
 /* per layer (L_Q_NORM, L_K_NORM: with P_HEAD_NORMS, Qwen3's per-head q and k norms;
  * L_ROUTER, L_EXPERTS: a mixture-of-experts MLP, in place of gate_up and down, the
  * router's float32 [experts, hidden] weight and an int64 array of each expert's gate_up
@@ -143,7 +143,7 @@ static void add_expert_part(const float *y, const int64_t *rows, const float *we
  * it: the rows routed (moe_route.c), then each expert any row chose, in expert order,
  * as one gated MLP over the rows that chose it, its outputs times their weights added
  * to those rows. Every thread walks the same routing, so all agree on the experts. */
-static void moe_mlp(step *s, const int64_t *L, int64_t hidden) {
+static void moe_mlp(step *s, int64_t layer, const int64_t *L, int64_t hidden) {
     const int64_t *plan = s->plan, rows = s->rows, experts = plan[P_MOE_EXPERTS];
     const int64_t top_k = plan[P_MOE_TOP_K], inter = plan[P_MOE_INTER];
     const int64_t *weights = (const int64_t *)(intptr_t)L[L_EXPERTS];
@@ -153,6 +153,9 @@ static void moe_mlp(step *s, const int64_t *L, int64_t hidden) {
                   s->route_weights);
     sync_threads(s);
     int seen[MOE_MAX_ROWS] = {0};
+    int64_t *counts = (int64_t *)(intptr_t)plan[P_MOE_COUNTS]; /* [layers, 2]: experts
+                                                                 run, tokens routed */
+    if (counts && omp_get_thread_num() == 0) counts[2 * layer + 1] += rows;
     for (int64_t e = 0; e < experts; e++) {
         int64_t picked[MOE_MAX_ROWS], count = 0;
         float weight[MOE_MAX_ROWS];
@@ -166,6 +169,7 @@ static void moe_mlp(step *s, const int64_t *L, int64_t hidden) {
                     seen[r] = 1;
                 }
         if (!count) continue;
+        if (counts && omp_get_thread_num() == 0) counts[2 * layer] += 1;
 #pragma omp for schedule(static) nowait
         for (int64_t i = 0; i < count; i++)
             memcpy(s->expert_x + i * hidden, s->h + picked[i] * hidden, hidden * sizeof(float));
@@ -231,7 +235,7 @@ static void run_step(step *s) {
         add_rms_norm_part(s->x, s->residual, PTR(L[L_POST_NORM]), s->h, rows, hidden, eps);
         sync_threads(s);
         if (L[L_EXPERTS]) {
-            moe_mlp(s, L, hidden);
+            moe_mlp(s, i, L, hidden);
             continue;
         }
         TIMED(0, linear(s, s->h, hidden, L[L_GATE_UP_W], 2 * inter, L[L_GATE_UP_B],

@@ -26,9 +26,23 @@ class SparseMoE(nn.Module):
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = GatedMLP(cfg, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
-        self.expert_calls = 0   # experts run, and tokens routed, since start (bench moe)
-        self.tokens_routed = 0
+        self.eager_counts = [0, 0]  # experts run, and tokens routed, by eager steps
+        # the same two counts of captured steps: an int64 [2] the native step adds to
+        self.captured_counts: torch.Tensor | None = None
         self.native = None  # kvserve.kernels.Kernels: routing through moe_route
+
+    @property
+    def expert_calls(self) -> int:
+        """Experts run since start, each once for all the tokens of a step it took (bench
+        moe)."""
+        captured = 0 if self.captured_counts is None else int(self.captured_counts[0])
+        return self.eager_counts[0] + captured
+
+    @property
+    def tokens_routed(self) -> int:
+        """Tokens routed since start."""
+        captured = 0 if self.captured_counts is None else int(self.captured_counts[1])
+        return self.eager_counts[1] + captured
 
     def configure(self, mode) -> None:
         kernels = getattr(mode, "kernels", None)
@@ -79,8 +93,8 @@ class SparseMoE(nn.Module):
                    ) -> torch.Tensor:
         """One token: its experts in expert order (the grouped path's sums, bit for bit),
         without sorting or scattering."""
-        self.tokens_routed += 1
-        self.expert_calls += len(chosen)
+        self.eager_counts[0] += len(chosen)
+        self.eager_counts[1] += 1
         out = None
         for slot in sorted(range(len(chosen)), key=chosen.__getitem__):
             y = self.experts[chosen[slot]]._forward(x) * weights[slot]
@@ -95,10 +109,10 @@ class SparseMoE(nn.Module):
         scale = weights.flatten()[order, None]
         out = torch.zeros_like(x)
         start = 0
-        self.tokens_routed += x.shape[0]
+        self.eager_counts[1] += x.shape[0]
         for expert, count in enumerate(torch.bincount(flat, minlength=self.num_experts).tolist()):
             if count:
-                self.expert_calls += 1
+                self.eager_counts[0] += 1
                 rows = tokens[start:start + count]
                 out.index_add_(0, rows, self.experts[expert]._forward(x[rows])
                                * scale[start:start + count])

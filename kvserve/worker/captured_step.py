@@ -117,7 +117,7 @@ class CapturedStep:
     HEADER = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "block",
               "window", "panels", "embed", "final_norm", "lm_head", "lm_bias", "cos", "sin",
               "gguf", "embed_fmt", "head_norms", "moe_experts", "moe_top_k", "moe_norm",
-              "moe_inter")
+              "moe_inter", "moe_counts")
     LAYER = ("in_norm", "qkv_w", "qkv_b", "o_w", "o_b", "post_norm", "gate_up_w",
              "gate_up_b", "down_w", "down_b", "k_pool", "v_pool", "q_norm", "k_norm",
              "router", "experts")
@@ -149,6 +149,8 @@ class CapturedStep:
         blocks = embedding.kind != "float" if isinstance(embedding, BlockEmbedding) else False
         table = embedding.gguf_blocks if isinstance(embedding, BlockEmbedding) \
             else embedding.weight
+        # each MoE layer's experts run and tokens routed, added up by the steps
+        self.moe_counts = torch.zeros((cfg.num_layers, 2), dtype=torch.int64)
         header = {
             "layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
             "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
@@ -164,11 +166,14 @@ class CapturedStep:
             "head_norms": int(cfg.qk_norm == "head"),
             "moe_experts": cfg.num_experts or 0, "moe_top_k": cfg.num_experts_per_tok or 0,
             "moe_norm": int(bool(cfg.norm_topk_prob)),
-            "moe_inter": cfg.moe_intermediate_size or 0}
+            "moe_inter": cfg.moe_intermediate_size or 0,
+            "moe_counts": self._address(self.moe_counts)}
         plan = [header[name] for name in self.HEADER]
-        for layer, cache in zip(model.model.layers, caches):
+        for index, (layer, cache) in enumerate(zip(model.model.layers, caches)):
             attn, mlp = layer.self_attn, layer.mlp
             moe = isinstance(mlp, SparseMoE)
+            if moe:  # the layer's counts read where the bench counts the eager ones
+                mlp.captured_counts = self.moe_counts[index]
             experts = torch.tensor([self._address(weight(p)) for e in _mlps(layer)
                                     for p in (e.gate_up_proj, e.down_proj)],
                                    dtype=torch.int64) if moe else None

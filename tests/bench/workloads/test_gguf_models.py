@@ -72,7 +72,9 @@ def test_kvserve_reads_the_file_as_transformers_does(which, bf16_file, moe_file)
     prompts = prompts_of_lengths([5, 12])
     want = [hf.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False)[0, len(p):]
             .tolist() for p in prompts]
-    llm = LLM(str(bf16_file), num_kv_blocks=32, dtype="float32")
+    # float activations: transformers' arithmetic (by default BF16 layers take rows rounded
+    # to bfloat16, as llama.cpp's do: gguf-agreement compares that with llama.cpp)
+    llm = LLM(str(bf16_file), num_kv_blocks=32, dtype="float32", gguf_activations="float")
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                         use_tqdm=False)
     llm.engine.close()
