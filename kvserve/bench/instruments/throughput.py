@@ -81,6 +81,7 @@ class ThroughputResult(TokenRates):
     generated_tokens: int
     engine_args: dict[str, Any] = field(default_factory=dict)
     load_s: float = 0.0
+    compute_dtype: str = ""  # the engine's activations and weights ("float32", ...)
 
 
 def load_llm(model_dir: str | Path | None, engine_args: dict[str, Any]) -> tuple[Any, float]:
@@ -151,6 +152,7 @@ def run_throughput(
         generated_tokens=generated,
         engine_args=engine_args,
         load_s=load_s,
+        compute_dtype=str(llm.engine.config.model.dtype).removeprefix("torch."),
     )
 
 

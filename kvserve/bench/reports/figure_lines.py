@@ -50,7 +50,10 @@ def _compare_model_lines(res: Result, base: str) -> list[str]:
     vllm_dtype = peers.get("vllm-cpu", {}).get("engine_args", {}).get("dtype", "float32")
     hf = next((row for name, row in rows.items() if name.startswith("hf-static-")), None)
     hf_build = next((b for name, b in peers.items() if name.startswith("hf-static-")), {})
-    compute = "float32" if vllm_dtype == "float32" else "kvserve in float32"
+    # kvserve's compute dtype as the run recorded it (runs before it did: float32)
+    ours_dtype = d.get("results", {}).get("kvserve", {}).get("compute_dtype") or "float32"
+    compute = ("float32" if vllm_dtype == ours_dtype == "float32"
+               else f"kvserve in {ours_dtype}")
     head = (f"| system ({d.get('model')}, `{wl.get('name')}`, {wl.get('num_requests', '?')} "
             f"requests, {compute}) | useful tok/s | kvserve against it | share of GEMM "
             "roofline |")

@@ -65,6 +65,7 @@ class _FakeLLM:
     """Stands in for kvserve.LLM: returns max_tokens zeros per prompt."""
 
     resets = 0
+    engine = SimpleNamespace(config=SimpleNamespace(model=SimpleNamespace(dtype="torch.float32")))
 
     def reset_prefix_cache(self) -> bool:
         self.resets += 1
@@ -107,6 +108,7 @@ def test_run_compare_with_stub_engine(tiny_model_dir: Path, monkeypatch: pytest.
     assert [r["roofline_share"] is None for r in bf16["rows"]] == [False, True]  # bf16 GEMMs
     assert out["results"]["kvserve"]["useful_output_tokens"] == 5  # capped at max_tokens
     assert out["results"]["kvserve"]["generated_tokens"] == 7
+    assert out["results"]["kvserve"]["compute_dtype"] == "float32"  # the engine's, recorded
     assert out["rows"][2]["vs_hf_static"].median == 1.0  # HF ran in kvserve's round
     assert out["rows"][0]["vs_hf_static"].rounds == 1
     assert out["rows"][3]["vs_hf_static"] is None  # the sweep ran in no round
