@@ -79,7 +79,8 @@ void rescale_int32(const int32_t *acc, const float *row_scale, const float *col_
  * w [n, k] int8, any values): torch._int_mm's sums, for CPUs whose int8 GEMM it runs
  * without VNNI through a slow path. Each weight row is read once for MAX_INT8_ROWS rows
  * of x at a time. 32 products at a time as |w| (unsigned) times x carrying w's sign,
- * summed in pairs to int16 (vpmaddubsw), then in int32: exact while |x| <= 127, so an
+ * summed in pairs to int16 (vpmaddubsw; VNNI's vpdpbusd sums four in int32 where the
+ * build has it: the same integers), then in int32: exact while |x| <= 127, so an
  * activation of -128 is taken as -127 and each weight it met is subtracted once more
  * (-128 * w = -127 * w - w). Threads split the weight rows. */
 #define MAX_INT8_ROWS 4
@@ -117,7 +118,6 @@ int64_t int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int6
             int32_t sums[MAX_INT8_ROWS] = {0, 0, 0, 0};
             int64_t i = 0;
 #ifdef __AVX2__
-            const __m256i ones = _mm256_set1_epi16(1);
             __m256i s[MAX_INT8_ROWS];
             for (int64_t r = 0; r < rows; r++) s[r] = _mm256_setzero_si256();
             for (; i + 32 <= k; i += 32) {
@@ -126,8 +126,7 @@ int64_t int8_matmul(const int8_t *x, int64_t m, int64_t k, const int8_t *w, int6
                 for (int64_t r = 0; r < rows; r++) {
                     const __m256i xv = _mm256_sign_epi8(
                         _mm256_loadu_si256((const __m256i *)(xc + (r0 + r) * k + i)), wv);
-                    s[r] = _mm256_add_epi32(
-                        s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
+                    s[r] = dot_u8s8_add(s[r], aw, xv);
                 }
             }
             for (int64_t r = 0; r < rows; r++) {

@@ -167,19 +167,24 @@ def test_quantization_setting_is_validated():
 
 
 @pytest.mark.parametrize("vnni", [False, True])
-def test_the_int32_sums_come_from_torch_only_with_vnni(vnni, monkeypatch):
+def test_the_int32_sums_come_from_torch_only_for_many_rows_with_vnni(vnni, monkeypatch):
+    """Decode rows (up to NATIVE_INT8_ROWS) always take the native kernel; more take
+    torch._int_mm where the CPU has VNNI, and never without it."""
     from kvserve.model import quantization
     monkeypatch.setattr(quantization, "cpu_has_vnni", lambda: vnni)
     torch.manual_seed(3)
     dense = Linear(96, 40, bias=True)
     layer = _int8(dense)
     layer.configure(ExecutionMode(kernels=_native()))
-    assert (layer.method.sums is None) == vnni
+    assert layer.method.sums is not None
     calls = []
     real = torch._int_mm
     monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape) or real(a, b))
-    x = torch.randn(5, 96)
-    got = layer(x)
-    assert bool(calls) == vnni  # without VNNI torch's int8 GEMM is never called
-    torch.testing.assert_close(got, int8_reference_linear(x, dense.weight, dense.bias),
-                               rtol=1e-5, atol=1e-5)
+    for rows in (5, quantization.NATIVE_INT8_ROWS + 1):
+        calls.clear()
+        x = torch.randn(rows, 96)
+        got = layer(x)
+        # without VNNI torch's int8 GEMM is never called
+        assert bool(calls) == (vnni and rows > quantization.NATIVE_INT8_ROWS), rows
+        torch.testing.assert_close(got, int8_reference_linear(x, dense.weight, dense.bias),
+                                   rtol=1e-5, atol=1e-5)
