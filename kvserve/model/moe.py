@@ -30,6 +30,7 @@ class SparseMoE(nn.Module):
         # the same two counts of captured steps: an int64 [2] the native step adds to
         self.captured_counts: torch.Tensor | None = None
         self.native = None  # kvserve.kernels.Kernels: routing through moe_route
+        self.native_router: torch.Tensor | None = None  # its router weight, found once
 
     @property
     def expert_calls(self) -> int:
@@ -47,6 +48,7 @@ class SparseMoE(nn.Module):
     def configure(self, mode) -> None:
         kernels = getattr(mode, "kernels", None)
         self.native = kernels if kernels is not None and kernels.available else None
+        self.native_router = self.router_weight() if self.native is not None else None
 
     def router_weight(self) -> torch.Tensor | None:
         """The router's float32 [experts, hidden] weight in memory, where the native
@@ -68,11 +70,10 @@ class SparseMoE(nn.Module):
         experts in float32, the top k kept, renormalised where the model says). With the
         native kernels, a float32 step routes through their loops, as the captured step
         does."""
-        router = self.router_weight() if self.native is not None else None
-        if router is not None and x.dtype == torch.float32 and x.device.type == "cpu":
-            chosen, weights = self.native.moe_route(x.contiguous(), router, self.top_k,
-                                                    self.norm_topk_prob)
-            return chosen, weights
+        if (self.native_router is not None and x.dtype == torch.float32
+                and x.device.type == "cpu"):
+            return self.native.moe_route(x.contiguous(), self.native_router, self.top_k,
+                                         self.norm_topk_prob)
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
