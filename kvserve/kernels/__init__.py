@@ -71,6 +71,8 @@ class Kernels:
         self._quantize_rows = bind(lib, "quantize_rows_int8")
         self._rescale_int32 = bind(lib, "rescale_int32")
         self._int8_matmul = bind(lib, "int8_matmul")
+        self._int8_pack_runs = bind(lib, "int8_pack_runs")
+        self._int8_runs_matmul = bind(lib, "int8_runs_matmul")
         self._lora_rows = bind(lib, "lora_rows")
         self._gguf_rows = bind(lib, "gguf_rows")
         self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
@@ -385,12 +387,13 @@ class Kernels:
         ids = torch.tensor(cpus, dtype=torch.int64)
         return self._release_threads(cpus=ids.data_ptr(), ncpus=len(cpus), n=threads)
 
-    def quantize_rows(self, x):
-        """Per-row symmetric int8 of float32 x [R, C] (contiguous) -> (q int8, scale [R])."""
+    def quantize_rows(self, x, divisor: float = 127.0):
+        """Per-row symmetric int8 of float32 x [R, C] (contiguous) -> (q int8, scale [R]),
+        scale = max|row| / ``divisor`` (kvserve.model.quantization.quantize_rows)."""
         q = torch.empty(x.shape, dtype=torch.int8)
         scale = torch.empty(x.shape[0], dtype=torch.float32)
         self._quantize_rows(x=x.data_ptr(), q=q.data_ptr(), scale=scale.data_ptr(),
-                            rows=x.shape[0], cols=x.shape[1])
+                            rows=x.shape[0], cols=x.shape[1], divisor=divisor)
         return q, scale
 
     def rescale_int32(self, acc, row_scale, col_scale, bias):
@@ -412,6 +415,38 @@ class Kernels:
         if self._int8_matmul(x=x.data_ptr(), m=x.shape[0], k=x.shape[1], w=w.data_ptr(),
                              n=w.shape[0], acc=acc.data_ptr()):
             raise MemoryError("int8_matmul: no memory for the activations' -128 columns")
+        return acc
+
+    def int8_pack_runs(self, w):
+        """An int8 weight w [N, K] in runs of eight rows (``int8_runs.c``), with its rows'
+        sums: (runs [ceil(N / 8) * 8, K] int8, row_sums [N] int32), or None where this
+        build has no kernel for the runs (no AVX-512 VNNI) or K is not one it takes."""
+        if not (w.dtype == torch.int8 and w.is_contiguous() and w.dim() == 2):
+            raise ValueError("int8_pack_runs takes a contiguous int8 weight [N, K]")
+        n, k = w.shape
+        runs = torch.empty((-(-n // 8) * 8, k), dtype=torch.int8)
+        row_sums = torch.empty(n, dtype=torch.int32)
+        if self._int8_pack_runs(w=w.data_ptr(), n=n, k=k, runs=runs.data_ptr(),
+                                row_sums=row_sums.data_ptr()):
+            return None
+        return runs, row_sums
+
+    def int8_runs_matmul(self, x, runs, row_sums):
+        """int8_matmul's sums, from a weight's runs and row sums (``int8_pack_runs``)."""
+        n = row_sums.shape[0]
+        if not (x.dtype == runs.dtype == torch.int8 and x.is_contiguous() and x.dim() == 2
+                and runs.is_contiguous() and runs.shape[1] == x.shape[1]
+                and runs.shape[0] == -(-n // 8) * 8 and row_sums.dtype == torch.int32):
+            raise ValueError("int8_runs_matmul takes contiguous int8 x [M, K] and the runs "
+                             "and row sums int8_pack_runs made of a weight [N, K]")
+        acc = torch.empty((x.shape[0], n), dtype=torch.int32)
+        status = self._int8_runs_matmul(x=x.data_ptr(), m=x.shape[0], k=x.shape[1],
+                                        runs=runs.data_ptr(), row_sums=row_sums.data_ptr(),
+                                        n=n, acc=acc.data_ptr())
+        if status < 0:
+            raise MemoryError("int8_runs_matmul: no memory for the activations")
+        if status:
+            raise ValueError("int8_runs_matmul: this build has no kernel for the runs")
         return acc
 
 

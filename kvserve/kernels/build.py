@@ -21,7 +21,7 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / n for n in ("paged_attention.c", "elementwise.c", "int8_linear.c",
                                     "threads.c", "gemv.c", "gemm.c", "decode_step.c",
                                     "lora.c", "gguf_linear.c", "int4_linear.c",
-                                    "moe_route.c"))
+                                    "moe_route.c", "int8_runs.c"))
 HEADERS = tuple(_HERE / n for n in ("vec_math.h", "paged_attention_tiles.h",
                                     "paged_attention_rows.h", "step_parts.h", "team.h",
                                     "gguf_k_x4.h", "gguf_q6_k_x4.h", "gguf_q8_0_x8.h",

@@ -11,9 +11,11 @@
 #include <stdlib.h>
 #include "vec_math.h"
 
-/* q[r, :] = clamp(rint(x[r, :] / scale[r]), -127, 127), scale[r] = max|x[r, :]| / 127
- * (1 for an all-zero row). */
-void quantize_rows_int8(const float *x, int8_t *q, float *scale, int64_t rows, int64_t cols) {
+/* q[r, :] = clamp(rint(x[r, :] / scale[r]), -128, 127), scale[r] = max|x[r, :]| / divisor
+ * (1 for an all-zero row): with divisor 127 the codes stay within -127..127, with 127.5
+ * (compressed-tensors') a value of -max rounds to -128. */
+void quantize_rows_int8(const float *x, int8_t *q, float *scale, int64_t rows, int64_t cols,
+                        float divisor) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
@@ -35,11 +37,11 @@ void quantize_rows_int8(const float *x, int8_t *q, float *scale, int64_t rows, i
         for (int j = 0; j < 8; j++) amax = fmaxf(amax, lanes[j]);
 #endif
         for (; i < cols; i++) amax = fmaxf(amax, fabsf(xr[i]));
-        const float s = amax > 0.f ? amax / 127.f : 1.f;
+        const float s = amax > 0.f ? amax / divisor : 1.f;
         scale[r] = s;
         i = 0;
 #ifdef __AVX2__
-        const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.f),
+        const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-128.f),
                      hi = _mm256_set1_ps(127.f);
         for (; i + 8 <= cols; i += 8) {
             __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(xr + i), vs),
@@ -52,7 +54,7 @@ void quantize_rows_int8(const float *x, int8_t *q, float *scale, int64_t rows, i
 #endif
         for (; i < cols; i++) {
             const float v = rintf(xr[i] / s);
-            qr[i] = (int8_t)(v != v ? 0.f : v < -127.f ? -127.f : v > 127.f ? 127.f : v);
+            qr[i] = (int8_t)(v != v ? 0.f : v < -128.f ? -128.f : v > 127.f ? 127.f : v);
         }
     }
 }

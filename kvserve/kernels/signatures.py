@@ -45,10 +45,12 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
                          "sin_table:ptr num_q:i64 num_k:i64 head_dim:i64"),
         "rotary_bf16": (None, "qkv:ptr row_stride:i64 rows:i64 positions:ptr cos_table:ptr "
                               "sin_table:ptr num_q:i64 num_k:i64 head_dim:i64"),
-        "quantize_rows_int8": (None, "x:ptr q:ptr scale:ptr rows:i64 cols:i64"),
+        "quantize_rows_int8": (None, "x:ptr q:ptr scale:ptr rows:i64 cols:i64 divisor:f32"),
         "rescale_int32": (None, "acc:ptr row_scale:ptr col_scale:ptr bias:ptr out:ptr rows:i64 "
                                 "cols:i64"),
         "int8_matmul": ("i64", "x:ptr m:i64 k:i64 w:ptr n:i64 acc:ptr"),
+        "int8_pack_runs": ("i64", "w:ptr n:i64 k:i64 runs:ptr row_sums:ptr"),
+        "int8_runs_matmul": ("i64", "x:ptr m:i64 k:i64 runs:ptr row_sums:ptr n:i64 acc:ptr"),
         "lora_rows": ("i64", "x:ptr rows:i64 in_dim:i64 slots:ptr num_slots:i64 a:ptr b:ptr "
                              "b_stride:i64 ranks:ptr max_rank:i64 bounds:ptr num_slices:i64 "
                              "shrunk:ptr out:ptr"),

@@ -3,9 +3,11 @@
 ``--quantization int8`` stores each linear weight as int8 with one scale per output
 channel (symmetric: w ~= q * scale, |q| <= 127) and, at run time, quantizes each
 token's activations the same way with that token's own scale. The matmul runs on
-int8 x int8 -> int32: ``torch._int_mm`` (oneDNN's kernels) on a CPU with VNNI, else the
-native ``int8_matmul`` (without VNNI torch's int8 GEMM takes a path about a hundred
-times slower); it reads a quarter of float32's weight bytes. The int32 sums are exact, so a token's output depends on
+int8 x int8 -> int32: with AVX-512 VNNI on the weight kept in runs of eight rows
+(``kernels/int8_runs.c``), for every row count; else the native ``int8_matmul`` for
+decode rows and ``torch._int_mm`` (oneDNN's kernels) for more where the CPU has VNNI,
+and the native kernel for all rows where it has not (torch's int8 GEMM then takes a
+path about a hundred times slower); it reads a quarter of float32's weight bytes. The int32 sums are exact, so a token's output depends on
 that token alone: results do not change with batch composition, and are reproduced
 exactly by a reference that quantizes the same way (``int8_reference_linear``).
 
@@ -101,39 +103,62 @@ class Int8LinearMethod(LinearMethod):
         layer.weight_scale[first_row:first_row + rows] = weight.scale
 
     def configure(self, layer: nn.Linear, mode) -> None:
-        """Native quantize / rescale passes for a float32 model (kvserve.model.execution)."""
-        # the native rounding pass divides by 127
-        self.native = (mode.kernels if self.out_dtype in (None, torch.float32)
-                       and self.divisor == _QMAX else None)
-        # the int32 sums: the native kernel (VNNI's vpdpbusd where the CPU has it) for
-        # decode rows, and for every row count without VNNI (where torch's int8 GEMM
-        # takes a path ~100x slower at decode rows); torch._int_mm for more rows with VNNI
-        # (on Zen 4, 1 row of a 8192 x 2048 weight: 0.57 against 2.4 ms; 64 rows: 12.1
-        # against 4.0 ms)
+        """Native quantize / rescale passes where the kernels are there; the weight in
+        runs of eight rows where they multiply them (AVX-512 VNNI), else the plain int8
+        weight (the runs go back to it)."""
         kernels = getattr(mode, "kernels", None)
-        self.sums = kernels if kernels is not None and kernels.available else None
+        kernels = kernels if kernels is not None and kernels.available else None
+        self.native = kernels
+        # the int32 sums: on the weight's runs for every row count where the kernels have
+        # them (int8_runs.c: on Zen 4, 1 row of a 8192 x 2048 weight 0.53 ms, 8 rows
+        # 0.72, against 2.3 and 2.4 for torch._int_mm); else the native kernel for decode
+        # rows, and for every row count without VNNI (where torch's int8 GEMM takes a
+        # path ~100x slower at decode rows); torch._int_mm for more rows with VNNI
+        self.sums = kernels
         self.sums_max_rows = NATIVE_INT8_ROWS if cpu_has_vnni() else None
+        self._take_runs(layer, kernels)
         if self.out_dtype is None and layer.weight_scale.dtype != torch.float32:
             layer.weight_scale = layer.weight_scale.float()
 
+    def _take_runs(self, layer: nn.Linear, kernels) -> None:
+        """``qweight`` in runs of rows (``qweight_runs``, ``qweight_row_sums``) where
+        ``kernels`` multiply them, the plain weight let go (a meta tensor); back to the
+        plain weight otherwise."""
+        runs = getattr(layer, "qweight_runs", None)
+        if kernels is not None and runs is None and layer.qweight.device.type == "cpu":
+            packed = kernels.int8_pack_runs(layer.qweight.contiguous())
+            if packed is not None:
+                layer.register_buffer("qweight_runs", packed[0])
+                layer.register_buffer("qweight_row_sums", packed[1])
+                layer.qweight = torch.empty_like(layer.qweight, device="meta")
+        elif kernels is None and runs is not None:
+            n, k = layer.qweight.shape
+            plain = runs.reshape(-1, k // 8, 8, 8).transpose(1, 2).reshape(-1, k)[:n]
+            layer.qweight = plain.contiguous()
+            del layer.qweight_runs, layer.qweight_row_sums
+
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if self.native is not None and x.dtype == torch.float32:
-            xq, x_scale = self.native.quantize_rows(x.contiguous())
-            acc = self._int32_sums(xq, layer.qweight)
-            return self.native.rescale_int32(acc, x_scale, layer.weight_scale, layer.bias)
+        if self.native is not None:
+            xq, x_scale = self.native.quantize_rows(x.float().contiguous(), self.divisor)
+            acc = self._int32_sums(layer, xq)
+            bias = None if layer.bias is None else layer.bias.float().contiguous()
+            out = self.native.rescale_int32(acc, x_scale, layer.weight_scale, bias)
+            return out.to(self.out_dtype or x.dtype)
         xq, x_scale = quantize_rows(x, self.divisor)
-        acc = self._int32_sums(xq, layer.qweight)
+        acc = self._int32_sums(layer, xq)
         out = acc.float() * x_scale[:, None] * layer.weight_scale[None, :]
         if layer.bias is not None:
             out = out + layer.bias.float()
         return out.to(self.out_dtype or x.dtype)
 
-
-    def _int32_sums(self, xq: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    def _int32_sums(self, layer: nn.Linear, xq: torch.Tensor) -> torch.Tensor:
+        runs = getattr(layer, "qweight_runs", None)
+        if runs is not None:
+            return self.sums.int8_runs_matmul(xq.contiguous(), runs, layer.qweight_row_sums)
         if (self.sums is not None and xq.device.type == "cpu"
                 and (self.sums_max_rows is None or xq.shape[0] <= self.sums_max_rows)):
-            return self.sums.int8_matmul(xq.contiguous(), qweight)
-        return torch._int_mm(xq, qweight.t())
+            return self.sums.int8_matmul(xq.contiguous(), layer.qweight)
+        return torch._int_mm(xq, layer.qweight.t())
 
 
 def cpu_has_vnni() -> bool:

@@ -40,15 +40,18 @@ def _native():
     return kernels
 
 
-def test_native_passes_match_torch():
+@pytest.mark.parametrize("divisor", [127.0, 127.5])
+def test_native_passes_match_torch(divisor):
     kernels = _native()
     torch.manual_seed(1)
     x = torch.randn(37, 300) * 3
     x[5] = 0.0
-    x[6, 7] = 2.5 * (x[6].abs().max() / 127)  # an exact .5 step: rounds half to even
-    q_ref, s_ref = quantize_rows(x)
-    q, s = kernels.quantize_rows(x)
+    x[6, 7] = 2.5 * (x[6].abs().max() / divisor)  # an exact .5 step: rounds half to even
+    x[8, 3] = -x[8].abs().max() * 2  # -max: -127.5 steps with 127.5, rounded to -128
+    q_ref, s_ref = quantize_rows(x, divisor)
+    q, s = kernels.quantize_rows(x, divisor)
     assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert (q.min() == -128) == (divisor == 127.5)
     acc = torch.randint(-10**6, 10**6, (37, 50), dtype=torch.int32)
     cols, bias = torch.rand(50), torch.randn(50)
     expected = acc.float() * s_ref[:, None] * cols[None, :]
@@ -167,16 +170,19 @@ def test_quantization_setting_is_validated():
 
 
 @pytest.mark.parametrize("vnni", [False, True])
-def test_the_int32_sums_come_from_torch_only_for_many_rows_with_vnni(vnni, monkeypatch):
-    """Decode rows (up to NATIVE_INT8_ROWS) always take the native kernel; more take
-    torch._int_mm where the CPU has VNNI, and never without it."""
+def test_without_runs_the_int32_sums_come_from_torch_only_for_many_rows_with_vnni(
+        vnni, monkeypatch):
+    """Where the kernels keep no runs of rows: decode rows (up to NATIVE_INT8_ROWS) take
+    the native kernel; more take torch._int_mm where the CPU has VNNI, never without it."""
     from kvserve.model import quantization
     monkeypatch.setattr(quantization, "cpu_has_vnni", lambda: vnni)
+    kernels = _native()
+    monkeypatch.setattr(kernels, "int8_pack_runs", lambda w: None)
     torch.manual_seed(3)
     dense = Linear(96, 40, bias=True)
     layer = _int8(dense)
-    layer.configure(ExecutionMode(kernels=_native()))
-    assert layer.method.sums is not None
+    layer.configure(ExecutionMode(kernels=kernels))
+    assert layer.method.sums is not None and not hasattr(layer, "qweight_runs")
     calls = []
     real = torch._int_mm
     monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape) or real(a, b))
@@ -188,3 +194,27 @@ def test_the_int32_sums_come_from_torch_only_for_many_rows_with_vnni(vnni, monke
         assert bool(calls) == (vnni and rows > quantization.NATIVE_INT8_ROWS), rows
         torch.testing.assert_close(got, int8_reference_linear(x, dense.weight, dense.bias),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_runs_serve_every_row_count_and_give_the_weight_back(dtype, monkeypatch):
+    """With runs of rows (an AVX-512 VNNI build) every row count is summed on them, the
+    plain int8 weight is let go, and configuring without kernels brings it back."""
+    kernels = _native()
+    torch.manual_seed(4)
+    dense = Linear(96, 44, bias=True).to(dtype)
+    layer = _int8(dense)
+    plain = layer.qweight.clone()
+    layer.configure(ExecutionMode(kernels=kernels))
+    if kernels.int8_pack_runs(plain) is None:
+        assert not hasattr(layer, "qweight_runs") and torch.equal(layer.qweight, plain)
+        pytest.skip("this CPU has no AVX-512 VNNI: no runs")
+    assert layer.qweight.is_meta and layer.qweight_runs.shape == (48, 96)
+    monkeypatch.setattr(torch, "_int_mm", None)  # never called
+    for rows in (1, 7, 40):
+        x = torch.randn(rows, 96).to(dtype)
+        want = int8_reference_linear(x.float(), dense.weight.float(), dense.bias.float())
+        torch.testing.assert_close(layer(x).float(), want.to(dtype).float(),
+                                   rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+    layer.configure(ExecutionMode(kernels=None))
+    assert torch.equal(layer.qweight, plain) and not hasattr(layer, "qweight_runs")

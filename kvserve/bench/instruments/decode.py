@@ -40,8 +40,11 @@ def matmul_weight_bytes(model) -> int:
     if lm_head is not None:
         embeddings.discard(id(lm_head.weight))  # tied or not, the LM head is a matmul
     seen, total = set(), 0
-    for t in model.state_dict(keep_vars=True).values():  # no rotary tables: not stored
-        if id(t) in seen or id(t) in embeddings:
+    state = model.state_dict(keep_vars=True)  # no rotary tables: not stored
+    for name, t in state.items():
+        # a weight let go (a meta tensor) counts for the layout read in its place (a float
+        # weight's panels), unless that layout is stored too (an int8 weight's runs)
+        if id(t) in seen or id(t) in embeddings or (t.is_meta and f"{name}_runs" in state):
             continue
         seen.add(id(t))
         total += t.numel() * t.element_size()

@@ -1,8 +1,11 @@
 """Single-stream decode measurement: weight accounting and a real run."""
 from __future__ import annotations
 
+import torch
+
 from kvserve import LLM
 from kvserve.bench.instruments.decode import DecodeResult, matmul_weight_bytes, measure_decode
+from kvserve.kernels import load_kernels
 
 
 def test_weight_bytes_leave_out_embedding_lookups(llama_dir):
@@ -23,7 +26,11 @@ def test_weight_bytes_of_an_int8_model(llama_dir):
     outs = [(cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size,
             2 * cfg.intermediate_size, cfg.hidden_size]
     ins = [cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size]
-    linear = sum(o * i + 4 * o for o, i in zip(outs, ins))  # int8 weights + float scales
+    runs = load_kernels().int8_pack_runs(torch.zeros(8, 64, dtype=torch.int8)) is not None
+    if runs:  # AVX-512 VNNI: int8 rows in runs of 8 (the last repeats rows) + row sums
+        linear = sum(-(-o // 8) * 8 * i + 8 * o for o, i in zip(outs, ins))
+    else:  # int8 weights + float scales
+        linear = sum(o * i + 4 * o for o, i in zip(outs, ins))
     expected = (cfg.num_layers * (linear + 2 * cfg.hidden_size * 4) + cfg.hidden_size * 4
                 + cfg.vocab_size * cfg.hidden_size * 4)  # norms, final norm, float LM head
     assert matmul_weight_bytes(model) == expected
