@@ -73,6 +73,8 @@ class Kernels:
         self._int8_matmul = bind(lib, "int8_matmul")
         self._int8_pack_runs = bind(lib, "int8_pack_runs")
         self._int8_runs_matmul = bind(lib, "int8_runs_matmul")
+        self._bf16_pack_runs = bind(lib, "bf16_pack_runs")
+        self._bf16_runs_matmul = bind(lib, "bf16_runs_matmul")
         self._lora_rows = bind(lib, "lora_rows")
         self._gguf_rows = bind(lib, "gguf_rows")
         self._gguf_rows_int8 = bind(lib, "gguf_rows_int8")
@@ -448,6 +450,35 @@ class Kernels:
         if status:
             raise ValueError("int8_runs_matmul: this build has no kernel for the runs")
         return acc
+
+    def bf16_pack_runs(self, w):
+        """A bfloat16 weight w [N, K] in runs of sixteen rows (``bf16_runs.c``):
+        [ceil(N / 16) * 16, K] bfloat16, or None where this build has no kernel for the
+        runs (no AVX512-BF16) or K is odd."""
+        if not (w.dtype == torch.bfloat16 and w.is_contiguous() and w.dim() == 2):
+            raise ValueError("bf16_pack_runs takes a contiguous bfloat16 weight [N, K]")
+        n, k = w.shape
+        runs = torch.empty((-(-n // 16) * 16, k), dtype=torch.bfloat16)
+        if self._bf16_pack_runs(w=w.data_ptr(), n=n, k=k, runs=runs.data_ptr()):
+            return None
+        return runs
+
+    def bf16_runs_matmul(self, x, runs, n: int, bias=None):
+        """bfloat16 [M, n] = x [M, K] bfloat16 @ the weight of ``runs`` (its first n rows,
+        ``bf16_pack_runs``) transposed, + bias (float32 [n]), summed in float32."""
+        if not (x.dtype == runs.dtype == torch.bfloat16 and x.is_contiguous() and x.dim() == 2
+                and runs.is_contiguous() and runs.shape[1] == x.shape[1]
+                and runs.shape[0] == -(-n // 16) * 16
+                and (bias is None or (bias.dtype == torch.float32 and bias.shape == (n,)))):
+            raise ValueError("bf16_runs_matmul takes contiguous bfloat16 x [M, K], the runs "
+                             "bf16_pack_runs made of a weight [n, K] and a float32 bias [n]")
+        y = torch.empty((x.shape[0], n), dtype=torch.bfloat16)
+        if self._bf16_runs_matmul(x=x.data_ptr(), m=x.shape[0], k=x.shape[1],
+                                  runs=runs.data_ptr(), n=n,
+                                  bias=0 if bias is None else bias.data_ptr(),
+                                  y=y.data_ptr(), y_stride=n):
+            raise ValueError("bf16_runs_matmul: this build has no kernel for the runs")
+        return y
 
 
 @functools.cache

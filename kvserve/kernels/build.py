@@ -21,12 +21,12 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / n for n in ("paged_attention.c", "elementwise.c", "int8_linear.c",
                                     "threads.c", "gemv.c", "gemm.c", "decode_step.c",
                                     "lora.c", "gguf_linear.c", "int4_linear.c",
-                                    "moe_route.c", "int8_runs.c"))
+                                    "moe_route.c", "int8_runs.c", "bf16_runs.c"))
 HEADERS = tuple(_HERE / n for n in ("vec_math.h", "paged_attention_tiles.h",
                                     "paged_attention_rows.h", "step_parts.h", "team.h",
                                     "gguf_k_x4.h", "gguf_q6_k_x4.h", "gguf_q8_0_x8.h",
                                     "gguf_float_rows.h", "gguf_int8_rows.h", "gguf_bf16_rows.h",
-                                    "gguf_runs.h"))
+                                    "gguf_runs.h", "row_runs.h"))
 BASE_FLAGS = ("-O3", "-march=native")
 LINK_FLAGS = ("-fopenmp", "-shared", "-fPIC")
 # /proc/cpuinfo fields that say which instructions -march=native may use: x86's model

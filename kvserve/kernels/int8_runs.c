@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "row_runs.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -39,20 +40,12 @@ int64_t int8_pack_runs(const int8_t *w, int64_t n, int64_t k, int8_t *runs,
     return 1;
 #else
     if (k % 8 || k > INT8_RUNS_MAX_K || n < 1) return 1;
-    const int64_t num_runs = (n + RUN_ROWS - 1) / RUN_ROWS;
+    pack_row_runs((const uint8_t *)w, n, k, RUN_ROWS, 8, (uint8_t *)runs);
 #pragma omp parallel for schedule(static)
-    for (int64_t run = 0; run < num_runs; run++) {
-        int8_t *dst = runs + run * RUN_ROWS * k;
-        for (int i = 0; i < RUN_ROWS; i++) {
-            const int64_t row = run * RUN_ROWS + i < n ? run * RUN_ROWS + i : n - 1;
-            const int8_t *src = w + row * k;
-            for (int64_t c = 0; c < k; c += 8) memcpy(dst + c * RUN_ROWS + 8 * i, src + c, 8);
-            if (run * RUN_ROWS + i < n) {
-                int32_t sum = 0;
-                for (int64_t c = 0; c < k; c++) sum += src[c];
-                row_sums[row] = sum;
-            }
-        }
+    for (int64_t row = 0; row < n; row++) {
+        int32_t sum = 0;
+        for (int64_t c = 0; c < k; c++) sum += w[row * k + c];
+        row_sums[row] = sum;
     }
     return 0;
 #endif

@@ -51,6 +51,9 @@ SIGNATURES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
         "int8_matmul": ("i64", "x:ptr m:i64 k:i64 w:ptr n:i64 acc:ptr"),
         "int8_pack_runs": ("i64", "w:ptr n:i64 k:i64 runs:ptr row_sums:ptr"),
         "int8_runs_matmul": ("i64", "x:ptr m:i64 k:i64 runs:ptr row_sums:ptr n:i64 acc:ptr"),
+        "bf16_pack_runs": ("i64", "w:ptr n:i64 k:i64 runs:ptr"),
+        "bf16_runs_matmul": ("i64", "x:ptr m:i64 k:i64 runs:ptr n:i64 bias:ptr y:ptr "
+                                    "y_stride:i64"),
         "lora_rows": ("i64", "x:ptr rows:i64 in_dim:i64 slots:ptr num_slots:i64 a:ptr b:ptr "
                              "b_stride:i64 ranks:ptr max_rank:i64 bounds:ptr num_slices:i64 "
                              "shrunk:ptr out:ptr"),

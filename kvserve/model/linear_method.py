@@ -37,6 +37,10 @@ class LinearMethod(ABC):
         """The dense weight back, if it was let go."""
 
 
+# the rows up to which a bfloat16 layer's steps take its runs (kernels/bf16_runs.c)
+BF16_RUNS_MAX_ROWS = 16
+
+
 def packed_linear_available() -> bool:
     return (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -70,8 +74,13 @@ class FloatLinearMethod(LinearMethod):
       else the GEMV reads the dense weight) and by the native panel GEMM from
       ``panel_min_rows`` to ``panel_max_rows`` rows.
 
-    The packed copy doubles the memory of the weights; where the panels serve every path
-    that read the dense weight, ``release_dense_weight`` lets it go at the end of start-up.
+    - bfloat16 runs of 16 rows (``weight_runs``, a buffer of the layer, ``kernels/
+      bf16_runs.c``), where the CPU has AVX512-BF16: every step of up to
+      ``runs_max_rows`` rows (decode), each weight read once for all of them.
+
+    The packed copy doubles the memory of the weights; where the panels or the runs serve
+    every path that read the dense weight, ``release_dense_weight`` lets it go at the end
+    of start-up.
     """
 
     def __init__(self) -> None:
@@ -85,6 +94,9 @@ class FloatLinearMethod(LinearMethod):
         self.panel_gemm = None
         self.gemv_reads_panels = True  # which streams faster is the CPU's business
         self._padded: torch.Tensor | None = None
+        self.runs_max_rows = 0
+        self.runs_kernels = None  # kvserve.kernels.Kernels multiplying weight_runs
+        self._bias_f32: torch.Tensor | None = None
 
     panel_min_rows = 9  # more rows than the few-row paths take
 
@@ -103,30 +115,58 @@ class FloatLinearMethod(LinearMethod):
         self.dense_max_rows = self.native_max_rows = 0
         self.native = None
         self._padded = None
+        self._take_bf16_runs(layer, getattr(mode, "kernels", None))
+
+    def _take_bf16_runs(self, layer: nn.Linear, kernels) -> None:
+        """A bfloat16 weight on oneDNN's packed path also in runs of rows, for decode
+        steps, where the kernels multiply them; none otherwise."""
+        self.runs_max_rows, self.runs_kernels = 0, None
+        usable = (layer.weight.dtype == torch.bfloat16 and self.packed_weight is not None
+                  and kernels is not None and kernels.available)
+        if not usable:
+            if hasattr(layer, "weight_runs"):
+                del layer.weight_runs
+            return
+        if getattr(layer, "weight_runs", None) is None:
+            runs = kernels.bf16_pack_runs(layer.weight.detach().contiguous())
+            if runs is None:
+                return
+            layer.register_buffer("weight_runs", runs)
+        self.runs_max_rows, self.runs_kernels = BF16_RUNS_MAX_ROWS, kernels
+        self._bias_f32 = None if layer.bias is None else layer.bias.detach().float()
 
     @property
     def gemv_on_panels(self) -> bool:
         return self.panel_weight is not None and self.gemv_reads_panels
 
     def release_dense_weight(self, layer: nn.Linear) -> int:
-        """Let the dense weight go where the panels hold the same numbers and no path
-        reads it (no dense few-row GEMMs, the GEMV on the panels): the Parameter becomes
-        a meta tensor of its shape and dtype (what reads it fails loudly)."""
+        """Let the dense weight go where the panels (the GEMV on them) or the bf16 runs
+        hold the same numbers and no path reads it (no dense few-row GEMMs): the
+        Parameter becomes a meta tensor of its shape and dtype (what reads it fails
+        loudly)."""
         w = layer.weight
-        if not self.gemv_on_panels or self.dense_max_rows or w.is_meta:
+        held = self.gemv_on_panels or getattr(layer, "weight_runs", None) is not None
+        if not held or self.dense_max_rows or w.is_meta:
             return 0
         layer.weight = nn.Parameter(torch.empty_like(w, device="meta"), requires_grad=False)
         return w.numel() * w.element_size()
 
     def restore_dense_weight(self, layer: nn.Linear) -> None:
-        """The dense weight back from the panels, if it was let go."""
+        """The dense weight back from the panels or the runs, if it was let go."""
         if layer.weight.is_meta:
             n, k = layer.weight.shape
-            dense = self.panel_weight.transpose(1, 2).reshape(n, k).contiguous()
-            layer.weight = nn.Parameter(dense, requires_grad=False)
+            if self.panel_weight is not None:
+                dense = self.panel_weight.transpose(1, 2).reshape(n, k)
+            else:  # runs [rows / 16, k / 2, 16, 2]
+                dense = layer.weight_runs.reshape(-1, k // 2, 16, 2).transpose(1, 2)
+                dense = dense.reshape(-1, k)[:n]
+            layer.weight = nn.Parameter(dense.contiguous(), requires_grad=False)
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if rows <= self.runs_max_rows and x.dtype == torch.bfloat16:
+            return self.runs_kernels.bf16_runs_matmul(x.contiguous(), layer.weight_runs,
+                                                      layer.out_features, self._bias_f32)
         if rows <= self.native_max_rows and x.dtype == torch.float32:
             if self.gemv_on_panels:
                 return self.native.gemv_panels(x, self.panel_weight, layer.bias)

@@ -71,3 +71,34 @@ def test_configure_unpacks_and_keeps_one_packed_copy():
     assert layer.method.packed_weight is None and layer.method.min_rows == 1
     x = torch.randn(3, 32)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_bf16_decode_rows_take_the_runs_and_the_dense_weight_can_go():
+    """A bfloat16 layer on the packed path keeps runs of rows where the kernels have
+    them: steps of up to runs_max_rows rows take them (no oneDNN call), longer ones the
+    packed GEMM; the dense weight can be let go and comes back the same."""
+    from kvserve.kernels import load_kernels
+    from kvserve.model.linear_method import BF16_RUNS_MAX_ROWS, packed_bf16_available
+    kernels = load_kernels()
+    if not (packed_bf16_available() and kernels.available):
+        pytest.skip("no hardware bf16 GEMM here: bfloat16 layers are not packed")
+    torch.manual_seed(2)
+    layer = Linear(96, 40, bias=True).to(torch.bfloat16)
+    dense = layer.weight.detach().clone()
+    configure_layers(layer, ExecutionMode(packed_linear=True, kernels=kernels))
+    if kernels.bf16_pack_runs(dense) is None:
+        assert layer.method.runs_max_rows == 0 and not hasattr(layer, "weight_runs")
+        pytest.skip("this CPU has no AVX512-BF16: no runs")
+    assert layer.method.runs_max_rows == BF16_RUNS_MAX_ROWS
+    assert layer.method.release_dense_weight(layer) == dense.numel() * 2
+    assert layer.weight.is_meta
+    for rows in (1, 5, BF16_RUNS_MAX_ROWS, BF16_RUNS_MAX_ROWS + 1):
+        x = torch.randn(rows, 96).to(torch.bfloat16)
+        exact = x.double() @ dense.double().t() + layer.bias.double()
+        got = layer(x)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, 40)
+        assert ((got.double() - exact).abs() <= exact.abs() * 2**-7 + 1e-3).all(), rows
+    layer.method.restore_dense_weight(layer)
+    assert torch.equal(layer.weight, dense)
+    configure_layers(layer, ExecutionMode(packed_linear=True, kernels=None))
+    assert layer.method.runs_max_rows == 0 and not hasattr(layer, "weight_runs")

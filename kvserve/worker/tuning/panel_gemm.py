@@ -236,11 +236,12 @@ def release_unused_panels(model: nn.Module) -> int:
 
 
 def release_dense_weights(model: nn.Module) -> int:
-    """Let go of the dense weight of every layer whose panels serve all its few-row
-    GEMMs (the caller knows the captured step reads the panels too, if it runs), except
-    a weight another module shares (a tied LM head's embeddings). Returns the bytes."""
+    """Let go of the dense weight of every layer whose panels or bf16 runs serve all its
+    few-row GEMMs (the caller knows the captured step reads the panels too, if it runs),
+    except a weight another module shares (a tied LM head's embeddings). Returns the
+    bytes."""
     shared = shared_parameter_ids(model)
-    return sum(m.method.release_dense_weight(m) for m in panel_linears(model)
+    return sum(m.method.release_dense_weight(m) for m in packed_linears(model)
                if id(m.weight) not in shared)
 
 

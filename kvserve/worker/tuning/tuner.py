@@ -149,8 +149,10 @@ class StartupTuner:
         return mode
 
     def layer_paths(self, model, kernels) -> None:
-        """Each packed layer's few-row path: the plan's, or measured."""
-        named = named_packed_linears(model)
+        """Each packed layer's few-row path: the plan's, or measured (a layer whose runs
+        take its few-row steps has none to choose)."""
+        named = [(name, m) for name, m in named_packed_linears(model)
+                 if not getattr(m.method, "runs_max_rows", 0)]
         if not named:
             return
         names = [name for name, _ in named]

@@ -1,0 +1,123 @@
+/* bfloat16 weights against a few bfloat16 rows (decode steps of a bf16 model), on
+ * weights kept in runs of sixteen rows, for CPUs with AVX512-BF16: every vdpbf16ps takes
+ * a whole 64-byte load of weights and leaves each row's sum in its own lane, so a step
+ * of several rows reads each weight once and costs about what one row does until the
+ * multiplications bound it.
+ *
+ * Layout of the runs (bf16_pack_runs): the weight's rows in runs of sixteen (the last run
+ * repeats its last row); within a run, for each pair of columns c, c+1, the 16 rows'
+ * two values one row after the other: 64 bytes, one vector. Broadcasting x[c], x[c+1] to
+ * every 32-bit lane, vdpbf16ps adds row i's two products into lane i.
+ *
+ * Each product of two bfloat16 values is exact in float32; the sums are float32, in
+ * column order two at a time, so a row's result does not depend on the other rows of the
+ * step. The outputs are rounded to bfloat16 (nearest even) after the bias (float32) is
+ * added, as oneDNN's bf16 GEMM rounds its float32 sums.
+ */
+#include <stdint.h>
+#include <string.h>
+#include "row_runs.h"
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#define BF16_RUN_ROWS 16
+#define BF16_RUNS_PREFETCH_BYTES 2048
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define BF16_RUNS_KERNEL 1
+#endif
+
+/* runs [ceil(n / 16), k / 2, 16, 2] bfloat16 (as uint16) from w [n, k]; 1 (nothing
+ * written) where this build has no kernel for the runs or k is odd, else 0. */
+int64_t bf16_pack_runs(const uint16_t *w, int64_t n, int64_t k, uint16_t *runs) {
+#ifndef BF16_RUNS_KERNEL
+    (void)w, (void)n, (void)k, (void)runs;
+    return 1;
+#else
+    if (k % 2 || n < 1) return 1;
+    pack_row_runs((const uint8_t *)w, n, 2 * k, BF16_RUN_ROWS, 4, (uint8_t *)runs);
+    return 0;
+#endif
+}
+
+#ifdef BF16_RUNS_KERNEL
+/* The float32 sums of nx rows of x (k values apart) with nw runs (1 or 2) from w (runs
+ * 16 k values apart): s[b][r] lane i = row r . row i of run b. */
+static inline __attribute__((always_inline)) void bf16_runs_tile(
+    const uint16_t *x, int nx, int64_t k, const uint16_t *w, int nw, int prefetch,
+    __m512 s[2][8]) {
+    for (int b = 0; b < nw; b++)
+        for (int r = 0; r < nx; r++) s[b][r] = _mm512_setzero_ps();
+    const int64_t run_values = k * BF16_RUN_ROWS;
+    for (int64_t c = 0; c < k; c += 2) {
+        __m512bh wv[2];
+        for (int b = 0; b < nw; b++) {
+            const uint16_t *p = w + b * run_values + c * BF16_RUN_ROWS;
+            if (prefetch)
+                _mm_prefetch((const char *)p + BF16_RUNS_PREFETCH_BYTES, _MM_HINT_T0);
+            wv[b] = (__m512bh)_mm512_loadu_si512(p);
+        }
+        for (int r = 0; r < nx; r++) {
+            int32_t pair;
+            memcpy(&pair, x + r * k + c, 4);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int b = 0; b < nw; b++) s[b][r] = _mm512_dpbf16_ps(s[b][r], xv, wv[b]);
+        }
+    }
+}
+
+#define BF16_TILE_CASE(NX)                                                        \
+    case NX:                                                                      \
+        if (nw == 2) bf16_runs_tile(x, NX, k, w, 2, prefetch, s);                 \
+        else bf16_runs_tile(x, NX, k, w, 1, prefetch, s);                         \
+        break;
+
+static void bf16_runs_tile_any(const uint16_t *x, int nx, int64_t k, const uint16_t *w,
+                               int nw, int prefetch, __m512 s[2][8]) {
+    switch (nx) {
+        BF16_TILE_CASE(1) BF16_TILE_CASE(2) BF16_TILE_CASE(3) BF16_TILE_CASE(4)
+        BF16_TILE_CASE(5) BF16_TILE_CASE(6) BF16_TILE_CASE(7) BF16_TILE_CASE(8)
+    }
+}
+#endif
+
+/* y [m, n] bfloat16 (rows y_stride apart) = x [m, k] bfloat16 @ w [n, k] transposed
+ * (+ bias [n] float32 where given), from w's runs (bf16_pack_runs). Threads split the
+ * runs, two at a time, each multiplied with eight rows of x at a time. 1 where this build
+ * has no kernel for the runs, else 0. */
+int64_t bf16_runs_matmul(const uint16_t *x, int64_t m, int64_t k, const uint16_t *runs,
+                         int64_t n, const float *bias, uint16_t *y, int64_t y_stride) {
+#ifndef BF16_RUNS_KERNEL
+    (void)x, (void)m, (void)k, (void)runs, (void)n, (void)bias, (void)y, (void)y_stride;
+    return 1;
+#else
+    if (k % 2) return 1;
+    const int64_t num_runs = (n + BF16_RUN_ROWS - 1) / BF16_RUN_ROWS;
+    const int64_t run_values = k * BF16_RUN_ROWS;
+#pragma omp parallel for schedule(static)
+    for (int64_t pair = 0; pair < (num_runs + 1) / 2; pair++) {
+        const int64_t run = 2 * pair;
+        const int nw = run + 1 < num_runs ? 2 : 1;
+        const uint16_t *w = runs + run * run_values;
+        for (int64_t r0 = 0; r0 < m; r0 += 8) {
+            const int nx = m - r0 < 8 ? (int)(m - r0) : 8;
+            __m512 s[2][8];
+            bf16_runs_tile_any(x + r0 * k, nx, k, w, nw, r0 == 0, s);
+            for (int b = 0; b < nw; b++) {
+                const int64_t j0 = (run + b) * BF16_RUN_ROWS;
+                const int valid = n - j0 < BF16_RUN_ROWS ? (int)(n - j0) : BF16_RUN_ROWS;
+                const __mmask16 keep = (__mmask16)((1u << valid) - 1);
+                const __m512 add = bias ? _mm512_maskz_loadu_ps(keep, bias + j0)
+                                        : _mm512_setzero_ps();
+                for (int r = 0; r < nx; r++) {
+                    const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(s[b][r], add));
+                    _mm256_mask_storeu_epi16(y + (r0 + r) * y_stride + j0, keep,
+                                             (__m256i)out);
+                }
+            }
+        }
+    }
+    return 0;
+#endif
+}
