@@ -255,8 +255,8 @@ class CPUWorker(Worker):
             runner.model, captured_reads=None if captured is None else
             "panels" if captured.on_panels else "dense")
         for nbytes, what in ((panels, "weights' panels released: no path reads them"),
-                             (dense, "dense weights released: their panels serve every "
-                                     "few-row GEMM")):
+                             (dense, "dense weights released: their panels or runs serve "
+                                     "every few-row GEMM")):
             if nbytes:
                 logger.info("%s%s (%.1f MiB)", which, what, nbytes / 2**20)
 

@@ -43,8 +43,10 @@ def matmul_weight_bytes(model) -> int:
     state = model.state_dict(keep_vars=True)  # no rotary tables: not stored
     for name, t in state.items():
         # a weight let go (a meta tensor) counts for the layout read in its place (a float
-        # weight's panels), unless that layout is stored too (an int8 weight's runs)
-        if id(t) in seen or id(t) in embeddings or (t.is_meta and f"{name}_runs" in state):
+        # weight's panels); a weight with runs of rows is read as those runs (counted
+        # themselves), whether it was let go or is kept for another reader (a tied
+        # embedding)
+        if id(t) in seen or id(t) in embeddings or f"{name}_runs" in state:
             continue
         seen.add(id(t))
         total += t.numel() * t.element_size()
