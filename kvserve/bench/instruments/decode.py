@@ -41,12 +41,13 @@ def matmul_weight_bytes(model) -> int:
         embeddings.discard(id(lm_head.weight))  # tied or not, the LM head is a matmul
     seen, total = set(), 0
     state = model.state_dict(keep_vars=True)  # no rotary tables: not stored
-    for name, t in state.items():
-        # a weight let go (a meta tensor) counts for the layout read in its place (a float
-        # weight's panels); a weight with runs of rows is read as those runs (counted
-        # themselves), whether it was let go or is kept for another reader (a tied
-        # embedding)
-        if id(t) in seen or id(t) in embeddings or f"{name}_runs" in state:
+    # a weight let go (a meta tensor) counts for the layout read in its place (a float
+    # weight's panels); a weight with runs of rows is read as those runs (counted
+    # themselves), whether it was let go or is kept for another reader (a tied embedding,
+    # listed under the embedding's name too)
+    read_as_runs = {id(t) for name, t in state.items() if f"{name}_runs" in state}
+    for t in state.values():
+        if id(t) in seen or id(t) in embeddings or id(t) in read_as_runs:
             continue
         seen.add(id(t))
         total += t.numel() * t.element_size()
