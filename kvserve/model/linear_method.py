@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve.kernels.weight_formats import WeightFormatKernels
 from kvserve.model.execution import ExecutionMode
 
 
@@ -156,11 +157,11 @@ class FloatLinearMethod(LinearMethod):
         if layer.weight.is_meta:
             n, k = layer.weight.shape
             if self.panel_weight is not None:
-                dense = self.panel_weight.transpose(1, 2).reshape(n, k)
-            else:  # runs [rows / 16, k / 2, 16, 2]
-                dense = layer.weight_runs.reshape(-1, k // 2, 16, 2).transpose(1, 2)
-                dense = dense.reshape(-1, k)[:n]
-            layer.weight = nn.Parameter(dense.contiguous(), requires_grad=False)
+                dense = self.panel_weight.transpose(1, 2).reshape(n, k).contiguous()
+            else:
+                dense = WeightFormatKernels.unpack_row_runs(layer.weight_runs, n,
+                                                            run_rows=16, group=2)
+            layer.weight = nn.Parameter(dense, requires_grad=False)
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]

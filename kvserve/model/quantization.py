@@ -7,9 +7,10 @@ int8 x int8 -> int32: with AVX-512 VNNI on the weight kept in runs of eight rows
 (``kernels/int8_runs.c``), for every row count; else the native ``int8_matmul`` for
 decode rows and ``torch._int_mm`` (oneDNN's kernels) for more where the CPU has VNNI,
 and the native kernel for all rows where it has not (torch's int8 GEMM then takes a
-path about a hundred times slower); it reads a quarter of float32's weight bytes. The int32 sums are exact, so a token's output depends on
-that token alone: results do not change with batch composition, and are reproduced
-exactly by a reference that quantizes the same way (``int8_reference_linear``).
+path about a hundred times slower); it reads a quarter of float32's weight bytes. The
+int32 sums are exact, so a token's output depends on that token alone: results do not
+change with batch composition, and are reproduced exactly by a reference that quantizes
+the same way (``int8_reference_linear``).
 
 Why not weight-only int8 with float activations: the multiplications would still run
 in float32, so batched steps would be no faster; torch's weight-only int8 CPU kernel
@@ -27,6 +28,7 @@ from torch import nn
 
 from kvserve.config.validate import choice
 from kvserve.kernels.build import cpu_has_any
+from kvserve.kernels.weight_formats import WeightFormatKernels
 from kvserve.model.layers import Linear
 from kvserve.model.linear_method import LinearMethod
 
@@ -132,9 +134,8 @@ class Int8LinearMethod(LinearMethod):
                 layer.register_buffer("qweight_row_sums", packed[1])
                 layer.qweight = torch.empty_like(layer.qweight, device="meta")
         elif kernels is None and runs is not None:
-            n, k = layer.qweight.shape
-            plain = runs.reshape(-1, k // 8, 8, 8).transpose(1, 2).reshape(-1, k)[:n]
-            layer.qweight = plain.contiguous()
+            layer.qweight = WeightFormatKernels.unpack_row_runs(
+                runs, layer.out_features, run_rows=8, group=8)
             del layer.qweight_runs, layer.qweight_row_sums
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
