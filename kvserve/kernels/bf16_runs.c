@@ -12,7 +12,8 @@
  * Each product of two bfloat16 values is exact in float32; the sums are float32, in
  * column order two at a time, so a row's result does not depend on the other rows of the
  * step. The outputs are rounded to bfloat16 (nearest even) after the bias (float32) is
- * added, as oneDNN's bf16 GEMM rounds its float32 sums.
+ * added, as oneDNN's bf16 GEMM rounds its float32 sums; a GGUF BF16 layer's (format
+ * BF16_X16, gguf_linear.c) stay float32, as llama.cpp keeps them.
  */
 #include <stdint.h>
 #include <string.h>
@@ -42,10 +43,10 @@ int64_t bf16_pack_runs(const uint16_t *w, int64_t n, int64_t k, uint16_t *runs) 
 }
 
 #ifdef BF16_RUNS_KERNEL
-/* The float32 sums of nx rows of x (k values apart) with nw runs (1 or 2) from w (runs
+/* The float32 sums of nx rows of x (x_stride values apart) with nw runs (1 or 2) from w (runs
  * 16 k values apart): s[b][r] lane i = row r . row i of run b. */
 static inline __attribute__((always_inline)) void bf16_runs_tile(
-    const uint16_t *x, int nx, int64_t k, const uint16_t *w, int nw, int prefetch,
+    const uint16_t *x, int64_t x_stride, int nx, int64_t k, const uint16_t *w, int nw, int prefetch,
     __m512 s[2][8]) {
     for (int b = 0; b < nw; b++)
         for (int r = 0; r < nx; r++) s[b][r] = _mm512_setzero_ps();
@@ -60,7 +61,7 @@ static inline __attribute__((always_inline)) void bf16_runs_tile(
         }
         for (int r = 0; r < nx; r++) {
             int32_t pair;
-            memcpy(&pair, x + r * k + c, 4);
+            memcpy(&pair, x + r * x_stride + c, 4);
             const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
             for (int b = 0; b < nw; b++) s[b][r] = _mm512_dpbf16_ps(s[b][r], xv, wv[b]);
         }
@@ -69,33 +70,29 @@ static inline __attribute__((always_inline)) void bf16_runs_tile(
 
 #define BF16_TILE_CASE(NX)                                                        \
     case NX:                                                                      \
-        if (nw == 2) bf16_runs_tile(x, NX, k, w, 2, prefetch, s);                 \
-        else bf16_runs_tile(x, NX, k, w, 1, prefetch, s);                         \
+        if (nw == 2) bf16_runs_tile(x, x_stride, NX, k, w, 2, prefetch, s);       \
+        else bf16_runs_tile(x, x_stride, NX, k, w, 1, prefetch, s);               \
         break;
 
-static void bf16_runs_tile_any(const uint16_t *x, int nx, int64_t k, const uint16_t *w,
-                               int nw, int prefetch, __m512 s[2][8]) {
+static void bf16_runs_tile_any(const uint16_t *x, int64_t x_stride, int nx, int64_t k,
+                               const uint16_t *w, int nw, int prefetch, __m512 s[2][8]) {
     switch (nx) {
         BF16_TILE_CASE(1) BF16_TILE_CASE(2) BF16_TILE_CASE(3) BF16_TILE_CASE(4)
         BF16_TILE_CASE(5) BF16_TILE_CASE(6) BF16_TILE_CASE(7) BF16_TILE_CASE(8)
     }
 }
-#endif
 
-/* y [m, n] bfloat16 (rows y_stride apart) = x [m, k] bfloat16 @ w [n, k] transposed
- * (+ bias [n] float32 where given), from w's runs (bf16_pack_runs). Threads split the
- * runs, two at a time, each multiplied with eight rows of x at a time. 1 where this build
- * has no kernel for the runs, else 0. */
-int64_t bf16_runs_matmul(const uint16_t *x, int64_t m, int64_t k, const uint16_t *runs,
-                         int64_t n, const float *bias, uint16_t *y, int64_t y_stride) {
-#ifndef BF16_RUNS_KERNEL
-    (void)x, (void)m, (void)k, (void)runs, (void)n, (void)bias, (void)y, (void)y_stride;
-    return 1;
-#else
-    if (k % 2) return 1;
+/* The threads' shares of y [m, n] = x [m, k] bfloat16 (rows x_stride values apart) @ w
+ * [n, k] transposed (+ bias [n] float32 where given), from w's runs (bf16_pack_runs): an
+ * orphaned `omp for` over the runs, two at a time, each multiplied with eight rows of x
+ * at a time. y is float32 where y_f32 is given, else bfloat16 (y_bf16), rows y_stride
+ * apart. */
+static void bf16_runs_share(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k,
+                            const uint16_t *runs, int64_t n, const float *bias,
+                            uint16_t *y_bf16, float *y_f32, int64_t y_stride) {
     const int64_t num_runs = (n + BF16_RUN_ROWS - 1) / BF16_RUN_ROWS;
     const int64_t run_values = k * BF16_RUN_ROWS;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t pair = 0; pair < (num_runs + 1) / 2; pair++) {
         const int64_t run = 2 * pair;
         const int nw = run + 1 < num_runs ? 2 : 1;
@@ -103,7 +100,7 @@ int64_t bf16_runs_matmul(const uint16_t *x, int64_t m, int64_t k, const uint16_t
         for (int64_t r0 = 0; r0 < m; r0 += 8) {
             const int nx = m - r0 < 8 ? (int)(m - r0) : 8;
             __m512 s[2][8];
-            bf16_runs_tile_any(x + r0 * k, nx, k, w, nw, r0 == 0, s);
+            bf16_runs_tile_any(x + r0 * x_stride, x_stride, nx, k, w, nw, r0 == 0, s);
             for (int b = 0; b < nw; b++) {
                 const int64_t j0 = (run + b) * BF16_RUN_ROWS;
                 const int valid = n - j0 < BF16_RUN_ROWS ? (int)(n - j0) : BF16_RUN_ROWS;
@@ -111,13 +108,49 @@ int64_t bf16_runs_matmul(const uint16_t *x, int64_t m, int64_t k, const uint16_t
                 const __m512 add = bias ? _mm512_maskz_loadu_ps(keep, bias + j0)
                                         : _mm512_setzero_ps();
                 for (int r = 0; r < nx; r++) {
-                    const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(s[b][r], add));
-                    _mm256_mask_storeu_epi16(y + (r0 + r) * y_stride + j0, keep,
-                                             (__m256i)out);
+                    const __m512 sums = _mm512_add_ps(s[b][r], add);
+                    if (y_f32) {
+                        _mm512_mask_storeu_ps(y_f32 + (r0 + r) * y_stride + j0, keep, sums);
+                    } else {
+                        const __m256bh out = _mm512_cvtneps_pbh(sums);
+                        _mm256_mask_storeu_epi16(y_bf16 + (r0 + r) * y_stride + j0, keep,
+                                                 (__m256i)out);
+                    }
                 }
             }
         }
     }
+}
+#endif
+
+/* y [m, n] bfloat16 (rows y_stride apart) = x [m, k] bfloat16 @ w [n, k] transposed
+ * (+ bias [n] float32 where given), from w's runs (bf16_pack_runs), the float32 sums
+ * rounded to bfloat16 once, after the bias. 1 where this build has no kernel for the
+ * runs, else 0. */
+int64_t bf16_runs_matmul(const uint16_t *x, int64_t m, int64_t k, const uint16_t *runs,
+                         int64_t n, const float *bias, uint16_t *y, int64_t y_stride) {
+#ifndef BF16_RUNS_KERNEL
+    (void)x, (void)m, (void)k, (void)runs, (void)n, (void)bias, (void)y, (void)y_stride;
+    return 1;
+#else
+    if (k % 2) return 1;
+#pragma omp parallel
+    bf16_runs_share(x, k, m, k, runs, n, bias, y, NULL, y_stride);
+    return 0;
+#endif
+}
+
+/* step_parts.h: the float32 sums y[r * y_stride + j] (j < n) of x's rows (x_stride
+ * values apart) with w's runs, the calling thread's share; 1 (nothing written) where
+ * this build has no kernel for the runs. */
+int64_t bf16_runs_rows_part(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k,
+                            const uint16_t *runs, int64_t n, float *y, int64_t y_stride) {
+#ifndef BF16_RUNS_KERNEL
+    (void)x, (void)x_stride, (void)m, (void)k, (void)runs, (void)n, (void)y, (void)y_stride;
+    return 1;
+#else
+    if (k % 2) return 1;
+    bf16_runs_share(x, x_stride, m, k, runs, n, NULL, NULL, y, y_stride);
     return 0;
 #endif
 }

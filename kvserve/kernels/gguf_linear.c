@@ -21,8 +21,10 @@
  * fmt: 0 Q8_0, 1 Q4_0, 2 Q4_K, 3 Q5_K, 4 Q6_K, 5 BF16, 6 F16 (the 16-bit floats, kept as
  * stored: two bytes a weight read, widened in registers), 7 Q4_K_X4, 8 Q5_K_X4 and 9
  * Q6_K_X4 (Q4_K, Q5_K and Q6_K four rows interleaved, gguf_k_x4.h and gguf_q6_k_x4.h),
- * 10 Q8_0_X8 (Q8_0 eight rows interleaved, gguf_q8_0_x8.h): runs of rows, int8 rows
- * against each run in registers, float rows through each run unpacked on the stack.
+ * 10 Q8_0_X8 (Q8_0 eight rows interleaved, gguf_q8_0_x8.h), 11 BF16_X16 (BF16 in runs of
+ * sixteen rows, bf16_runs.c, where the build has AVX512-BF16): runs of rows, int8 (or
+ * bfloat16) rows against each run in registers, float rows through each run unpacked
+ * on the stack.
  * Output columns j land at y[r * y_stride + j], so the parts of a fused layer write their
  * own columns.
  */
@@ -45,12 +47,12 @@
 #endif
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, BF16 = 5, F16 = 6, Q4_K_X4 = 7,
-       Q5_K_X4 = 8, Q6_K_X4 = 9, Q8_0_X8 = 10 };
+       Q5_K_X4 = 8, Q6_K_X4 = 9, Q8_0_X8 = 10, BF16_X16 = 11 };
 
 /* BF16 and F16 rows are taken 32 values at a time, as a block; a format in runs of rows
  * (Q4_K_X4 on) counts a row's bytes a block */
-static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32};
-static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148, 180, 210, 34};
+static const int64_t BLOCK_VALUES[] = {32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32};
+static const int64_t BLOCK_BYTES[] = {34, 18, 144, 176, 210, 64, 64, 148, 180, 210, 34, 64};
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
@@ -95,12 +97,14 @@ static inline void scale_min_k4(int s, const uint8_t *q, float *sc, float *mn) {
 #include "gguf_q8_0_x8.h"
 
 /* The rows of a run of fmt (a format in runs of rows) */
-static inline int64_t run_rows(int64_t fmt) { return fmt == Q8_0_X8 ? 8 : 4; }
+static inline int64_t run_rows(int64_t fmt) {
+    return fmt == Q8_0_X8 ? 8 : fmt == BF16_X16 ? 16 : 4;
+}
 
 /* fmt is known and k whole blocks of it; for the runs of rows, n whole runs of at most
  * X4_MAX_K values */
 static inline int valid_layout(int64_t fmt, int64_t k, int64_t n) {
-    return fmt >= 0 && fmt <= Q8_0_X8 && k % BLOCK_VALUES[fmt] == 0 &&
+    return fmt >= 0 && fmt <= BF16_X16 && k % BLOCK_VALUES[fmt] == 0 &&
            (fmt < Q4_K_X4 || (n % run_rows(fmt) == 0 && k <= X4_MAX_K));
 }
 
@@ -190,7 +194,8 @@ int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k) {
                              (fmt >= Q4_K_X4 && fmt <= Q6_K_X4)))
         return GGUF_ACT_Q8_K;
 #endif
-    if (int8_activations && fmt == BF16) return GGUF_ACT_BF16; /* on every build */
+    if (int8_activations && (fmt == BF16 || fmt == BF16_X16))
+        return GGUF_ACT_BF16; /* on every build */
     return (fmt == Q4_K || fmt == Q4_K_X4) && k / 32 <= 512 ? GGUF_ACT_XSUM : GGUF_ACT_FLOAT;
 }
 

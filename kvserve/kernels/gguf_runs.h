@@ -1,11 +1,38 @@
 /* The runs of rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: gguf_k_x4.h, gguf_q6_k_x4.h; Q8_0_X8:
- * gguf_q8_0_x8.h) as a layer's weight: the file's rows into runs and back, and the
+ * gguf_q8_0_x8.h; BF16_X16: bf16_runs.c's layout) as a layer's weight: the file's rows into runs and back, and the
  * products of a step's rows against them. Included by gguf_linear.c (after one_row and
  * rows_from). */
 
 /* The file's format of a runs-of-rows format */
 static inline int64_t runs_plain(int64_t fmt) {
-    return fmt == Q4_K_X4 ? Q4_K : fmt == Q5_K_X4 ? Q5_K : fmt == Q6_K_X4 ? Q6_K : Q8_0;
+    return fmt == Q4_K_X4 ? Q4_K : fmt == Q5_K_X4 ? Q5_K : fmt == Q6_K_X4 ? Q6_K
+         : fmt == BF16_X16 ? BF16 : Q8_0;
+}
+
+/* The runs format of a file's format (Q4_K, Q5_K, Q6_K, Q8_0 or BF16) */
+static inline int64_t runs_of(int64_t plain) {
+    return plain == Q4_K ? Q4_K_X4 : plain == Q5_K ? Q5_K_X4 : plain == Q6_K ? Q6_K_X4
+         : plain == BF16 ? BF16_X16 : Q8_0_X8;
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define BF16_X16_KERNEL 1 /* bf16_runs.c multiplies the runs */
+#endif
+
+/* Sixteen BF16 rows (row_bytes apart, k values each) into one run of BF16_X16: for each
+ * pair of columns, the rows' pairs one after the other (bf16_runs.c's layout); and rows
+ * first..first + 3 of a run back. */
+static void bf16_x16_pack(const uint8_t *rows, int64_t row_bytes, int64_t k, uint8_t *out) {
+    for (int i = 0; i < 16; i++)
+        for (int64_t c = 0; c < 2 * k; c += 4)
+            memcpy(out + 16 * c + 4 * i, rows + i * row_bytes + c, 4);
+}
+
+static void bf16_x16_unpack(const uint8_t *run, int64_t k, int first, uint8_t *rows,
+                            int64_t row_bytes) {
+    for (int i = 0; i < 4; i++)
+        for (int64_t c = 0; c < 2 * k; c += 4)
+            memcpy(rows + i * row_bytes + c, run + 16 * c + 4 * (first + i), 4);
 }
 
 /* The bytes of one run of fmt, rows of k values */
@@ -13,16 +40,19 @@ static inline int64_t runs_bytes(int64_t fmt, int64_t k) {
     return run_rows(fmt) * (k / BLOCK_VALUES[fmt]) * BLOCK_BYTES[fmt];
 }
 
-/* Room for four rows unpacked (runs_unpack), the longest rows of the widest format */
-#define UNPACKED_BYTES (4 * X4_MAX_K / 32 * 34)
+/* Room for four rows unpacked (runs_unpack), the longest rows of the widest format
+ * (BF16's, two bytes a value) */
+#define UNPACKED_BYTES (4 * X4_MAX_K * 2)
 
-/* A run's rows of the file's format plain (Q4_K, Q5_K, Q6_K or Q8_0), row_bytes apart,
- * into one run of its layout; and rows first..first + 3 of a run back (first 0 but for
- * Q8_0's eight). */
+/* A run's rows of the file's format plain (Q4_K, Q5_K, Q6_K, Q8_0 or BF16), row_bytes
+ * apart, into one run of its layout; and rows first..first + 3 of a run back (first 0 but
+ * for Q8_0's eight and BF16's sixteen). */
 static void runs_pack(int64_t plain, const uint8_t *rows, int64_t row_bytes, int64_t k,
                       uint8_t *out) {
     if (plain == Q8_0)
         q8_0_x8_pack(rows, row_bytes, k, out);
+    else if (plain == BF16)
+        bf16_x16_pack(rows, row_bytes, k, out);
     else if (plain == Q6_K)
         q6_k_x4_pack(rows, row_bytes, k, out);
     else
@@ -33,26 +63,30 @@ static void runs_unpack(int64_t plain, const uint8_t *run, int64_t k, int first,
                         uint8_t *rows, int64_t row_bytes) {
     if (plain == Q8_0)
         q8_0_x8_unpack(run, k, first, 4, rows, row_bytes);
+    else if (plain == BF16)
+        bf16_x16_unpack(run, k, first, rows, row_bytes);
     else if (plain == Q6_K)
         q6_k_x4_unpack(run, k, rows, row_bytes);
     else
         k_x4_unpack(plain == Q5_K, run, k, rows, row_bytes);
 }
 
-/* n rows of blocks of the file's format fmt (Q4_K, Q5_K, Q6_K or Q8_0; k values each)
- * into its runs of rows (dst: 148 / 144 as many bytes as src, Q5_K 180 / 176, Q6_K and
- * Q8_0 as many); back again with unpack. Returns 0; 1 where this build has no kernel for
- * the layout (no AVX2: keep the file's); -1 for another format, n not whole runs, k not
- * whole blocks or over X4_MAX_K. */
+/* n rows of blocks of the file's format fmt (Q4_K, Q5_K, Q6_K, Q8_0 or BF16; k values
+ * each) into its runs of rows (dst: 148 / 144 as many bytes as src, Q5_K 180 / 176, the
+ * others as many); back again with unpack. Returns 0; 1 where this build has no kernel
+ * for the layout (no AVX2; BF16: no AVX512-BF16: keep the file's); -1 for another format,
+ * n not whole runs, k not whole blocks or over X4_MAX_K. */
 int64_t gguf_repack_runs(const uint8_t *src, int64_t n, int64_t k, int64_t fmt, uint8_t *dst,
                          int64_t unpack) {
-    if (fmt != Q4_K && fmt != Q5_K && fmt != Q6_K && fmt != Q8_0) return -1;
-    const int64_t runs = fmt == Q4_K ? Q4_K_X4 : fmt == Q5_K ? Q5_K_X4
-                       : fmt == Q6_K ? Q6_K_X4 : Q8_0_X8;
+    if (fmt != Q4_K && fmt != Q5_K && fmt != Q6_K && fmt != Q8_0 && fmt != BF16) return -1;
+    const int64_t runs = runs_of(fmt);
     const int64_t per_run = run_rows(runs);
     if (n % per_run || k % BLOCK_VALUES[fmt] || n < 0 || k > X4_MAX_K) return -1;
 #ifndef __AVX2__
     if (!unpack) return 1;
+#endif
+#ifndef BF16_X16_KERNEL
+    if (!unpack && fmt == BF16) return 1;
 #endif
     const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
     const int64_t run_bytes = runs_bytes(runs, k);
@@ -115,13 +149,20 @@ static void x4_q8k_rows(int64_t fmt, int rows, const gguf_activations *a, int64_
  * time against each run, ROW_BLOCK rows of x for each time a run is read from memory.
  * Q8_0_X8: four rows at a time. The K formats: up to X4_CODES_ROWS rows decoding the
  * run's codes as they go, more (a prompt chunk, a larger decode step) from the codes
- * decoded once into a buffer on the stack. Float x through each run unpacked on the
- * stack. */
+ * decoded once into a buffer on the stack. BF16_X16: bfloat16 rows, eight at a time
+ * against two runs (bf16_runs.c). Float x through each run unpacked on the stack. */
 static void runs_rows_part(int64_t fmt, const float *x, int64_t kind,
                            const gguf_activations *a, int64_t m, int64_t k, const uint8_t *w,
                            int64_t n, float *y, int64_t y_stride) {
     const int64_t plain = runs_plain(fmt), per_run = run_rows(fmt);
     const int64_t run_bytes = runs_bytes(fmt, k);
+#ifdef BF16_X16_KERNEL
+    if (kind == GGUF_ACT_BF16 && fmt == BF16_X16) { /* a row's sums in column order */
+        bf16_runs_rows_part((const uint16_t *)a->xr, 2 * k, m, k, (const uint16_t *)w, n, y,
+                            y_stride);
+        return;
+    }
+#endif
 #ifdef __AVX2__
     if (kind == GGUF_ACT_Q8_0 && fmt == Q8_0_X8) {
         for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK) {

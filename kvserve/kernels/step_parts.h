@@ -47,6 +47,11 @@ void gemv_rows_part(const float *x, int64_t m, int64_t k, const float *w, int64_
 void gemv_panels_part(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
                       const float *bias, float *y);
 
+/* bf16_runs.c: the float32 sums of bfloat16 rows of x (x_stride values apart) with a
+ * weight in runs of sixteen rows; 1 where the build has no kernel for the runs */
+int64_t bf16_runs_rows_part(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k,
+                            const uint16_t *runs, int64_t n, float *y, int64_t y_stride);
+
 /* gguf_linear.c: what x becomes before a format's products, then the products.
  * GGUF_ACT_FLOAT: x as is; GGUF_ACT_XSUM: x and its sums over 32 values (Q4_K in
  * registers); GGUF_ACT_Q8_0 / GGUF_ACT_Q8_K: x rounded to int8 per 32 values / per 256

@@ -10,7 +10,7 @@ import torch
 # of its block, its bytes a block of a row, the runs' bytes a block of a row, and the rows
 # of a run
 RUNS = {"Q4_K": (2, 256, 144, 148, 4), "Q5_K": (3, 256, 176, 180, 4),
-        "Q6_K": (4, 256, 210, 210, 4), "Q8_0": (0, 32, 34, 34, 8)}
+        "Q6_K": (4, 256, 210, 210, 4), "Q8_0": (0, 32, 34, 34, 8), "BF16": (5, 32, 64, 64, 16)}
 
 
 
@@ -73,11 +73,12 @@ class WeightFormatKernels:
         return out
 
     def gguf_repack_runs(self, blocks, kind: str, k: int, unpack: bool = False):
-        """Q4_K, Q5_K, Q6_K or Q8_0 rows (``kind``; uint8 [N, k/256 * 144, 176 or 210;
-        k/32 * 34]) as runs of rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: four rows, uint8
+        """Q4_K, Q5_K, Q6_K, Q8_0 or BF16 rows (``kind``; uint8 [N, k/256 * 144, 176 or
+        210; k/32 * 34; 2k]) as runs of rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: four rows, uint8
         [N, k/256 * 148, 180 or 210], ``gguf_k_x4.h``, ``gguf_q6_k_x4.h``; Q8_0_X8: eight
-        rows, the same bytes, ``gguf_q8_0_x8.h``), or back with ``unpack``; None where this
-        build has no kernel for the runs (the rows stay as the file has them)."""
+        rows, the same bytes, ``gguf_q8_0_x8.h``; BF16_X16: sixteen rows, the same bytes,
+        ``bf16_runs.c``), or back with ``unpack``; None where this build has no kernel for
+        the runs (the rows stay as the file has them)."""
         if kind not in RUNS:
             raise ValueError(f"gguf_repack_runs takes {', '.join(RUNS)} rows, not {kind}")
         code, values, file_bytes, run_bytes, rows = RUNS[kind]

@@ -2,7 +2,8 @@
 few-row products against the float32 product of the torch dequantization, every format,
 every row count the kernel takes, output columns written into a wider matrix; the tile
 dequantization bit for bit; Q4_K, Q5_K and Q6_K rearranged in runs of four rows, Q8_0 in
-runs of eight, giving back the file's bytes and the same products; what it refuses."""
+runs of eight, BF16 in runs of sixteen, giving back the file's bytes and the same
+products; what it refuses."""
 from __future__ import annotations
 
 import pytest
@@ -114,7 +115,8 @@ def test_int8_activations_q8_0_with_an_odd_block_count(rows):
 
 
 ROUNDED = {"Q8_0": rounded_rows, "Q4_K": rounded_rows_q8_k, "Q5_K": rounded_rows_q8_k,
-           "Q6_K": rounded_rows_q8_k}
+           "Q6_K": rounded_rows_q8_k, "BF16": lambda x: x.to(torch.bfloat16).float()}
+BF16_RUNS = cpu_has_any("avx512_bf16")  # the native build multiplies BF16_X16
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_X4", "Q5_K_X4",
@@ -170,23 +172,27 @@ def test_bf16_weights_take_rows_rounded_to_bfloat16(build, rows):
         assert not torch.equal(floats, got)  # float activations: the rows as they are
 
 
-def test_bf16_prompt_rows_are_the_bits_each_row_gets_alone():
+@pytest.mark.parametrize("kind", ["BF16", "BF16_X16"])
+def test_bf16_prompt_rows_are_the_bits_each_row_gets_alone(kind):
     """With AVX512-BF16 every row and weight row is summed in one order, so a prompt
     chunk's rows are bit for bit what each gets as a decode step (elsewhere the widening
-    kernels sum a few rows in other orders than one)."""
-    if not cpu_has_any("avx512_bf16"):
+    kernels sum a few rows in other orders than one); in the file's layout and in runs of
+    sixteen rows alike."""
+    if not BF16_RUNS:
         pytest.skip("this CPU has no AVX512-BF16")
-    n, k = 21, 2080
+    n, k = 21 if kind == "BF16" else 48, 2080
     blocks = weight("BF16", n, k, seed=4)
+    if kind == "BF16_X16":
+        blocks = kernels.gguf_repack_runs(blocks, "BF16", k)
     x = torch.randn(70, k, generator=torch.Generator().manual_seed(4))
     chunk = torch.empty(70, n)
-    assert kernels.gguf_rows_int8(x, blocks, FORMAT_CODES["BF16"], chunk)
+    assert kernels.gguf_rows_int8(x, blocks, FORMAT_CODES[kind], chunk)
     for r in (0, 1, 33, 64, 69):
         alone = torch.empty(1, n)
-        kernels.gguf_rows(x[r:r + 1], blocks, FORMAT_CODES["BF16"], alone, int8_activations=True)
+        kernels.gguf_rows(x[r:r + 1], blocks, FORMAT_CODES[kind], alone, int8_activations=True)
         assert torch.equal(alone[0], chunk[r]), r
     few = torch.empty(5, n)
-    kernels.gguf_rows(x[:5], blocks, FORMAT_CODES["BF16"], few, int8_activations=True)
+    kernels.gguf_rows(x[:5], blocks, FORMAT_CODES[kind], few, int8_activations=True)
     assert torch.equal(few, chunk[:5])
 
 
@@ -198,7 +204,18 @@ def test_a_format_without_an_integer_kernel_is_left_to_the_caller():
 
 # file format: its runs, and the runs' bytes a block of a row
 RUNS = {"Q4_K": ("Q4_K_X4", 148), "Q5_K": ("Q5_K_X4", 180), "Q6_K": ("Q6_K_X4", 210),
-        "Q8_0": ("Q8_0_X8", 34)}
+        "Q8_0": ("Q8_0_X8", 34), "BF16": ("BF16_X16", 64)}
+
+
+def native_runs(kind: str, blocks: torch.Tensor, k: int) -> torch.Tensor:
+    """The native build's runs of ``blocks`` (skips BF16's where the CPU lacks
+    AVX512-BF16; the other runs need AVX2, which this machine's build has)."""
+    if kind == "BF16" and not BF16_RUNS:
+        assert kernels.gguf_repack_runs(blocks, kind, k) is None  # the file's stays
+        pytest.skip("this CPU has no AVX512-BF16 for BF16 runs")
+    packed = kernels.gguf_repack_runs(blocks, kind, k)
+    assert packed is not None
+    return packed
 
 
 @pytest.mark.parametrize("kind", list(RUNS))
@@ -206,11 +223,12 @@ def test_runs_of_rows_give_back_the_files_bytes_and_the_same_products(build, req
     n, k = 16, 1536
     runs, width = RUNS[kind]
     blocks = weight(kind, n, k, seed=7)
-    packed = kernels.gguf_repack_runs(blocks, kind, k)
-    # this machine's build has AVX2
-    assert packed is not None and packed.shape == (n, k // BLOCKS[kind][0] * width)
+    packed = native_runs(kind, blocks, k)
+    values = BLOCKS[kind][0] if kind in BLOCKS else 32
+    assert packed.shape == (n, k // values * width)
     made = build.gguf_repack_runs(blocks, kind, k)
-    if request.node.callspec.params["build"] == "plain-c":
+    if request.node.callspec.params["build"] == "plain-c" or (
+            kind == "BF16" and request.node.callspec.params["build"] == "avx2"):
         assert made is None  # no kernel for the layout: the file's stays
     else:
         assert torch.equal(made, packed)
@@ -233,8 +251,7 @@ def test_runs_of_rows_products_equal_the_files(kind, rows, int8_activations):
     # seven runs: the threads' shares are uneven; Q8_0: an odd block count
     n, k = 7 * RUN_ROWS[runs], 1024 if kind != "Q8_0" else 33 * 32
     blocks = weight(kind, n, k, seed=rows)
-    packed = kernels.gguf_repack_runs(blocks, kind, k)
-    assert packed is not None, "this machine's build has AVX2"
+    packed = native_runs(kind, blocks, k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     rounded = ROUNDED[kind](x) if int8_activations else x
     want = rounded.double() @ dequantize(blocks, kind, (n, k)).double().t()
@@ -277,5 +294,7 @@ def test_runs_of_rows_refuse_what_they_cannot_hold():
         kernels.gguf_repack_runs(weight("Q5_K", 4, 16640, seed=1), "Q5_K", 16640)
     with pytest.raises(ValueError, match="rows of 144 bytes"):
         kernels.gguf_repack_runs(weight("Q8_0", 4, 256, seed=1), "Q4_K", 256)
-    with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K, Q8_0 rows, not Q4_0"):
+    with pytest.raises(ValueError, match="whole runs of 16 rows of whole BF16 blocks"):
+        kernels.gguf_repack_runs(weight("BF16", 24, 256, seed=1), "BF16", 256)
+    with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K, Q8_0, BF16 rows, not Q4_0"):
         kernels.gguf_repack_runs(weight("Q4_0", 4, 256, seed=1), "Q4_0", 256)

@@ -16,9 +16,11 @@ multiplied as is.
 With the native kernels, a Q4_K, Q5_K or Q6_K part is rearranged once, when the layer is
 configured, into runs of four rows (``Q4_K_X4``, ``Q5_K_X4``, ``Q6_K_X4``:
 ``kernels/gguf_k_x4.h`` and ``gguf_q6_k_x4.h``, the same bytes but for Q4_K's and Q5_K's
-scales, one byte each), and a Q8_0 part into runs of eight (``Q8_0_X8``,
-``gguf_q8_0_x8.h``, the same bytes), so that an activation row is multiplied with four
-or eight weight rows per instruction; it goes back to the file's layout if configured
+scales, one byte each), a Q8_0 part into runs of eight (``Q8_0_X8``,
+``gguf_q8_0_x8.h``, the same bytes) and, with AVX512-BF16, a BF16 part into runs of
+sixteen (``BF16_X16``, ``kernels/bf16_runs.c``: every row count, so a row's sums are the
+same bits in a decode step as in a prompt chunk), so that an activation row is
+multiplied with four, eight or sixteen weight rows per instruction; it goes back to the file's layout if configured
 without them. A part whose blocks the token embedding shares (a tied LM head) is
 rearranged with the embedding, which then unpacks the runs holding the rows it looks up.
 """
@@ -35,11 +37,12 @@ from kvserve.model.linear_method import LinearMethod
 
 # the native kernels' codes for the block formats (kvserve/kernels/gguf_linear.c)
 FORMAT_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "BF16": 5, "F16": 6,
-                "Q4_K_X4": 7, "Q5_K_X4": 8, "Q6_K_X4": 9, "Q8_0_X8": 10}
+                "Q4_K_X4": 7, "Q5_K_X4": 8, "Q6_K_X4": 9, "Q8_0_X8": 10, "BF16_X16": 11}
 # a file's format -> its runs of rows, and the rows of a run
-IN_RUNS = {"Q4_K": "Q4_K_X4", "Q5_K": "Q5_K_X4", "Q6_K": "Q6_K_X4", "Q8_0": "Q8_0_X8"}
+IN_RUNS = {"Q4_K": "Q4_K_X4", "Q5_K": "Q5_K_X4", "Q6_K": "Q6_K_X4", "Q8_0": "Q8_0_X8",
+           "BF16": "BF16_X16"}
 FROM_RUNS = {runs: kind for kind, runs in IN_RUNS.items()}
-RUN_ROWS = {"Q4_K_X4": 4, "Q5_K_X4": 4, "Q6_K_X4": 4, "Q8_0_X8": 8}
+RUN_ROWS = {"Q4_K_X4": 4, "Q5_K_X4": 4, "Q6_K_X4": 4, "Q8_0_X8": 8, "BF16_X16": 16}
 RUNS_MAX_COLS = 16384  # the longest rows the runs take
 NATIVE_MAX_ROWS = 8
 TILE_ROWS = 256
@@ -124,9 +127,9 @@ class GGUFLinearMethod(LinearMethod):
         self._relayout(layer)
 
     def _relayout(self, layer: nn.Linear) -> None:
-        """Q4_K, Q5_K, Q6_K and Q8_0 parts in runs of rows with the native kernels (where
-        they have the layout), and back without them; an embedding sharing a part follows
-        it."""
+        """Q4_K, Q5_K, Q6_K, Q8_0 and BF16 parts in runs of rows with the native kernels
+        (where they have the layout), and back without them; an embedding sharing a part
+        follows it."""
         cols = layer.in_features
         for i, (kind, rows) in enumerate(zip(self.kinds, self.shard_rows)):
             data = getattr(layer, f"gguf_part{i}")
