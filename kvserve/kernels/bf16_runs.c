@@ -24,6 +24,7 @@
 
 #define BF16_RUN_ROWS 16
 #define BF16_RUNS_PREFETCH_BYTES 2048
+#define BF16_RUNS_X_ROWS 64 /* the rows of x each run is read from memory for */
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define BF16_RUNS_KERNEL 1
@@ -43,13 +44,15 @@ int64_t bf16_pack_runs(const uint16_t *w, int64_t n, int64_t k, uint16_t *runs) 
 }
 
 #ifdef BF16_RUNS_KERNEL
-/* The float32 sums of nx rows of x (x_stride values apart) with nw runs (1 or 2) from w (runs
- * 16 k values apart): s[b][r] lane i = row r . row i of run b. */
+/* The float32 sums of nx rows of x (x_stride values apart) with nw runs (1 or 2) from w
+ * (runs 16 k values apart): s[b][r] lane i = row r . row i of run b. The sums stay in
+ * registers (acc) until the end: summed into s, the compiler stores them every step. */
 static inline __attribute__((always_inline)) void bf16_runs_tile(
-    const uint16_t *x, int64_t x_stride, int nx, int64_t k, const uint16_t *w, int nw, int prefetch,
-    __m512 s[2][8]) {
+    const uint16_t *x, int64_t x_stride, int nx, int64_t k, const uint16_t *w, int nw,
+    int prefetch, __m512 s[2][8]) {
+    __m512 acc[2][8];
     for (int b = 0; b < nw; b++)
-        for (int r = 0; r < nx; r++) s[b][r] = _mm512_setzero_ps();
+        for (int r = 0; r < nx; r++) acc[b][r] = _mm512_setzero_ps();
     const int64_t run_values = k * BF16_RUN_ROWS;
     for (int64_t c = 0; c < k; c += 2) {
         __m512bh wv[2];
@@ -63,15 +66,20 @@ static inline __attribute__((always_inline)) void bf16_runs_tile(
             int32_t pair;
             memcpy(&pair, x + r * x_stride + c, 4);
             const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-            for (int b = 0; b < nw; b++) s[b][r] = _mm512_dpbf16_ps(s[b][r], xv, wv[b]);
+            for (int b = 0; b < nw; b++) acc[b][r] = _mm512_dpbf16_ps(acc[b][r], xv, wv[b]);
         }
     }
+    for (int b = 0; b < nw; b++)
+        for (int r = 0; r < nx; r++) s[b][r] = acc[b][r];
 }
 
+/* nx, nw and prefetch constants in each case: one loop of its own each, no branch in it */
 #define BF16_TILE_CASE(NX)                                                        \
     case NX:                                                                      \
-        if (nw == 2) bf16_runs_tile(x, x_stride, NX, k, w, 2, prefetch, s);       \
-        else bf16_runs_tile(x, x_stride, NX, k, w, 1, prefetch, s);               \
+        if (nw == 2 && prefetch) bf16_runs_tile(x, x_stride, NX, k, w, 2, 1, s);  \
+        else if (nw == 2) bf16_runs_tile(x, x_stride, NX, k, w, 2, 0, s);         \
+        else if (prefetch) bf16_runs_tile(x, x_stride, NX, k, w, 1, 1, s);        \
+        else bf16_runs_tile(x, x_stride, NX, k, w, 1, 0, s);                      \
         break;
 
 static void bf16_runs_tile_any(const uint16_t *x, int64_t x_stride, int nx, int64_t k,
@@ -82,43 +90,55 @@ static void bf16_runs_tile_any(const uint16_t *x, int64_t x_stride, int nx, int6
     }
 }
 
-/* The threads' shares of y [m, n] = x [m, k] bfloat16 (rows x_stride values apart) @ w
- * [n, k] transposed (+ bias [n] float32 where given), from w's runs (bf16_pack_runs): an
- * orphaned `omp for` over the runs, two at a time, each multiplied with eight rows of x
- * at a time. y is float32 where y_f32 is given, else bfloat16 (y_bf16), rows y_stride
- * apart. */
-static void bf16_runs_share(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k,
-                            const uint16_t *runs, int64_t n, const float *bias,
-                            uint16_t *y_bf16, float *y_f32, int64_t y_stride) {
+/* y's rows first..end - 1 (see bf16_runs_share) against the pair of runs from `run` on
+ * (the last run alone where the count is odd), eight rows of x at a time; the runs are
+ * prefetched on the first eight. */
+static void bf16_runs_pair(const uint16_t *x, int64_t x_stride, int64_t first, int64_t end,
+                           int64_t k, const uint16_t *runs, int64_t run, int64_t n,
+                           const float *bias, uint16_t *y_bf16, float *y_f32,
+                           int64_t y_stride) {
     const int64_t num_runs = (n + BF16_RUN_ROWS - 1) / BF16_RUN_ROWS;
-    const int64_t run_values = k * BF16_RUN_ROWS;
-#pragma omp for schedule(static) nowait
-    for (int64_t pair = 0; pair < (num_runs + 1) / 2; pair++) {
-        const int64_t run = 2 * pair;
-        const int nw = run + 1 < num_runs ? 2 : 1;
-        const uint16_t *w = runs + run * run_values;
-        for (int64_t r0 = 0; r0 < m; r0 += 8) {
-            const int nx = m - r0 < 8 ? (int)(m - r0) : 8;
-            __m512 s[2][8];
-            bf16_runs_tile_any(x + r0 * x_stride, x_stride, nx, k, w, nw, r0 == 0, s);
-            for (int b = 0; b < nw; b++) {
-                const int64_t j0 = (run + b) * BF16_RUN_ROWS;
-                const int valid = n - j0 < BF16_RUN_ROWS ? (int)(n - j0) : BF16_RUN_ROWS;
-                const __mmask16 keep = (__mmask16)((1u << valid) - 1);
-                const __m512 add = bias ? _mm512_maskz_loadu_ps(keep, bias + j0)
-                                        : _mm512_setzero_ps();
-                for (int r = 0; r < nx; r++) {
-                    const __m512 sums = _mm512_add_ps(s[b][r], add);
-                    if (y_f32) {
-                        _mm512_mask_storeu_ps(y_f32 + (r0 + r) * y_stride + j0, keep, sums);
-                    } else {
-                        const __m256bh out = _mm512_cvtneps_pbh(sums);
-                        _mm256_mask_storeu_epi16(y_bf16 + (r0 + r) * y_stride + j0, keep,
-                                                 (__m256i)out);
-                    }
+    const int nw = run + 1 < num_runs ? 2 : 1;
+    const uint16_t *w = runs + run * k * BF16_RUN_ROWS;
+    for (int64_t r0 = first; r0 < end; r0 += 8) {
+        const int nx = end - r0 < 8 ? (int)(end - r0) : 8;
+        __m512 s[2][8];
+        bf16_runs_tile_any(x + r0 * x_stride, x_stride, nx, k, w, nw, r0 == first, s);
+        for (int b = 0; b < nw; b++) {
+            const int64_t j0 = (run + b) * BF16_RUN_ROWS;
+            const int valid = n - j0 < BF16_RUN_ROWS ? (int)(n - j0) : BF16_RUN_ROWS;
+            const __mmask16 keep = (__mmask16)((1u << valid) - 1);
+            const __m512 add = bias ? _mm512_maskz_loadu_ps(keep, bias + j0)
+                                    : _mm512_setzero_ps();
+            for (int r = 0; r < nx; r++) {
+                const __m512 sums = _mm512_add_ps(s[b][r], add);
+                if (y_f32) {
+                    _mm512_mask_storeu_ps(y_f32 + (r0 + r) * y_stride + j0, keep, sums);
+                } else {
+                    const __m256bh out = _mm512_cvtneps_pbh(sums);
+                    _mm256_mask_storeu_epi16(y_bf16 + (r0 + r) * y_stride + j0, keep,
+                                             (__m256i)out);
                 }
             }
         }
+    }
+}
+
+/* The threads' shares of y [m, n] = x [m, k] bfloat16 (rows x_stride values apart) @ w
+ * [n, k] transposed (+ bias [n] float32 where given), from w's runs (bf16_pack_runs):
+ * BF16_RUNS_X_ROWS rows of x at a time (a prompt chunk's block stays in cache while the
+ * weight streams past it), an orphaned `omp for` over the runs, two at a time. y is
+ * float32 where y_f32 is given, else bfloat16 (y_bf16), rows y_stride apart. */
+static void bf16_runs_share(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k,
+                            const uint16_t *runs, int64_t n, const float *bias,
+                            uint16_t *y_bf16, float *y_f32, int64_t y_stride) {
+    const int64_t pairs = ((n + BF16_RUN_ROWS - 1) / BF16_RUN_ROWS + 1) / 2;
+    for (int64_t first = 0; first < m; first += BF16_RUNS_X_ROWS) {
+        const int64_t end = first + BF16_RUNS_X_ROWS < m ? first + BF16_RUNS_X_ROWS : m;
+#pragma omp for schedule(static) nowait
+        for (int64_t pair = 0; pair < pairs; pair++)
+            bf16_runs_pair(x, x_stride, first, end, k, runs, 2 * pair, n, bias, y_bf16,
+                           y_f32, y_stride);
     }
 }
 #endif

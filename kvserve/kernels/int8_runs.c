@@ -87,10 +87,15 @@ static inline __attribute__((always_inline)) void runs_tile(
         }
 }
 
+/* nx, nw and prefetch constants in each case: one loop of its own each, no branch in it
+ * (with the prefetch's branch left in, GCC copies the sums between two register sets
+ * every step) */
 #define RUNS_TILE_CASE(NX)                                                       \
     case NX:                                                                     \
-        if (nw == 2) runs_tile(xu, NX, k, w, 2, prefetch, out);                  \
-        else runs_tile(xu, NX, k, w, 1, prefetch, out);                          \
+        if (nw == 2 && prefetch) runs_tile(xu, NX, k, w, 2, 1, out);             \
+        else if (nw == 2) runs_tile(xu, NX, k, w, 2, 0, out);                    \
+        else if (prefetch) runs_tile(xu, NX, k, w, 1, 1, out);                   \
+        else runs_tile(xu, NX, k, w, 1, 0, out);                                 \
         break;
 
 static void runs_tile_any(const uint8_t *xu, int nx, int64_t k, const int8_t *w, int nw,

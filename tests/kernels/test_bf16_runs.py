@@ -18,7 +18,7 @@ def _bf16(*shape, gen):
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 2048, 64), (3, 100, 37), (9, 256, 40), (16, 512, 33),
-                                     (8, 2, 17)])
+                                     (8, 2, 17), (150, 64, 48)])  # 150: three blocks of x
 @pytest.mark.parametrize("bias", [False, True])
 def test_runs_round_the_float32_sums_once(build, request, m, k, n, bias):
     gen = torch.Generator().manual_seed(m * 100 + k + n)
@@ -39,12 +39,12 @@ def test_runs_round_the_float32_sums_once(build, request, m, k, n, bias):
 
 def test_a_row_gets_the_same_bits_whatever_rows_run_beside_it(build, request):
     gen = torch.Generator().manual_seed(7)
-    x, w = _bf16(13, 384, gen=gen), _bf16(70, 384, gen=gen)
+    x, w = _bf16(77, 384, gen=gen), _bf16(70, 384, gen=gen)
     runs = build.bf16_pack_runs(w)
     if not _has_runs(request):
         pytest.skip("no AVX512-BF16 in this build: no runs")
     together = build.bf16_runs_matmul(x, runs, 70)
-    for r in (0, 8, 12):
+    for r in (0, 8, 12, 70, 76):  # 64 on: the second block of x
         assert torch.equal(build.bf16_runs_matmul(x[r:r + 1].contiguous(), runs, 70),
                            together[r:r + 1])
 
