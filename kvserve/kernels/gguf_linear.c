@@ -40,7 +40,7 @@
 #define X4_CODES_ROWS 4
 #endif
 #ifndef ROW_BLOCK /* the rows of x (int8) a weight row is read once for */
-#define ROW_BLOCK 32
+#define ROW_BLOCK 128
 #endif
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024

@@ -121,7 +121,7 @@ BF16_RUNS = cpu_has_any("avx512_bf16")  # the native build multiplies BF16_X16
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_X4", "Q5_K_X4",
                                   "Q6_K_X4", "Q8_0_X8"])
-@pytest.mark.parametrize("rows", [9, 37, 71])  # past ROW_BLOCK (32); 1, 2 and 3 rows over
+@pytest.mark.parametrize("rows", [9, 38, 131])  # 131: past ROW_BLOCK (128); 1, 2 and 3 rows over
 def test_a_prompt_chunk_of_int8_rows_sums_each_row_as_alone(build, request, kind, rows):
     """Many rows (a prompt chunk): the rounded rows' products; in runs of rows, each row's
     sums bit for bit what it gets on its own (a decode step), whichever rows share its
