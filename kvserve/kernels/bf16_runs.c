@@ -26,9 +26,6 @@
 #define BF16_RUNS_PREFETCH_BYTES 2048
 #define BF16_RUNS_X_ROWS 64 /* the rows of x each run is read from memory for */
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-#define BF16_RUNS_KERNEL 1
-#endif
 
 /* runs [ceil(n / 16), k / 2, 16, 2] bfloat16 (as uint16) from w [n, k]; 1 (nothing
  * written) where this build has no kernel for the runs or k is odd, else 0. */

@@ -1,7 +1,8 @@
 /* The runs of rows (Q4_K_X4, Q5_K_X4, Q6_K_X4: gguf_k_x4.h, gguf_q6_k_x4.h; Q8_0_X8:
- * gguf_q8_0_x8.h; BF16_X16: bf16_runs.c's layout) as a layer's weight: the file's rows into runs and back, and the
- * products of a step's rows against them. Included by gguf_linear.c (after one_row and
- * rows_from). */
+ * gguf_q8_0_x8.h; BF16_X16: bf16_runs.c's layout, row_runs.h) as a layer's weight: the
+ * file's rows into runs and back, and the products of a step's rows against them.
+ * Included by gguf_linear.c (after one_row and rows_from). */
+#include "row_runs.h"
 
 /* The file's format of a runs-of-rows format */
 static inline int64_t runs_plain(int64_t fmt) {
@@ -15,19 +16,8 @@ static inline int64_t runs_of(int64_t plain) {
          : plain == BF16 ? BF16_X16 : Q8_0_X8;
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-#define BF16_X16_KERNEL 1 /* bf16_runs.c multiplies the runs */
-#endif
-
-/* Sixteen BF16 rows (row_bytes apart, k values each) into one run of BF16_X16: for each
- * pair of columns, the rows' pairs one after the other (bf16_runs.c's layout); and rows
- * first..first + 3 of a run back. */
-static void bf16_x16_pack(const uint8_t *rows, int64_t row_bytes, int64_t k, uint8_t *out) {
-    for (int i = 0; i < 16; i++)
-        for (int64_t c = 0; c < 2 * k; c += 4)
-            memcpy(out + 16 * c + 4 * i, rows + i * row_bytes + c, 4);
-}
-
+/* Rows first..first + 3 of a BF16_X16 run (row_runs.h: sixteen rows, each pair of
+ * columns a group) back into BF16 rows, row_bytes apart */
 static void bf16_x16_unpack(const uint8_t *run, int64_t k, int first, uint8_t *rows,
                             int64_t row_bytes) {
     for (int i = 0; i < 4; i++)
@@ -52,7 +42,7 @@ static void runs_pack(int64_t plain, const uint8_t *rows, int64_t row_bytes, int
     if (plain == Q8_0)
         q8_0_x8_pack(rows, row_bytes, k, out);
     else if (plain == BF16)
-        bf16_x16_pack(rows, row_bytes, k, out);
+        pack_row_run(rows, 16, row_bytes, 16, 4, out);
     else if (plain == Q6_K)
         q6_k_x4_pack(rows, row_bytes, k, out);
     else
@@ -85,7 +75,7 @@ int64_t gguf_repack_runs(const uint8_t *src, int64_t n, int64_t k, int64_t fmt, 
 #ifndef __AVX2__
     if (!unpack) return 1;
 #endif
-#ifndef BF16_X16_KERNEL
+#ifndef BF16_RUNS_KERNEL
     if (!unpack && fmt == BF16) return 1;
 #endif
     const int64_t row_bytes = k / BLOCK_VALUES[fmt] * BLOCK_BYTES[fmt];
@@ -156,7 +146,7 @@ static void runs_rows_part(int64_t fmt, const float *x, int64_t kind,
                            int64_t n, float *y, int64_t y_stride) {
     const int64_t plain = runs_plain(fmt), per_run = run_rows(fmt);
     const int64_t run_bytes = runs_bytes(fmt, k);
-#ifdef BF16_X16_KERNEL
+#ifdef BF16_RUNS_KERNEL
     if (kind == GGUF_ACT_BF16 && fmt == BF16_X16) { /* a row's sums in column order */
         bf16_runs_rows_part((const uint16_t *)a->xr, 2 * k, m, k, (const uint16_t *)w, n, y,
                             y_stride);

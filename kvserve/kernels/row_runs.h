@@ -7,18 +7,30 @@
 #include <stdint.h>
 #include <string.h>
 
+/* bfloat16 runs have a kernel in this build (bf16_runs.c) */
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define BF16_RUNS_KERNEL 1
+#endif
+
+/* One run from its first `rows` rows at w (row_bytes apart; fewer than run_rows: the
+ * last repeated) into dst */
+static void pack_row_run(const uint8_t *w, int64_t rows, int64_t row_bytes, int run_rows,
+                         int group_bytes, uint8_t *dst) {
+    for (int i = 0; i < run_rows; i++) {
+        const uint8_t *src = w + (i < rows ? i : rows - 1) * row_bytes;
+        for (int64_t c = 0; c < row_bytes; c += group_bytes)
+            memcpy(dst + c * run_rows + group_bytes * i, src + c, group_bytes);
+    }
+}
+
 static void pack_row_runs(const uint8_t *w, int64_t n, int64_t row_bytes, int run_rows,
                           int group_bytes, uint8_t *runs) {
     const int64_t num_runs = (n + run_rows - 1) / run_rows;
 #pragma omp parallel for schedule(static)
     for (int64_t run = 0; run < num_runs; run++) {
-        uint8_t *dst = runs + run * run_rows * row_bytes;
-        for (int i = 0; i < run_rows; i++) {
-            const int64_t row = run * run_rows + i < n ? run * run_rows + i : n - 1;
-            const uint8_t *src = w + row * row_bytes;
-            for (int64_t c = 0; c < row_bytes; c += group_bytes)
-                memcpy(dst + c * run_rows + group_bytes * i, src + c, group_bytes);
-        }
+        const int64_t first = run * run_rows;
+        pack_row_run(w + first * row_bytes, n - first, row_bytes, run_rows, group_bytes,
+                     runs + first * row_bytes);
     }
 }
 #endif
