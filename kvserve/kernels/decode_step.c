@@ -279,7 +279,7 @@ int64_t captured_step(const int64_t *plan, const int64_t *tokens, const int64_t 
                              room(rows * widest / 32, 4), room(rows * widest, 4),
                              room(rows * experts, 4), room(rows * top_k, 4),
                              room(rows * top_k, 8), room(rows * hidden, 4),
-                             room(rows * hidden, 4)};
+                             room(rows * hidden, 4), room(rows * widest / 32, 2)};
     const int nbuf = (int)(sizeof(sizes) / sizeof(sizes[0]));
     int64_t total = 0;
     for (int b = 0; b < nbuf; b++) total += sizes[b];
@@ -292,7 +292,8 @@ int64_t captured_step(const int64_t *plan, const int64_t *tokens, const int64_t 
               .rows = rows, .eps = eps, .scale = scale, .logits = logits,
               .timings = timings, .x = buf[0], .residual = buf[1], .h = buf[2],
               .qkv = buf[3], .attn = buf[4], .gate_up = buf[5], .act = buf[6],
-              .prepared = {(int8_t *)buf[7], buf[8], (int16_t *)buf[9], buf[10], buf[11]},
+              .prepared = {(int8_t *)buf[7], buf[8], (int16_t *)buf[9], buf[10], buf[11],
+                           (int16_t *)buf[17]},
               .router_logits = buf[12], .route_weights = buf[13],
               .route_chosen = (int64_t *)buf[14], .expert_x = buf[15], .expert_y = buf[16]};
     atomic_init(&s.barrier.arrived, 0);

@@ -23,7 +23,8 @@
  *
  * Against a Q8_K row: each 32-byte load of weights meets 8 activation bytes broadcast
  * to all four rows; the 16-bit pair sums of a sub-block add up in 16 bits (at most
- * 4 x 2 x 31 x 127) before one multiply by the four rows' scales. */
+ * 4 x 2 x 31 x 127) before one multiply by the four rows' scales; the mins meet x's
+ * 32-value sums, made once when x is rounded (gguf_activations' sums32). */
 #define X4_GROUP_BYTES 592
 #define X5_GROUP_BYTES 720
 #define X4_MAX_K 16384 /* the longest rows the layout takes: unpacked runs go on the stack */
@@ -160,14 +161,14 @@ static void k_x4_decode(int five, const uint8_t *g, int64_t k, uint8_t *codes) {
 }
 
 /* The four rows of a run against `rows` Q8_K rows (1-4; k values each, row r's at
- * xq + r * k, its scales and 16-sums at xd + r * (k / 256), bsums + r * (k / 16)):
+ * xq + r * k, its scales and 32-sums at xd + r * (k / 256), sums32 + r * (k / 32)):
  * out[r * out_stride + 0..3]. Each weight load and decode serves every x row; each x
  * row's sums are those it gets alone (integers, then the same float operations in the
  * same order). The sums run in lanes r0 r0 r1 r1 | r2 r2 r3 r3; each row's pair is added
  * at the end. five: Q5_K_X4. codes: the run's codes from k_x4_decode, or NULL to decode
  * them here. */
 static inline __attribute__((always_inline)) void k_x4_q8k(
-    int five, int rows, const int8_t *xq, const float *xd, const int16_t *bsums, int64_t k,
+    int five, int rows, const int8_t *xq, const float *xd, const int16_t *sums32, int64_t k,
     const uint8_t *g, const uint8_t *codes, float *out, int64_t out_stride) {
     const int group = five ? X5_GROUP_BYTES : X4_GROUP_BYTES;
     const int64_t nsb = k / 256;
@@ -179,7 +180,11 @@ static inline __attribute__((always_inline)) void k_x4_q8k(
         if (!codes)
             for (int line = 0; line < group; line += 64)
                 _mm_prefetch((const char *)(g + 2 * PREFETCH_BYTES + line), _MM_HINT_T0);
+        /* the rows' d in the lanes of their sums, and their dmin: each times x's scale
+         * below (the products a permute of dw * xd would give) */
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+        const __m256 dw_d = _mm256_permutevar8x32_ps(dw, d_lanes),
+                     dw_min = _mm256_permutevar8x32_ps(dw, dmin_lanes);
         const __m256i scales = _mm256_loadu_si256((const __m256i *)(g + 16));
         const __m256i mins_lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 48)));
         const __m256i mins_hi = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 64)));
@@ -228,6 +233,12 @@ static inline __attribute__((always_inline)) void k_x4_q8k(
 #ifdef VNNI_DOT
             const __m256i scale32_lo = _mm256_srli_epi32(scale_lo, 16),
                           scale32_hi = _mm256_srli_epi32(scale_hi, 16);
+            if (!five) /* Q4_K: each lane's sum fits 16 bits (at most 16 x 15 x 127), so
+                        * dpwssd's pair (sum, sign) . (scale, 0) is the product */
+                for (int r = 0; r < rows; r++)
+                    isum[r] = madd_s16_add(madd_s16_add(isum[r], p_lo[r], scale32_lo), p_hi[r],
+                                           scale32_hi);
+            else
             for (int r = 0; r < rows; r++)
                 isum[r] = _mm256_add_epi32(isum[r],
                                            _mm256_add_epi32(_mm256_mullo_epi32(p_lo[r], scale32_lo),
@@ -239,17 +250,17 @@ static inline __attribute__((always_inline)) void k_x4_q8k(
         }
         for (int r = 0; r < rows; r++) {
             /* the 32-value sums of x: sub-blocks 0-3 in every quarter, then 4-7 */
-            const int16_t *bs = bsums + r * (k / 16) + 16 * i;
-            const __m128i sums = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs),
-                                                _mm_loadu_si128((const __m128i *)(bs + 8)));
-            const __m256i mins = _mm256_add_epi32(
-                _mm256_madd_epi16(mins_lo, _mm256_broadcastq_epi64(sums)),
-                _mm256_madd_epi16(mins_hi, _mm256_broadcastq_epi64(_mm_unpackhi_epi64(sums, sums))));
-            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nsb + i]));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]),
-                                     _mm256_permutevar8x32_ps(d, d_lanes), acc[r]);
-            acc_m[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins),
-                                       _mm256_permutevar8x32_ps(d, dmin_lanes), acc_m[r]);
+            int64_t sums_lo, sums_hi;
+            memcpy(&sums_lo, sums32 + r * (k / 32) + 8 * i, 8);
+            memcpy(&sums_hi, sums32 + r * (k / 32) + 8 * i + 4, 8);
+            const __m256i mins = madd_s16_add(
+                _mm256_madd_epi16(mins_lo, _mm256_set1_epi64x(sums_lo)), mins_hi,
+                _mm256_set1_epi64x(sums_hi));
+            const __m256 xdr = _mm256_set1_ps(xd[r * nsb + i]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw_d, xdr),
+                                     acc[r]);
+            acc_m[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dw_min, xdr),
+                                       acc_m[r]);
         }
     }
     for (int r = 0; r < rows; r++) {

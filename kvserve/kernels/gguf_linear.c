@@ -220,8 +220,12 @@ void gguf_prepare_part(const float *x, int64_t m, int64_t k, int64_t kind,
             quantize_blocks_q8(x + 32 * b, 1, a->xq + 32 * b, a->xd + b);
     } else if (kind == GGUF_ACT_Q8_K) {
 #pragma omp for schedule(static) nowait
-        for (int64_t b = 0; b < m * (k / 256); b++)
+        for (int64_t b = 0; b < m * (k / 256); b++) {
             quantize_blocks_q8_k(x + 256 * b, 1, a->xq + 256 * b, a->xd + b, a->bsums + 16 * b);
+            for (int j = 0; j < 8; j++) /* at most 32 x 127: 16 bits */
+                a->sums32[8 * b + j] =
+                    (int16_t)(a->bsums[16 * b + 2 * j] + a->bsums[16 * b + 2 * j + 1]);
+        }
     }
 #endif
 }
@@ -260,7 +264,7 @@ static void one_row(const float *x, int64_t kind, const gguf_activations *a, int
 }
 
 /* The prepared rows of x from row r0 on (kind's layout: xq k a row, xd one scale per 32
- * values (Q8_0) or 256 (Q8_K), bsums one per 16, xsum one per 32) */
+ * values (Q8_0) or 256 (Q8_K), bsums one per 16, xsum and sums32 one per 32) */
 static gguf_activations rows_from(int64_t kind, const gguf_activations *a, int64_t r0,
                                   int64_t k) {
     gguf_activations s = *a;
@@ -269,6 +273,7 @@ static gguf_activations rows_from(int64_t kind, const gguf_activations *a, int64
     if (s.bsums) s.bsums += r0 * (k / 16);
     if (s.xsum) s.xsum += r0 * (k / 32);
     if (s.xr) s.xr += r0 * k;
+    if (s.sums32) s.sums32 += r0 * (k / 32);
     return s;
 }
 
@@ -334,7 +339,7 @@ int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, i
                        int64_t fmt, float *y, int64_t y_stride) {
     if (!valid_layout(fmt, k, n) || m < 1) return 1;
     const int64_t kind = gguf_activation_kind(fmt, 1, k);
-    gguf_activations a = {NULL, NULL, NULL, NULL, NULL};
+    gguf_activations a = {NULL, NULL, NULL, NULL, NULL, NULL};
     int ok;
     if (kind == GGUF_ACT_BF16) {
         a.xr = aligned_alloc(64, sizeof(float) * (size_t)((m * k + 15) / 16 * 16));
@@ -343,7 +348,8 @@ int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, i
         a.xq = malloc((size_t)(m * k));
         a.xd = malloc(sizeof(float) * (size_t)(m * k / 32));
         a.bsums = malloc(sizeof(int16_t) * (size_t)(m * k / 16));
-        ok = a.xq && a.xd && a.bsums;
+        a.sums32 = malloc(sizeof(int16_t) * (size_t)(m * k / 32));
+        ok = a.xq && a.xd && a.bsums && a.sums32;
     } else {
         return 1;
     }
@@ -359,6 +365,7 @@ int64_t gguf_rows_int8(const float *x, int64_t m, int64_t k, const uint8_t *w, i
     free(a.xd);
     free(a.bsums);
     free(a.xr);
+    free(a.sums32);
     return ok ? 0 : -1;
 }
 
@@ -369,7 +376,7 @@ int64_t gguf_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_
                   int64_t fmt, float *y, int64_t y_stride) {
     if (!valid_layout(fmt, k, n) || m < 1 || m > MAX_ROWS) return -1;
     float xsum[MAX_ROWS * 512];
-    const gguf_activations a = {NULL, NULL, NULL, xsum, NULL};
+    const gguf_activations a = {NULL, NULL, NULL, xsum, NULL, NULL};
     const int64_t kind = gguf_activation_kind(fmt, 0, k);
 #pragma omp parallel
     {

@@ -101,9 +101,9 @@ static void x4_q8k_rows(int64_t fmt, int rows, const gguf_activations *a, int64_
                         int64_t out_stride) {
     const int8_t *xq = a->xq;
     const float *xd = a->xd;
-    const int16_t *bs = a->bsums;
-#define K_X4(five, r) (codes ? k_x4_q8k(five, r, xq, xd, bs, k, g, codes, out, out_stride) \
-                             : k_x4_q8k(five, r, xq, xd, bs, k, g, NULL, out, out_stride))
+    const int16_t *bs = a->bsums, *s32 = a->sums32;
+#define K_X4(five, r) (codes ? k_x4_q8k(five, r, xq, xd, s32, k, g, codes, out, out_stride) \
+                             : k_x4_q8k(five, r, xq, xd, s32, k, g, NULL, out, out_stride))
 #define Q6_X4(r) q6_k_x4_q8k_decoded(r, xq, xd, bs, k, g, codes, out, out_stride)
     if (fmt == Q6_K_X4 && !codes) {
         if (rows == 2) q6_k_x4_q8k(2, xq, xd, bs, k, g, out, out_stride);

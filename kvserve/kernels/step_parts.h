@@ -60,13 +60,15 @@ int64_t bf16_runs_rows_part(const uint16_t *x, int64_t x_stride, int64_t m, int6
 enum { GGUF_ACT_FLOAT, GGUF_ACT_XSUM, GGUF_ACT_Q8_0, GGUF_ACT_Q8_K, GGUF_ACT_BF16 };
 
 /* room for the prepared rows of x: m * k int8, m * k / 32 scales and sums, m * k / 16
- * 16-sums, m * k floats for the rows rounded to bfloat16 */
+ * 16-sums, m * k floats for the rows rounded to bfloat16, m * k / 32 32-sums (Q8_K: the
+ * sums of each 32 of xq, what the 4- and 5-bit K formats' mins multiply) */
 typedef struct {
     int8_t *xq;
     float *xd;
     int16_t *bsums;
     float *xsum;
     float *xr;
+    int16_t *sums32;
 } gguf_activations;
 
 int64_t gguf_activation_kind(int64_t fmt, int64_t int8_activations, int64_t k);
